@@ -1,0 +1,81 @@
+"""Pure epoch logic: when an epoch is committed, what its ranges are, how epoch specs parse."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from aligner.errors import AlignerError, EpochNotCommittedError
+from aligner.models import ContributionNode, EpochNode, Range
+from aligner.stamps import Stamp
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """One partition of a committed epoch: its range and the stamp a record must carry to count."""
+
+    partition: int
+    start: int
+    end: int
+    stamp: bytes | None
+
+    @property
+    def empty(self) -> bool:
+        return self.start == self.end
+
+
+@dataclass(frozen=True)
+class CommittedEpoch:
+    subject: str
+    epoch: int
+    slices: Mapping[int, Slice]
+    committed_at: int
+
+    @property
+    def offsets(self) -> dict[int, tuple[int, int]]:
+        return {p: (s.start, s.end) for p, s in sorted(self.slices.items())}
+
+
+def missing_writers(node: EpochNode, contributed: set[str]) -> list[str]:
+    return sorted(set(node.writers) - contributed)
+
+
+def assemble(subject: str, node: EpochNode, contributions: Mapping[str, ContributionNode]) -> CommittedEpoch:
+    """An epoch is committed once every expected writer has contributed; then its slices are fixed."""
+    if not node.writers:
+        raise EpochNotCommittedError(subject, node.epoch, "no producer writes this subject yet")
+    missing = missing_writers(node, set(contributions))
+    if missing:
+        raise EpochNotCommittedError(subject, node.epoch, f"waiting for producers {', '.join(missing)}")
+    slices: dict[int, Slice] = {}
+    for writer in node.writers:
+        c = contributions[writer]
+        stamp = None if c.attempt is None else Stamp(c.sink, node.epoch, c.attempt).encode()
+        for partition, rng in c.ranges.items():
+            if partition in slices:
+                raise AlignerError(f"epoch {node.epoch} of {subject!r}: partition {partition} contributed twice")
+            slices[partition] = Slice(partition, rng.start, rng.end, stamp)
+    return CommittedEpoch(subject, node.epoch, slices, max(c.committed_at for c in contributions.values()))
+
+
+def ranges_for(next_offsets: Mapping[int, int], last_delivered: Mapping[int, int]) -> dict[int, Range]:
+    """Ranges of an epoch from where it started and the last delivered offset per partition."""
+    return {
+        p: Range(start=start, end=max(start, last_delivered[p] + 1) if p in last_delivered else start)
+        for p, start in next_offsets.items()
+    }
+
+
+def parse_epoch_span(spec: str) -> tuple[int, int]:
+    """'A:B' (inclusive) or 'N' into (first, last)."""
+    try:
+        if ":" in spec:
+            a, b = spec.split(":", 1)
+            first, last = int(a), int(b)
+        else:
+            first = last = int(spec)
+    except ValueError:
+        raise ValueError(f"epoch span {spec!r} is not N or A:B with integers") from None
+    if first < 0 or last < first:
+        raise ValueError(f"epoch span {spec!r} must satisfy 0 <= A <= B")
+    return first, last

@@ -1,0 +1,56 @@
+"""Errors users see: each names the subject, path or partition at fault and what to do."""
+
+from __future__ import annotations
+
+
+class AlignerError(Exception):
+    """Base of every error the product raises on purpose."""
+
+
+class MalformedNodeError(AlignerError):
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(f"malformed ZooKeeper data at {path}: {detail} (nothing was overwritten)")
+        self.path = path
+
+
+class UnknownSubjectError(AlignerError):
+    def __init__(self, subject: str) -> None:
+        super().__init__(f"unknown subject {subject!r}: register it first (aligner subjects create)")
+        self.subject = subject
+
+
+class SubjectConflictError(AlignerError):
+    """A subject is registered again with a different topic, partition count or schema."""
+
+
+class PartitionClaimedError(AlignerError):
+    def __init__(self, subject: str, partition: int, owner: str, claimant: str) -> None:
+        super().__init__(
+            f"partition {partition} of subject {subject!r} is already owned by producer {owner}; "
+            f"{claimant} cannot claim it (each producer writes private partitions)"
+        )
+        self.partition = partition
+        self.owner = owner
+
+
+class EpochNotCommittedError(AlignerError):
+    def __init__(self, subject: str, epoch: int, why: str) -> None:
+        super().__init__(f"epoch {epoch} of subject {subject!r} is not committed: {why}")
+        self.epoch = epoch
+
+
+class EpochOutOfRetentionError(AlignerError):
+    def __init__(self, subject: str, epoch: int, partition: int, start: int, log_start: int) -> None:
+        super().__init__(
+            f"epoch {epoch} of subject {subject!r} is out of retention: partition {partition} starts at "
+            f"offset {start} but the log now starts at {log_start}"
+        )
+        self.epoch = epoch
+
+
+class FencedError(AlignerError):
+    """A newer incarnation of the same producer took over; this one must stop writing."""
+
+
+class DataLossError(AlignerError):
+    """Kafka no longer holds offsets that a committed epoch names (e.g. the broker lost its log)."""

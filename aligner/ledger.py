@@ -1,0 +1,365 @@
+"""The subject epoch ledger in ZooKeeper: registration, partition claims, lock-free epoch commits.
+
+Commit protocol (per producer per epoch, two round trips whatever the parallelism):
+
+1. ``ensure_epoch``: create the epoch node listing the writers expected to contribute, in a
+   multi-op that checks the version of the subject's writers document. Any producer may create
+   it; ``NodeExists`` means another already did. Producers never wait for each other.
+2. ``commit``: after the Kafka transaction committed, one multi-op creates the producer's
+   contribution (attempt + ranges) under the epoch node and compare-and-sets the producer node
+   (next offsets, committed epoch). The version check fences zombie incarnations.
+
+An epoch is committed once every expected writer's contribution exists. Writers join by a
+multi-op that updates the writers document and creates the first epoch they write, so no epoch
+can be created with a stale list of writers. There are no locks anywhere.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from aligner.epochs import CommittedEpoch, assemble, missing_writers
+from aligner.errors import (
+    AlignerError,
+    EpochNotCommittedError,
+    FencedError,
+    MalformedNodeError,
+    PartitionClaimedError,
+    SubjectConflictError,
+    UnknownSubjectError,
+)
+from aligner.layout import Layout, epoch_name, writer_id
+from aligner.metrics import ZK_ROUND_TRIPS
+from aligner.models import (
+    ContributionNode,
+    EpochNode,
+    M,
+    ProducerNode,
+    Range,
+    SinkNode,
+    SubjectNode,
+    WriterEntry,
+    WritersNode,
+    parse,
+)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A producer's right to write: its node as last written and the version that fences others."""
+
+    subject: str
+    node: ProducerNode
+    version: int
+    first_epoch: int
+
+    @property
+    def writer(self) -> str:
+        return writer_id(self.node.sink, self.node.producer)
+
+    @property
+    def next_epoch(self) -> int:
+        return self.first_epoch if self.node.committed_epoch is None else self.node.committed_epoch + 1
+
+
+def _raise_first(results: Sequence[object]) -> None:
+    for r in results:
+        if isinstance(r, Exception) and type(r).__name__ not in ("RolledBackError", "RuntimeInconsistency"):
+            raise r
+
+
+class Ledger:
+    """Typed access to the ZooKeeper state of subjects; counts its round trips."""
+
+    def __init__(self, zk: KazooClient, layout: Layout | None = None) -> None:
+        self.zk = zk
+        self.layout = layout or Layout()
+        self.round_trips = 0
+        self._committed: dict[tuple[str, int], CommittedEpoch] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def connect(cls, hosts: str, root: str = "/aligner", timeout: float = 15.0) -> Ledger:
+        zk = KazooClient(hosts=hosts, timeout=10.0)
+        zk.start(timeout=timeout)
+        return cls(zk, Layout(root))
+
+    def close(self) -> None:
+        self.zk.stop()
+        self.zk.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- low level ----------------------------------------------------------------------------
+
+    def _trip(self, kind: str) -> None:
+        with self._lock:
+            self.round_trips += 1
+        ZK_ROUND_TRIPS.labels(kind).inc()
+
+    def read(self, model: type[M], path: str) -> tuple[M, int]:
+        """Read and validate a node; ``NoNodeError`` propagates for the caller to name."""
+        self._trip("read")
+        raw, stat = self.zk.get(path)
+        return parse(model, path, raw), stat.version
+
+    def _children(self, path: str) -> list[str]:
+        self._trip("read")
+        return self.zk.get_children(path)
+
+    def _multi(self, build: Callable[[object], None]) -> list[object]:
+        t = self.zk.transaction()
+        build(t)
+        self._trip("multi")
+        return t.commit()
+
+    # ---- subjects -----------------------------------------------------------------------------
+
+    def register_subject(self, node: SubjectNode) -> SubjectNode:
+        """Create a subject, or return the existing one when it has the same shape."""
+        lay = self.layout
+        self.zk.ensure_path(lay.subjects)
+        results = self._multi(lambda t: (
+            t.create(lay.subject(node.name), node.dump()),
+            t.create(lay.writers(node.name), WritersNode().dump()),
+            t.create(lay.sinks(node.name), b""),
+            t.create(lay.epochs(node.name), b""),
+        ))
+        if isinstance(results[0], NodeExistsError):
+            existing = self.subject(node.name)
+            if not existing.same_shape(node):
+                raise SubjectConflictError(
+                    f"subject {node.name!r} already exists with topic {existing.topic!r}, "
+                    f"{existing.partitions} partitions and {len(existing.fields)} fields; refusing to change it"
+                )
+            return existing
+        _raise_first(results)
+        return node
+
+    def subject(self, name: str) -> SubjectNode:
+        try:
+            return self.read(SubjectNode, self.layout.subject(name))[0]
+        except NoNodeError:
+            raise UnknownSubjectError(name) from None
+
+    def subject_names(self) -> list[str]:
+        try:
+            return sorted(self._children(self.layout.subjects))
+        except NoNodeError:
+            return []
+
+    def writers(self, subject: str) -> tuple[WritersNode, int]:
+        try:
+            return self.read(WritersNode, self.layout.writers(subject))
+        except NoNodeError:
+            self.subject(subject)  # raises UnknownSubjectError when that is the cause
+            raise MalformedNodeError(self.layout.writers(subject), "missing writers node") from None
+
+    def sinks(self, subject: str) -> list[str]:
+        try:
+            return sorted(self._children(self.layout.sinks(subject)))
+        except NoNodeError:
+            raise UnknownSubjectError(subject) from None
+
+    def producers(self, subject: str, sink: str) -> list[ProducerNode]:
+        lay = self.layout
+        return [self.read(ProducerNode, lay.producer(subject, sink, p))[0]
+                for p in sorted(self._children(lay.producers(subject, sink)))]
+
+    # ---- producers ----------------------------------------------------------------------------
+
+    def claim(
+        self,
+        subject: str,
+        sink: str,
+        producer: str,
+        partitions: Sequence[int],
+        start_offsets: Callable[[], Mapping[int, int]],
+    ) -> Lease:
+        """Claim private partitions for a producer (or re-open its claim) and start a new incarnation.
+
+        ``start_offsets`` is asked only for a brand-new producer: where its first epoch begins.
+        """
+        meta = self.subject(subject)
+        parts = tuple(sorted(set(partitions)))
+        if not parts or len(parts) != len(partitions):
+            raise AlignerError(f"producer {producer} must claim distinct partitions, got {list(partitions)}")
+        bad = [p for p in parts if not 0 <= p < meta.partitions]
+        if bad:
+            raise AlignerError(f"subject {subject!r} has partitions 0..{meta.partitions - 1}; cannot claim {bad}")
+        me = writer_id(sink, producer)
+        lay = self.layout
+        self._ensure(lay.sink(subject, sink), SinkNode(sink=sink).dump(), parent=lay.sinks(subject))
+        self._ensure(lay.producers(subject, sink), b"")
+        while True:
+            writers, version = self.writers(subject)
+            for p in parts:
+                owner = writers.owner_of(p)
+                if owner is not None and owner != me:
+                    raise PartitionClaimedError(subject, p, owner, me)
+            entry = writers.writers.get(me)
+            if entry is not None:
+                if entry.partitions != parts:
+                    raise SubjectConflictError(
+                        f"producer {me} of {subject!r} owns partitions {list(entry.partitions)}; "
+                        f"it cannot reopen with {list(parts)}"
+                    )
+                return self._reincarnate(subject, sink, producer, entry.first_epoch)
+            first = self._last_epoch(subject) + 1
+            entry = WriterEntry(partitions=parts, first_epoch=first)
+            updated = WritersNode(writers={**writers.writers, me: entry})
+            offsets = dict(start_offsets())
+            node = ProducerNode(sink=sink, producer=producer, partitions=parts, incarnation=1,
+                                next_offsets={p: offsets[p] for p in parts})
+            epoch = EpochNode(epoch=first, writers=updated.expected(first))
+            results = self._multi(lambda t: (
+                t.set_data(lay.writers(subject), updated.dump(), version=version),
+                t.create(lay.producer(subject, sink, producer), node.dump()),
+                t.create(lay.epoch(subject, first), epoch.dump()),
+            ))
+            if any(isinstance(r, (BadVersionError, NodeExistsError)) for r in results):
+                continue  # someone claimed or created an epoch meanwhile: look again
+            _raise_first(results)
+            return Lease(subject, node, 0, first)
+
+    def _reincarnate(self, subject: str, sink: str, producer: str, first_epoch: int) -> Lease:
+        path = self.layout.producer(subject, sink, producer)
+        node, version = self.read(ProducerNode, path)
+        return self.reincarnate(Lease(subject, node, version, first_epoch))
+
+    def reincarnate(self, lease: Lease) -> Lease:
+        """Take a new attempt number; any older incarnation can no longer commit."""
+        path = self.layout.producer(lease.subject, lease.node.sink, lease.node.producer)
+        node = lease.node.model_copy(update={"incarnation": lease.node.incarnation + 1})
+        self._trip("write")
+        try:
+            stat = self.zk.set(path, node.dump(), version=lease.version)
+        except BadVersionError:
+            raise FencedError(f"producer {lease.writer} of {lease.subject!r} was taken over by another incarnation") from None
+        return Lease(lease.subject, node, stat.version, lease.first_epoch)
+
+    def _ensure(self, path: str, data: bytes, parent: str | None = None) -> None:
+        try:
+            self.zk.create(path, data)
+        except NodeExistsError:
+            pass
+        except NoNodeError:
+            if parent is None:
+                raise
+            raise MalformedNodeError(parent, "missing") from None
+
+    # ---- epochs -------------------------------------------------------------------------------
+
+    def epoch_numbers(self, subject: str) -> list[int]:
+        try:
+            names = self._children(self.layout.epochs(subject))
+        except NoNodeError:
+            raise UnknownSubjectError(subject) from None
+        out = []
+        for name in names:
+            if not name.isdigit():
+                raise MalformedNodeError(f"{self.layout.epochs(subject)}/{name}", "epoch node name is not a number")
+            out.append(int(name))
+        return sorted(out)
+
+    def _last_epoch(self, subject: str) -> int:
+        numbers = self.epoch_numbers(subject)
+        return numbers[-1] if numbers else -1
+
+    def ensure_epoch(
+        self, subject: str, epoch: int, writers: tuple[WritersNode, int] | None = None
+    ) -> tuple[WritersNode, int]:
+        """Round trip 1 of a commit: make sure the epoch node exists with the current writers.
+
+        Returns the writers document it checked against, for the caller to cache.
+        """
+        lay = self.layout
+        doc, version = writers or self.writers(subject)
+        while True:
+            node = EpochNode(epoch=epoch, writers=doc.expected(epoch))
+            results = self._multi(lambda t, n=node, v=version: (
+                t.create(lay.epoch(subject, epoch), n.dump()),
+                t.check(lay.writers(subject), v),
+            ))
+            if isinstance(results[0], NodeExistsError) or not any(isinstance(r, Exception) for r in results):
+                return doc, version
+            if isinstance(results[1], BadVersionError):
+                doc, version = self.writers(subject)
+                continue
+            _raise_first(results)
+
+    def commit(self, lease: Lease, epoch: int, attempt: int | None, ranges: Mapping[int, Range]) -> Lease:
+        """Round trip 2: the producer's ZooKeeper commit of ``epoch``; the Kafka commit came first."""
+        if epoch != lease.next_epoch:
+            raise AlignerError(f"producer {lease.writer} must commit epoch {lease.next_epoch} next, not {epoch}")
+        if set(ranges) != set(lease.node.partitions):
+            raise AlignerError(f"producer {lease.writer} must give ranges for exactly {list(lease.node.partitions)}")
+        for p, r in ranges.items():
+            if r.start != lease.node.next_offsets[p]:
+                raise AlignerError(
+                    f"producer {lease.writer}: epoch {epoch} partition {p} must start at "
+                    f"{lease.node.next_offsets[p]}, not {r.start}"
+                )
+        lay, subject, n = self.layout, lease.subject, lease.node
+        contribution = ContributionNode(sink=n.sink, producer=n.producer, attempt=attempt, ranges=dict(ranges))
+        node = n.model_copy(update={"committed_epoch": epoch, "next_offsets": {p: r.end for p, r in ranges.items()}})
+        results = self._multi(lambda t: (
+            t.create(lay.contribution(subject, epoch, lease.writer), contribution.dump()),
+            t.set_data(lay.producer(subject, n.sink, n.producer), node.dump(), version=lease.version),
+        ))
+        if isinstance(results[1], BadVersionError):
+            raise FencedError(f"producer {lease.writer} of {subject!r} was fenced by a newer incarnation")
+        if isinstance(results[0], NoNodeError):
+            raise AlignerError(f"epoch node {epoch} of {subject!r} missing: call ensure_epoch first")
+        if isinstance(results[0], NodeExistsError):
+            raise AlignerError(f"producer {lease.writer} already committed epoch {epoch} of {subject!r}")
+        _raise_first(results)
+        return Lease(subject, node, results[1].version, lease.first_epoch)  # type: ignore[attr-defined]
+
+    def epoch_node(self, subject: str, epoch: int) -> EpochNode:
+        try:
+            return self.read(EpochNode, self.layout.epoch(subject, epoch))[0]
+        except NoNodeError:
+            self.subject(subject)
+            raise EpochNotCommittedError(subject, epoch, "no such epoch") from None
+
+    def is_committed(self, subject: str, epoch: int) -> bool:
+        if (subject, epoch) in self._committed:
+            return True
+        node = self.epoch_node(subject, epoch)
+        children = set(self._children(self.layout.epoch(subject, epoch)))
+        return bool(node.writers) and not missing_writers(node, children)
+
+    def committed(self, subject: str, epoch: int) -> CommittedEpoch:
+        """The fixed slices of a committed epoch; cached, since a committed epoch never changes."""
+        key = (subject, epoch)
+        if key in self._committed:
+            return self._committed[key]
+        node = self.epoch_node(subject, epoch)
+        path = self.layout.epoch(subject, epoch)
+        present = set(self._children(path)) & set(node.writers)
+        self._trip("read")
+        pending = {w: self.zk.get_async(f"{path}/{w}") for w in sorted(present)}
+        contributions = {w: parse(ContributionNode, f"{path}/{w}", a.get()[0]) for w, a in pending.items()}
+        result = assemble(subject, node, contributions)
+        self._committed[key] = result
+        return result
+
+    def frontier(self, subject: str) -> int | None:
+        """The last committed epoch (every earlier one is committed too: producers commit in order)."""
+        for epoch in reversed(self.epoch_numbers(subject)):
+            if self.is_committed(subject, epoch):
+                return epoch
+        return None
+
+
+__all__ = ["Lease", "Ledger", "epoch_name"]

@@ -1,0 +1,14 @@
+"""Prometheus metrics of the protocol; connectors add their own beside these."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+ZK_ROUND_TRIPS = Counter("aligner_zk_round_trips_total", "ZooKeeper requests made", ["kind"])
+EPOCHS_COMMITTED = Counter("aligner_epochs_committed_total", "Producer epoch commits", ["subject", "sink"])
+RECORDS_SENT = Counter("aligner_records_sent_total", "Stamped records sent by sinks", ["subject", "sink"])
+RECORDS_READ = Counter("aligner_records_read_total", "Records returned by exact epoch reads", ["subject"])
+RECORDS_DROPPED = Counter(
+    "aligner_records_dropped_total", "Records dropped because their stamp is not the committed attempt", ["subject"]
+)
+LAST_EPOCH = Gauge("aligner_last_committed_epoch", "Last epoch committed by a producer", ["subject", "sink", "producer"])

@@ -1,0 +1,157 @@
+"""Pydantic models of every ZooKeeper payload; each carries a schema version.
+
+Payloads are JSON. Reading goes through :func:`parse`, which turns any validation failure into a
+:class:`MalformedNodeError` naming the path, so corrupt state is reported and never overwritten.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+
+from aligner.errors import MalformedNodeError
+
+SCHEMA_VERSION = 1
+
+Ident = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,120}$")]
+"""Subject, sink, producer and job ids: safe in ZooKeeper node names and in stamps."""
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Node(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+
+    def dump(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
+M = TypeVar("M", bound=Node)
+
+
+def parse(model: type[M], path: str, raw: bytes | None) -> M:
+    if not raw:
+        raise MalformedNodeError(path, f"empty payload, expected {model.__name__}")
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "payload"
+        raise MalformedNodeError(path, f"{model.__name__}.{where}: {first['msg']}") from None
+
+
+class FieldSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    type: Literal["string", "long", "double", "boolean", "binary", "timestamp"]
+    nullable: bool = True
+
+
+class SubjectNode(Node):
+    """A Kafka topic plus what every job needs to agree on to read it."""
+
+    name: Ident
+    topic: str
+    partitions: int = Field(ge=1)
+    value_format: Literal["json", "bytes"] = "json"
+    fields: tuple[FieldSpec, ...] = ()
+    created_at: int = Field(default_factory=now_ms)
+
+    def same_shape(self, other: SubjectNode) -> bool:
+        keys = ("topic", "partitions", "value_format", "fields")
+        return all(getattr(self, k) == getattr(other, k) for k in keys)
+
+
+class WriterEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    partitions: tuple[int, ...]
+    first_epoch: int = Field(ge=0)
+    finished_after: int | None = None
+    """Last epoch this writer contributes to, once its sink has finished."""
+
+    def writes(self, epoch: int) -> bool:
+        return self.first_epoch <= epoch and (self.finished_after is None or epoch <= self.finished_after)
+
+
+class WritersNode(Node):
+    """Partition ownership of a subject: the one document every claim is compared-and-set against."""
+
+    writers: dict[str, WriterEntry] = {}
+
+    def owner_of(self, partition: int) -> str | None:
+        for writer, entry in self.writers.items():
+            if partition in entry.partitions:
+                return writer
+        return None
+
+    def expected(self, epoch: int) -> tuple[str, ...]:
+        return tuple(sorted(w for w, e in self.writers.items() if e.writes(epoch)))
+
+
+class SinkNode(Node):
+    sink: Ident
+    created_at: int = Field(default_factory=now_ms)
+
+
+class ProducerNode(Node):
+    """One parallel producer of a sink; its version fences zombies in the commit transaction."""
+
+    sink: Ident
+    producer: Ident
+    partitions: tuple[int, ...]
+    incarnation: int = Field(ge=1)
+    committed_epoch: int | None = None
+    next_offsets: dict[int, int]
+    """Where this producer's next epoch starts in each of its partitions."""
+
+    @model_validator(mode="after")
+    def _offsets_cover_partitions(self) -> ProducerNode:
+        if set(self.next_offsets) != set(self.partitions):
+            raise ValueError("next_offsets must name exactly the producer's partitions")
+        return self
+
+
+class Range(BaseModel):
+    """Half-open offset range [start, end): end is the position after the epoch's last record."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Range:
+        if self.end < self.start:
+            raise ValueError(f"end {self.end} before start {self.start}")
+        return self
+
+    @property
+    def empty(self) -> bool:
+        return self.start == self.end
+
+
+class EpochNode(Node):
+    """An epoch of a subject, created before anyone commits to it; lists who must contribute."""
+
+    epoch: int = Field(ge=0)
+    writers: tuple[str, ...]
+    created_at: int = Field(default_factory=now_ms)
+
+
+class ContributionNode(Node):
+    """One producer's part of a subject epoch; its creation is that producer's ZooKeeper commit."""
+
+    sink: Ident
+    producer: Ident
+    attempt: int | None
+    """The stamp attempt that counts; None for epochs cut by the marker over unstamped data."""
+    ranges: dict[int, Range]
+    committed_at: int = Field(default_factory=now_ms)

@@ -1,0 +1,19 @@
+"""Connection settings shared by the CLI, connectors and tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Where ZooKeeper and Kafka are; read from flags or ``ALIGNER_*`` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="ALIGNER_", extra="ignore")
+
+    zk: str = Field("127.0.0.1:2181", description="ZooKeeper connect string")
+    kafka: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers")
+    root: str = Field("/aligner", description="ZooKeeper root path of all aligner state")
+    home: Path = Field(Path.home() / ".aligner", description="Where the embedded stack keeps its state")
