@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from aligner.errors import AlignerError, EpochNotCommittedError
+from aligner.errors import AlignerError, EpochNotCommittedError, EpochOutOfRetentionError
 from aligner.models import ContributionNode, EpochNode, Range
 from aligner.stamps import Stamp
 
@@ -79,3 +79,9 @@ def parse_epoch_span(spec: str) -> tuple[int, int]:
     if first < 0 or last < first:
         raise ValueError(f"epoch span {spec!r} must satisfy 0 <= A <= B")
     return first, last
+
+
+def check_retention(subject: str, epoch: int, partition: int, start: int, log_start: int) -> None:
+    """Refuse a read whose first offset the log no longer holds: a short read would look exact."""
+    if log_start > start:
+        raise EpochOutOfRetentionError(subject, epoch, partition, start, log_start)

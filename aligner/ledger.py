@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -116,9 +117,12 @@ class Ledger:
         self._trip("read")
         return self.zk.get_children(path)
 
-    def _multi(self, build: Callable[[object], None]) -> list[object]:
+    def _multi(self, *ops: tuple[Any, ...]) -> list[object]:
+        """One multi-op round trip; ops are ("create", path, data), ("set", path, data, version)
+        or ("check", path, version). Failed ops come back as exception instances."""
         t = self.zk.transaction()
-        build(t)
+        for kind, *args in ops:
+            {"create": t.create, "set": t.set_data, "check": t.check}[kind](*args)
         self._trip("multi")
         return t.commit()
 
@@ -128,12 +132,12 @@ class Ledger:
         """Create a subject, or return the existing one when it has the same shape."""
         lay = self.layout
         self.zk.ensure_path(lay.subjects)
-        results = self._multi(lambda t: (
-            t.create(lay.subject(node.name), node.dump()),
-            t.create(lay.writers(node.name), WritersNode().dump()),
-            t.create(lay.sinks(node.name), b""),
-            t.create(lay.epochs(node.name), b""),
-        ))
+        results = self._multi(
+            ("create", lay.subject(node.name), node.dump()),
+            ("create", lay.writers(node.name), WritersNode().dump()),
+            ("create", lay.sinks(node.name), b""),
+            ("create", lay.epochs(node.name), b""),
+        )
         if isinstance(results[0], NodeExistsError):
             existing = self.subject(node.name)
             if not existing.same_shape(node):
@@ -221,11 +225,11 @@ class Ledger:
             node = ProducerNode(sink=sink, producer=producer, partitions=parts, incarnation=1,
                                 next_offsets={p: offsets[p] for p in parts})
             epoch = EpochNode(epoch=first, writers=updated.expected(first))
-            results = self._multi(lambda t: (
-                t.set_data(lay.writers(subject), updated.dump(), version=version),
-                t.create(lay.producer(subject, sink, producer), node.dump()),
-                t.create(lay.epoch(subject, first), epoch.dump()),
-            ))
+            results = self._multi(
+                ("set", lay.writers(subject), updated.dump(), version),
+                ("create", lay.producer(subject, sink, producer), node.dump()),
+                ("create", lay.epoch(subject, first), epoch.dump()),
+            )
             if any(isinstance(r, (BadVersionError, NodeExistsError)) for r in results):
                 continue  # someone claimed or created an epoch meanwhile: look again
             _raise_first(results)
@@ -244,7 +248,9 @@ class Ledger:
         try:
             stat = self.zk.set(path, node.dump(), version=lease.version)
         except BadVersionError:
-            raise FencedError(f"producer {lease.writer} of {lease.subject!r} was taken over by another incarnation") from None
+            raise FencedError(
+                f"producer {lease.writer} of {lease.subject!r} was taken over by another incarnation"
+            ) from None
         return Lease(lease.subject, node, stat.version, lease.first_epoch)
 
     def _ensure(self, path: str, data: bytes, parent: str | None = None) -> None:
@@ -286,10 +292,10 @@ class Ledger:
         doc, version = writers or self.writers(subject)
         while True:
             node = EpochNode(epoch=epoch, writers=doc.expected(epoch))
-            results = self._multi(lambda t, n=node, v=version: (
-                t.create(lay.epoch(subject, epoch), n.dump()),
-                t.check(lay.writers(subject), v),
-            ))
+            results = self._multi(
+                ("create", lay.epoch(subject, epoch), node.dump()),
+                ("check", lay.writers(subject), version),
+            )
             if isinstance(results[0], NodeExistsError) or not any(isinstance(r, Exception) for r in results):
                 return doc, version
             if isinstance(results[1], BadVersionError):
@@ -312,18 +318,19 @@ class Ledger:
         lay, subject, n = self.layout, lease.subject, lease.node
         contribution = ContributionNode(sink=n.sink, producer=n.producer, attempt=attempt, ranges=dict(ranges))
         node = n.model_copy(update={"committed_epoch": epoch, "next_offsets": {p: r.end for p, r in ranges.items()}})
-        results = self._multi(lambda t: (
-            t.create(lay.contribution(subject, epoch, lease.writer), contribution.dump()),
-            t.set_data(lay.producer(subject, n.sink, n.producer), node.dump(), version=lease.version),
-        ))
-        if isinstance(results[1], BadVersionError):
+        # The fencing check goes first: ZooKeeper reports only the first failing op of a multi.
+        results = self._multi(
+            ("set", lay.producer(subject, n.sink, n.producer), node.dump(), lease.version),
+            ("create", lay.contribution(subject, epoch, lease.writer), contribution.dump()),
+        )
+        if isinstance(results[0], BadVersionError):
             raise FencedError(f"producer {lease.writer} of {subject!r} was fenced by a newer incarnation")
-        if isinstance(results[0], NoNodeError):
+        if isinstance(results[1], NoNodeError):
             raise AlignerError(f"epoch node {epoch} of {subject!r} missing: call ensure_epoch first")
-        if isinstance(results[0], NodeExistsError):
+        if isinstance(results[1], NodeExistsError):
             raise AlignerError(f"producer {lease.writer} already committed epoch {epoch} of {subject!r}")
         _raise_first(results)
-        return Lease(subject, node, results[1].version, lease.first_epoch)  # type: ignore[attr-defined]
+        return Lease(subject, node, results[0].version, lease.first_epoch)  # type: ignore[attr-defined]
 
     def epoch_node(self, subject: str, epoch: int) -> EpochNode:
         try:

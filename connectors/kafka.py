@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, TopicPartition  # noqa: F401
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from aligner.errors import AlignerError
@@ -38,11 +39,13 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 3
 
 
 def end_offsets(
-    bootstrap: str, topic: str, partitions: Sequence[int], committed_only: bool = True, timeout: float = 30.0
+    bootstrap: str, topic: str, partitions: Sequence[int], committed_only: bool = True,
+    timeout: float = 30.0, earliest: bool = False,
 ) -> dict[int, int]:
-    """Latest (or last stable, for committed_only) offset of each partition."""
+    """Latest (last stable, for committed_only) or earliest offset of each partition."""
     client = admin(bootstrap)
-    request = {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}
+    spec = OffsetSpec.earliest() if earliest else OffsetSpec.latest()
+    request = {TopicPartition(topic, p): spec for p in partitions}
     level = IsolationLevel.READ_COMMITTED if committed_only else IsolationLevel.READ_UNCOMMITTED
     futures = client.list_offsets(request, isolation_level=level, request_timeout=timeout)
     return {tp.partition: fut.result(timeout).offset for tp, fut in futures.items()}
@@ -61,6 +64,31 @@ def consumer_config(bootstrap: str, extra: Mapping[str, Any] | None = None) -> d
         "fetch.max.bytes": 64 * 1024 * 1024,
         "max.partition.fetch.bytes": 16 * 1024 * 1024,
         "queued.min.messages": 200000,
+        "fetch.wait.max.ms": 10,
         **QUIET,
         **(extra or {}),
     }
+
+
+def fetched_end_offsets(consumer: Consumer, topic: str, partitions: Sequence[int], bootstrap: str,
+                        timeout: float = 30.0) -> dict[int, int]:
+    """Last stable offsets as a fetch reports them at partition EOF.
+
+    Tansu answers ListOffsets(latest) with the base offset of the last batch plus one, which is
+    short of the end when that batch holds several records. Fetching from just before that
+    answer until EOF gives the true end (the LSO, for a read_committed consumer) on any broker.
+    """
+    listed = end_offsets(bootstrap, topic, partitions, committed_only=True, timeout=timeout)
+    consumer.assign([TopicPartition(topic, p, max(0, listed[p] - 1)) for p in partitions])
+    ends: dict[int, int] = {}
+    deadline = time.monotonic() + timeout
+    while len(ends) < len(partitions):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no end-of-partition from {topic} partitions {sorted(set(partitions) - set(ends))}")
+        for m in consumer.consume(10000, timeout=0.05):
+            err = m.error()
+            if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                ends[m.partition()] = m.offset()
+                consumer.pause([TopicPartition(topic, m.partition())])
+    consumer.unassign()
+    return ends

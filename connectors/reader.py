@@ -16,12 +16,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from aligner.epochs import CommittedEpoch, Slice
-from aligner.errors import DataLossError, EpochOutOfRetentionError
+from aligner.epochs import CommittedEpoch, Slice, check_retention
+from aligner.errors import DataLossError
 from aligner.ledger import Ledger
 from aligner.metrics import RECORDS_DROPPED, RECORDS_READ
 from aligner.stamps import stamp_of
-from connectors.kafka import consumer_config
+from connectors.kafka import consumer_config, end_offsets
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +56,7 @@ class EpochReader:
                  consumer_extra: dict[str, Any] | None = None) -> None:
         self.ledger = ledger
         self.stall_timeout = stall_timeout
+        self._bootstrap = bootstrap
         self._consumer = Consumer(consumer_config(bootstrap, consumer_extra))
 
     def close(self) -> None:
@@ -81,9 +82,10 @@ class EpochReader:
                 if not sl.empty:
                     by_partition.setdefault(p, []).append(_Segment(ce.epoch, sl))
         read_counter, drop_counter = RECORDS_READ.labels(subject), RECORDS_DROPPED.labels(subject)
+        log_start = end_offsets(self._bootstrap, meta.topic, list(by_partition), earliest=True) if by_partition else {}
         for partition in sorted(by_partition):
             segments = sorted(by_partition[partition], key=lambda s: s.slice.start)
-            self._check_retention(subject, meta.topic, partition, segments[0])
+            check_retention(subject, segments[0].epoch, partition, segments[0].slice.start, log_start[partition])
             for epoch, kept, dropped in self._read_partition(meta.topic, partition, segments):
                 read_counter.inc(len(kept))
                 if dropped:
@@ -96,11 +98,6 @@ class EpochReader:
         for epoch, partition, messages in self.read_batches(subject, first, last):
             for m in messages:
                 yield EpochRecord(epoch, partition, m.offset(), m.key(), m.value(), m.timestamp()[1])
-
-    def _check_retention(self, subject: str, topic: str, partition: int, first: _Segment) -> None:
-        low, _high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
-        if low > first.slice.start:
-            raise EpochOutOfRetentionError(subject, first.epoch, partition, first.slice.start, low)
 
     def _read_partition(
         self, topic: str, partition: int, segments: list[_Segment]
@@ -118,7 +115,7 @@ class EpochReader:
         progress = time.monotonic()
         done = False
         while not done:
-            batch = consumer.consume(10000, timeout=0.5)
+            batch = consumer.consume(10000, timeout=0.05)
             if batch:
                 progress = time.monotonic()
             for m in batch:

@@ -1,0 +1,43 @@
+# Two commands on a fresh machine:  make demo  |  make test
+# Both create the virtualenv, install the project and Debian's ZooKeeper when missing.
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+EXTRAS ?= test,local,plots,spark
+
+.PHONY: setup zookeeper test demo bench lint clean
+
+setup: $(STAMP) zookeeper
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[$(EXTRAS)]'
+	rm -f $(VENV)/.installed-*; touch $@
+
+zookeeper:
+	@test -f /usr/share/java/zookeeper.jar || \
+	  ($(SUDO) apt-get install -y -qq zookeeper || \
+	   ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq zookeeper))
+	@command -v java >/dev/null || $(SUDO) apt-get install -y -qq default-jre-headless
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -ra
+
+demo: setup
+	$(PY) -m experiments.demo
+
+bench: setup
+	$(PY) -m experiments.bench_sink
+	$(PY) -m experiments.bench_zk_ops
+	$(PY) -m experiments.bench_reader
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache experiments/results

@@ -1,0 +1,75 @@
+"""Epoch marker for topics written by outside producers.
+
+It claims every partition of the subject and, each interval, commits one subject epoch whose
+ranges end at the partitions' last stable offsets. Its epochs carry no stamp (attempt None):
+the data was never stamped, so readers keep every record in range.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from confluent_kafka import Consumer
+
+from aligner.ledger import Lease, Ledger
+from aligner.models import Range
+from connectors.kafka import consumer_config, end_offsets, fetched_end_offsets
+
+MARKER_SINK = "marker"
+
+
+class EpochMarker:
+    def __init__(self, ledger: Ledger, bootstrap: str, subject: str, name: str = MARKER_SINK,
+                 from_beginning: bool = True) -> None:
+        self.ledger = ledger
+        self.bootstrap = bootstrap
+        self.subject = subject
+        self.name = name
+        self.from_beginning = from_beginning
+        self._lease: Lease | None = None
+        self._writers = None
+
+    def open(self) -> EpochMarker:
+        meta = self.ledger.subject(self.subject)
+        self.topic = meta.topic
+        self.partitions = list(range(meta.partitions))
+
+        self._consumer = Consumer(consumer_config(self.bootstrap))
+
+        def start() -> dict[int, int]:
+            if self.from_beginning:
+                return end_offsets(self.bootstrap, self.topic, self.partitions, earliest=True)
+            return self._ends()
+
+        self._lease = self.ledger.claim(self.subject, self.name, "0", self.partitions, start)
+        return self
+
+    def _ends(self) -> dict[int, int]:
+        return fetched_end_offsets(self._consumer, self.topic, self.partitions, self.bootstrap)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def mark(self) -> tuple[int, dict[int, Range]]:
+        """Commit one epoch up to the current stable end of every partition."""
+        assert self._lease is not None, "open() first"
+        epoch = self._lease.next_epoch
+        self._writers = self.ledger.ensure_epoch(self.subject, epoch, self._writers)
+        ends = self._ends()
+        ranges = {p: Range(start=s, end=max(s, ends[p])) for p, s in self._lease.node.next_offsets.items()}
+        self._lease = self.ledger.commit(self._lease, epoch, None, ranges)
+        return epoch, ranges
+
+    def run(self, interval: float, stop: threading.Event, count: int | None = None,
+            on_epoch: Callable[[int, dict[int, Range]], None] | None = None) -> int:
+        """Mark every ``interval`` seconds until ``stop`` is set or ``count`` epochs are marked."""
+        marked = 0
+        while not stop.is_set() and (count is None or marked < count):
+            epoch, ranges = self.mark()
+            marked += 1
+            if on_epoch:
+                on_epoch(epoch, ranges)
+            if count is None or marked < count:
+                stop.wait(interval)
+        return marked

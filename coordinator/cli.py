@@ -1,0 +1,268 @@
+"""The ``aligner`` command line: one CLI for the stack, the ledger, reads and the coordinator."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from aligner.epochs import parse_epoch_span
+from aligner.errors import AlignerError
+from aligner.ledger import Ledger
+from aligner.settings import Settings
+from coordinator import stack as stack_mod
+
+app = typer.Typer(help="Epoch alignment for chained Kafka streaming jobs.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+stack_app = typer.Typer(help="The embedded ZooKeeper + Tansu stack.", no_args_is_help=True)
+subjects_app = typer.Typer(help="Register and list subjects.", no_args_is_help=True)
+app.add_typer(stack_app, name="stack")
+app.add_typer(subjects_app, name="subjects")
+
+out = Console()
+err = Console(stderr=True)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+class State:
+    settings: Settings
+
+
+state = State()
+
+
+@app.callback()
+def main_options(
+    zk: Annotated[str | None, typer.Option(help="ZooKeeper connect string [env ALIGNER_ZK]")] = None,
+    kafka: Annotated[str | None, typer.Option(help="Kafka bootstrap servers [env ALIGNER_KAFKA]")] = None,
+    root: Annotated[str | None, typer.Option(help="ZooKeeper root of aligner state [env ALIGNER_ROOT]")] = None,
+) -> None:
+    settings = Settings()
+    overrides: dict[str, Any] = {k: v for k, v in {"zk": zk, "kafka": kafka, "root": root}.items() if v}
+    if "zk" not in overrides and "zk" not in settings.model_fields_set:
+        running = stack_mod.read_stack(settings.home)
+        if running is not None:
+            overrides.setdefault("zk", running.zk)
+            overrides.setdefault("kafka", running.kafka)
+    state.settings = settings.model_copy(update=overrides)
+
+
+def emit(data: Any, as_json: bool) -> bool:
+    """Print ``data`` as JSON when asked; returns whether it did."""
+    if as_json:
+        out.print_json(json.dumps(data, default=str))
+    return as_json
+
+
+@contextmanager
+def ledger() -> Iterator[Ledger]:
+    s = state.settings
+    try:
+        led = Ledger.connect(s.zk, s.root, timeout=10)
+    except Exception as exc:
+        raise AlignerError(f"cannot reach ZooKeeper at {s.zk}: {exc} (is the stack up? aligner stack up)") from exc
+    try:
+        yield led
+    finally:
+        led.close()
+
+
+# ---- stack ---------------------------------------------------------------------------------------
+
+@stack_app.command("up")
+def stack_up(as_json: JsonFlag = False) -> None:
+    """Start ZooKeeper and Tansu on free loopback ports; they keep running after this returns."""
+    info = stack_mod.stack_up(state.settings.home)
+    if not emit(asdict(info), as_json):
+        out.print(f"[green]stack up[/] ZooKeeper {info.zk}  Kafka {info.kafka}")
+        out.print("eval \"$(aligner stack env)\" to point other shells at it")
+
+
+@stack_app.command("down")
+def stack_down(as_json: JsonFlag = False) -> None:
+    """Stop the embedded stack and remove its data."""
+    stopped = stack_mod.stack_down(state.settings.home)
+    if not emit({"stopped": stopped}, as_json):
+        out.print("stack stopped" if stopped else "no stack was running")
+
+
+@stack_app.command("env")
+def stack_env(as_json: JsonFlag = False) -> None:
+    """Print the connection settings of the running embedded stack as shell exports."""
+    info = stack_mod.read_stack(state.settings.home)
+    if info is None:
+        raise AlignerError("no embedded stack is running: aligner stack up")
+    if not emit(info.env(), as_json):
+        for k, v in info.env().items():
+            print(f"export {k}={v}")
+
+
+# ---- subjects ------------------------------------------------------------------------------------
+
+@subjects_app.command("create")
+def subjects_create(
+    name: str,
+    partitions: Annotated[int, typer.Option(min=1, help="Partition count of the topic")] = 4,
+    topic: Annotated[str | None, typer.Option(help="Kafka topic (default: the subject name)")] = None,
+    value_format: Annotated[str, typer.Option("--format", help="json or bytes")] = "json",
+    as_json: JsonFlag = False,
+) -> None:
+    """Create the topic and register the subject (idempotent for the same shape)."""
+    from connectors.subjects import create_subject
+
+    if value_format not in ("json", "bytes"):
+        raise typer.BadParameter("--format must be json or bytes")
+    with ledger() as led:
+        node = create_subject(led, state.settings.kafka, name, partitions, topic=topic, value_format=value_format)
+    if not emit(node.model_dump(), as_json):
+        out.print(f"subject [bold]{node.name}[/] on topic {node.topic} ({node.partitions} partitions)")
+
+
+@subjects_app.command("list")
+def subjects_list(as_json: JsonFlag = False) -> None:
+    """List registered subjects."""
+    with ledger() as led:
+        names = led.subject_names()
+    if not emit(names, as_json):
+        for n in names:
+            out.print(n)
+
+
+# ---- status / epochs -----------------------------------------------------------------------------
+
+def _subject_status(led: Ledger, name: str) -> dict[str, Any]:
+    meta = led.subject(name)
+    numbers = led.epoch_numbers(name)
+    sinks = {}
+    for sink in led.sinks(name):
+        sinks[sink] = [
+            {"producer": p.producer, "partitions": list(p.partitions), "incarnation": p.incarnation,
+             "committed_epoch": p.committed_epoch}
+            for p in led.producers(name, sink)
+        ]
+    return {"subject": name, "topic": meta.topic, "partitions": meta.partitions,
+            "epochs": len(numbers), "last_committed": led.frontier(name), "sinks": sinks}
+
+
+@app.command()
+def status(as_json: JsonFlag = False) -> None:
+    """Subjects with their epochs, sinks and producers."""
+    with ledger() as led:
+        rows = [_subject_status(led, n) for n in led.subject_names()]
+    if emit({"subjects": rows}, as_json):
+        return
+    table = Table(title="subjects")
+    for col in ("subject", "topic", "partitions", "epochs", "last committed", "sinks / producers"):
+        table.add_column(col)
+    for r in rows:
+        prods = "; ".join(
+            f"{sink}: " + ", ".join(f"{p['producer']}@{p['committed_epoch']} (inc {p['incarnation']})" for p in ps)
+            for sink, ps in r["sinks"].items()
+        )
+        table.add_row(r["subject"], r["topic"], str(r["partitions"]), str(r["epochs"]),
+                      str(r["last_committed"]), prods or "-")
+    out.print(table)
+
+
+@app.command()
+def epochs(
+    subject: str,
+    last: Annotated[int, typer.Option(min=1, help="Show only the last N epochs")] = 50,
+    as_json: JsonFlag = False,
+) -> None:
+    """Epochs of a subject: committed or waiting, and their per-partition offset ranges."""
+    with ledger() as led:
+        rows = []
+        for n in led.epoch_numbers(subject)[-last:]:
+            node = led.epoch_node(subject, n)
+            if led.is_committed(subject, n):
+                ce = led.committed(subject, n)
+                ranges = {str(p): [s, e] for p, (s, e) in ce.offsets.items()}
+                rows.append({"epoch": n, "committed": True, "writers": list(node.writers), "ranges": ranges})
+            else:
+                rows.append({"epoch": n, "committed": False, "writers": list(node.writers), "ranges": {}})
+    if emit({"subject": subject, "epochs": rows}, as_json):
+        return
+    table = Table(title=f"epochs of {subject}")
+    for col in ("epoch", "state", "writers", "ranges [start, end)"):
+        table.add_column(col)
+    for r in rows:
+        ranges = " ".join(f"{p}:[{s},{e})" for p, (s, e) in r["ranges"].items())
+        table.add_row(str(r["epoch"]), "committed" if r["committed"] else "open", ",".join(r["writers"]), ranges)
+    out.print(table)
+
+
+# ---- read ----------------------------------------------------------------------------------------
+
+@app.command()
+def read(
+    subject: str,
+    epoch: Annotated[int | None, typer.Option(min=0, help="One epoch")] = None,
+    epochs_: Annotated[str | None, typer.Option("--epochs", help="Inclusive span A:B")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Exactly the committed records of the given epochs, in partition and offset order."""
+    from connectors.reader import EpochReader
+
+    if (epoch is None) == (epochs_ is None):
+        raise typer.BadParameter("give exactly one of --epoch N or --epochs A:B")
+    try:
+        first, last = (epoch, epoch) if epoch is not None else parse_epoch_span(epochs_ or "")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    with ledger() as led, EpochReader(led, state.settings.kafka) as reader:
+        decode = led.subject(subject).value_format == "json"
+        records = [r.as_json(decode) for r in reader.read(subject, first, last)]
+    if emit({"subject": subject, "first": first, "last": last, "records": records}, as_json):
+        return
+    for r in records:
+        out.print(f"epoch {r['epoch']} p{r['partition']}@{r['offset']} {r['key'] or ''} {r['value']}")
+    err.print(f"{len(records)} records from epochs {first}..{last}")
+
+
+# ---- markers -------------------------------------------------------------------------------------
+
+@app.command()
+def markers(
+    subject: str,
+    interval: Annotated[float, typer.Option(min=0.05, help="Seconds between epochs")] = 1.0,
+    count: Annotated[int | None, typer.Option(min=1, help="Stop after N epochs")] = None,
+    from_end: Annotated[bool, typer.Option(help="Start at the current end instead of the log start")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Cut epochs of a subject written by outside producers, from stable end offsets."""
+    from connectors.marker import EpochMarker
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def show(epoch: int, ranges: dict) -> None:
+        data = {"epoch": epoch, "ranges": {str(p): [r.start, r.end] for p, r in ranges.items()}}
+        if not emit(data, as_json):
+            out.print(f"epoch {epoch}: " + " ".join(f"{p}:[{s},{e})" for p, (s, e) in data["ranges"].items()))
+
+    with ledger() as led:
+        marker = EpochMarker(led, state.settings.kafka, subject, from_beginning=not from_end).open()
+        with suppress(KeyboardInterrupt):
+            marker.run(interval, stop, count, show)
+
+
+def main() -> None:
+    try:
+        app()
+    except AlignerError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        sys.exit(1)
+    except TimeoutError as exc:
+        err.print(f"[red]timeout:[/] {exc}")
+        sys.exit(1)

@@ -1,0 +1,155 @@
+"""Stamped sink + exact reader on the embedded stack: every record exactly once, crashes included."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from aligner.errors import EpochNotCommittedError, FencedError
+from aligner.models import Range
+from aligner.stamps import Stamp, stamp_of
+from connectors.kafka import consumer_config
+from connectors.reader import EpochReader
+from connectors.sink import SinkProducer, partitions_for
+from connectors.subjects import create_subject
+from tests.helpers import Worker
+
+EPOCHS = 20
+RECORDS = 40
+
+
+def _raw_records(bootstrap: str, topic: str, partitions: int) -> list:
+    """Everything the broker shows a read_committed consumer, stamps and all."""
+    c = Consumer(consumer_config(bootstrap))
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    out, eof = [], set()
+    while len(eof) < partitions:
+        for m in c.consume(10000, timeout=1):
+            if m.error():
+                eof.add(m.partition())
+            else:
+                out.append(m)
+    c.close()
+    return out
+
+
+def _expected(ledger, subject: str, epoch: int) -> Counter:
+    return Counter(
+        (w.split(":")[0], w.split(":")[1], epoch, j) for w in ledger.epoch_node(subject, epoch).writers
+        for j in range(RECORDS)
+    )
+
+
+def test_two_sinks_two_producers_with_kills_read_exactly_once(stack, root, ledger, subject_name):
+    create_subject(ledger, stack.kafka, subject_name, 8)
+    common = ["--zk", stack.zk, "--kafka", stack.kafka, "--root", root, "--subject", subject_name,
+              "--until", str(EPOCHS - 1), "--records", str(RECORDS)]
+
+    def start(sink: str, i: int, base: int, pause: str | None = None) -> Worker:
+        parts = ",".join(str(base + p) for p in partitions_for(i, 2, 4))
+        extra = ["--pause-at", pause] if pause else []
+        return Worker("tests.workers.sink_worker", *common, "--sink", sink, "--producer", str(i),
+                      "--partitions", parts, *extra)
+
+    workers = {("A", 0): start("A", 0, 0, "7:mid"), ("A", 1): start("A", 1, 0),
+               ("B", 0): start("B", 0, 4), ("B", 1): start("B", 1, 4, "11:after_kafka_commit")}
+    try:
+        for key in (("A", 0), ("B", 1)):
+            workers[key].wait_line(lambda line: line.startswith("paused"), timeout=120)
+            workers[key].kill()
+            workers[key] = start(key[0], key[1], 0 if key[0] == "A" else 4)
+            reopened = workers[key].wait_line(lambda line: line.startswith("open"))
+            assert "attempt=2" in reopened
+        for w in workers.values():
+            w.finish(timeout=180)
+    finally:
+        for w in workers.values():
+            w.stop()
+
+    with EpochReader(ledger, stack.kafka) as reader:
+        for epoch in range(EPOCHS):
+            seen = Counter()
+            for record in reader.read(subject_name, epoch):
+                v = json.loads(record.value)
+                assert v["epoch"] == epoch, f"record of epoch {v['epoch']} read in epoch {epoch}"
+                seen[(v["sink"], v["producer"], v["epoch"], v["j"])] += 1
+            assert seen == _expected(ledger, subject_name, epoch), f"epoch {epoch} not exactly once"
+        first_a0 = min(e for e in range(EPOCHS) if "A:0" in ledger.epoch_node(subject_name, e).writers)
+
+    # The broker does show the killed attempts' records: the reader dropped them by stamp.
+    raw = _raw_records(stack.kafka, subject_name, 8)
+    stale = Counter()
+    for m in raw:
+        sink, epoch, attempt = Stamp.decode(stamp_of(m.headers()))
+        producer = json.loads(m.value())["producer"]
+        if attempt == 1 and (sink, producer, epoch) in (("A", "0", 7), ("B", "1", 11)):
+            stale[(sink, epoch)] += 1
+    assert stale[("A", 7)] == RECORDS and stale[("B", 11)] == RECORDS, stale
+    assert first_a0 <= 7
+
+
+def test_empty_epochs_and_aborts(stack, ledger, subject_name):
+    create_subject(ledger, stack.kafka, subject_name, 2)
+    with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0, 1]) as p, \
+            EpochReader(ledger, stack.kafka) as reader:
+        e0 = p.begin()
+        e0_commit = p.commit()
+        assert all(r.empty for r in e0_commit.ranges.values())
+        e1 = p.begin()
+        p.send(b'"lost"', partition=0)
+        p.abort()
+        assert p.begin() == e1
+        p.send(b'"kept"', partition=0)
+        commit = p.commit()
+        assert commit.attempt == 2
+        assert list(reader.read(subject_name, e0)) == []
+        assert [r.value for r in reader.read(subject_name, e1)] == [b'"kept"']
+        with pytest.raises(EpochNotCommittedError):
+            list(reader.read(subject_name, e1 + 1))
+
+
+def test_crash_between_kafka_and_zookeeper_commit_rewrites_the_epoch(stack, ledger, subject_name):
+    create_subject(ledger, stack.kafka, subject_name, 1)
+
+    class Crash(Exception):
+        pass
+
+    def crash(point: str) -> None:
+        if point == "after_kafka_commit":
+            raise Crash
+
+    first = SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0], fault=crash).open()
+    epoch = first.begin()
+    first.send(b'"attempt-1"')
+    with pytest.raises(Crash):
+        first.commit()
+    with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0]) as second, \
+            EpochReader(ledger, stack.kafka) as reader:
+        assert second.next_epoch == epoch
+        second.begin()
+        second.send(b'"attempt-2"')
+        second.commit()
+        assert [r.value for r in reader.read(subject_name, epoch)] == [b'"attempt-2"']
+    # The crashed incarnation is a zombie now: ZooKeeper refuses its commit.
+    stale = first.lease
+    start = stale.node.next_offsets[0]
+    with pytest.raises(FencedError):
+        ledger.commit(stale, epoch, stale.node.incarnation, {0: Range(start=start, end=start + 1)})
+
+
+def test_same_read_twice_is_identical(stack, ledger, subject_name):
+    create_subject(ledger, stack.kafka, subject_name, 3)
+    with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0, 1, 2]) as p:
+        for e in range(4):
+            p.begin()
+            for j in range(100):
+                p.send(json.dumps({"e": e, "j": j}).encode(), key=str(j).encode())
+            p.commit()
+    with EpochReader(ledger, stack.kafka) as reader:
+        first = [(r.epoch, r.partition, r.offset, r.value) for r in reader.read(subject_name, 0, 3)]
+    with EpochReader(ledger, stack.kafka) as reader:
+        second = [(r.epoch, r.partition, r.offset, r.value) for r in reader.read(subject_name, 0, 3)]
+    assert first == second and len(first) == 400

@@ -1,0 +1,140 @@
+"""The ZooKeeper ledger against a real ZooKeeper: registration, claims, commits, bad data."""
+
+from __future__ import annotations
+
+import pytest
+
+from aligner.errors import (
+    EpochNotCommittedError,
+    FencedError,
+    MalformedNodeError,
+    PartitionClaimedError,
+    SubjectConflictError,
+    UnknownSubjectError,
+)
+from aligner.ledger import Ledger
+from aligner.models import Range, SubjectNode
+
+
+def _subject(ledger: Ledger, name: str, partitions: int = 4) -> SubjectNode:
+    return ledger.register_subject(SubjectNode(name=name, topic=name, partitions=partitions))
+
+
+def _commit_empty(ledger: Ledger, lease, cache: dict | None = None):
+    """Commit an empty epoch as a sink would: writers document cached between epochs."""
+    cache = {} if cache is None else cache
+    epoch = lease.next_epoch
+    cache["writers"] = ledger.ensure_epoch(lease.subject, epoch, cache.get("writers"))
+    ranges = {p: Range(start=o, end=o) for p, o in lease.node.next_offsets.items()}
+    return ledger.commit(lease, epoch, lease.node.incarnation, ranges)
+
+
+def test_register_is_idempotent_and_refuses_a_different_shape(ledger, subject_name):
+    node = _subject(ledger, subject_name)
+    assert _subject(ledger, subject_name) == node
+    with pytest.raises(SubjectConflictError, match="refusing to change"):
+        _subject(ledger, subject_name, partitions=8)
+    assert ledger.subject(subject_name).partitions == 4
+
+
+def test_unknown_subject_is_a_clear_error(ledger):
+    with pytest.raises(UnknownSubjectError, match="unknown subject 'nope'"):
+        ledger.subject("nope")
+    with pytest.raises(UnknownSubjectError):
+        ledger.claim("nope", "k", "0", [0], lambda: {0: 0})
+    with pytest.raises(UnknownSubjectError):
+        ledger.epoch_numbers("nope")
+    with pytest.raises(UnknownSubjectError):
+        ledger.committed("nope", 0)
+
+
+def test_partition_claimed_twice_is_refused_and_changes_nothing(ledger, subject_name):
+    _subject(ledger, subject_name)
+    ledger.claim(subject_name, "sink-a", "0", [0, 1], lambda: {0: 0, 1: 0})
+    before = ledger.writers(subject_name)
+    with pytest.raises(PartitionClaimedError, match="partition 1 .* owned by producer sink-a:0"):
+        ledger.claim(subject_name, "sink-b", "0", [1, 2], lambda: {1: 0, 2: 0})
+    assert ledger.writers(subject_name) == before
+    with pytest.raises(Exception, match="cannot claim"):
+        ledger.claim(subject_name, "sink-b", "0", [7], lambda: {7: 0})
+    with pytest.raises(SubjectConflictError, match="cannot reopen"):
+        ledger.claim(subject_name, "sink-a", "0", [0], lambda: {0: 0})
+
+
+def test_epochs_commit_when_every_writer_contributed(ledger, subject_name):
+    _subject(ledger, subject_name)
+    a = ledger.claim(subject_name, "a", "0", [0], lambda: {0: 0})
+    b = ledger.claim(subject_name, "b", "0", [1], lambda: {1: 0})
+    # a registered first and owns epoch 0 alone; b joins from epoch 1.
+    assert (a.next_epoch, b.next_epoch) == (0, 1)
+    a = _commit_empty(ledger, a)
+    assert ledger.is_committed(subject_name, 0)
+    a = _commit_empty(ledger, a)
+    with pytest.raises(EpochNotCommittedError, match="waiting for producers b:0"):
+        ledger.committed(subject_name, 1)
+    assert ledger.frontier(subject_name) == 0
+    b = _commit_empty(ledger, b)
+    assert ledger.frontier(subject_name) == 1
+    with pytest.raises(EpochNotCommittedError, match="no such epoch"):
+        ledger.committed(subject_name, 99)
+
+
+def test_an_older_incarnation_is_fenced(ledger, subject_name):
+    _subject(ledger, subject_name)
+    old = ledger.claim(subject_name, "a", "0", [0], lambda: {0: 0})
+    new = ledger.claim(subject_name, "a", "0", [0], lambda: {0: 0})
+    assert new.node.incarnation == old.node.incarnation + 1
+    with pytest.raises(FencedError):
+        _commit_empty(ledger, old)
+    _commit_empty(ledger, new)
+
+
+def test_a_range_that_does_not_continue_the_last_epoch_is_refused(ledger, subject_name):
+    _subject(ledger, subject_name)
+    lease = ledger.claim(subject_name, "a", "0", [0], lambda: {0: 5})
+    ledger.ensure_epoch(subject_name, 0)
+    with pytest.raises(Exception, match="must start at 5"):
+        ledger.commit(lease, 0, 1, {0: Range(start=0, end=9)})
+
+
+def test_corrupt_epoch_json_is_reported_with_its_path_and_left_alone(ledger, subject_name):
+    _subject(ledger, subject_name)
+    lease = ledger.claim(subject_name, "a", "0", [0], lambda: {0: 0})
+    _commit_empty(ledger, lease)
+    path = ledger.layout.epoch(subject_name, 0)
+    ledger.zk.set(path, b'{"schema_version": 1, "epoch": "zero"')
+    with pytest.raises(MalformedNodeError, match=path):
+        ledger.committed(subject_name, 0)
+    assert ledger.zk.get(path)[0] == b'{"schema_version": 1, "epoch": "zero"'
+
+
+def test_corrupt_contribution_and_writers_are_reported(ledger, subject_name):
+    _subject(ledger, subject_name)
+    lease = ledger.claim(subject_name, "a", "0", [0], lambda: {0: 0})
+    _commit_empty(ledger, lease)
+    contribution = ledger.layout.contribution(subject_name, 0, "a:0")
+    ledger.zk.set(contribution, b'{"schema_version": 1, "sink": "a", "producer": "0", "attempt": 1, "ranges": '
+                                b'{"0": {"start": 9, "end": 2}}}')
+    with pytest.raises(MalformedNodeError, match=f"{contribution}: .*end 2 before start 9"):
+        ledger.committed(subject_name, 0)
+    ledger.zk.set(ledger.layout.writers(subject_name), b"[]")
+    with pytest.raises(MalformedNodeError, match="writers"):
+        ledger.claim(subject_name, "b", "0", [1], lambda: {1: 0})
+
+
+@pytest.mark.parametrize("parallelism", [1, 4])
+def test_two_round_trips_per_producer_per_epoch(stack, root, ledger, subject_name, parallelism):
+    _subject(ledger, subject_name, partitions=parallelism)
+    ledgers = [Ledger.connect(stack.zk, root) for _ in range(parallelism)]
+    try:
+        leases = [led.claim(subject_name, "k", str(i), [i], lambda i=i: {i: 0}) for i, led in enumerate(ledgers)]
+        caches: list[dict] = [{} for _ in ledgers]
+        leases = [_commit_empty(*args) for args in zip(ledgers, leases, caches, strict=True)]  # warm up
+        before = [led.round_trips for led in ledgers]
+        for _ in range(5):
+            leases = [_commit_empty(*args) for args in zip(ledgers, leases, caches, strict=True)]
+        per_epoch = [(led.round_trips - b) / 5 for led, b in zip(ledgers, before, strict=True)]
+        assert per_epoch == [2.0] * parallelism
+    finally:
+        for led in ledgers:
+            led.close()

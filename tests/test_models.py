@@ -1,0 +1,122 @@
+"""Unit tests of the pure protocol pieces: payload models, stamps, epoch assembly."""
+
+from __future__ import annotations
+
+import pytest
+
+from aligner.epochs import assemble, check_retention, parse_epoch_span, ranges_for
+from aligner.errors import AlignerError, EpochNotCommittedError, EpochOutOfRetentionError, MalformedNodeError
+from aligner.layout import Layout, split_writer, writer_id
+from aligner.models import ContributionNode, EpochNode, ProducerNode, Range, SubjectNode, WriterEntry, WritersNode, parse
+from aligner.stamps import HEADER, Stamp, stamp_of
+
+
+def test_parse_names_path_and_field():
+    with pytest.raises(MalformedNodeError, match=r"/x/epochs/0000000003: .*EpochNode\.epoch"):
+        parse(EpochNode, "/x/epochs/0000000003", b'{"schema_version": 1, "epoch": -1, "writers": []}')
+    with pytest.raises(MalformedNodeError, match="Invalid JSON"):
+        parse(EpochNode, "/p", b"{not json")
+    with pytest.raises(MalformedNodeError, match="empty payload"):
+        parse(EpochNode, "/p", b"")
+
+
+def test_schema_version_is_checked():
+    with pytest.raises(MalformedNodeError, match="schema_version"):
+        parse(SubjectNode, "/s", b'{"schema_version": 2, "name": "a", "topic": "a", "partitions": 1}')
+
+
+def test_round_trip_and_unknown_fields_refused():
+    node = SubjectNode(name="orders", topic="orders", partitions=3)
+    assert parse(SubjectNode, "/s", node.dump()) == node
+    with pytest.raises(MalformedNodeError, match="Extra inputs"):
+        parse(SubjectNode, "/s", node.dump()[:-1] + b', "surprise": 1}')
+
+
+def test_identifiers_are_restricted():
+    with pytest.raises(ValueError):
+        SubjectNode(name="bad/name", topic="t", partitions=1)
+
+
+def test_range_is_half_open_and_ordered():
+    assert Range(start=4, end=4).empty
+    with pytest.raises(ValueError, match="before start"):
+        Range(start=5, end=4)
+
+
+def test_producer_offsets_must_cover_its_partitions():
+    with pytest.raises(ValueError, match="next_offsets"):
+        ProducerNode(sink="k", producer="0", partitions=(0, 1), incarnation=1, next_offsets={0: 0})
+
+
+def test_writers_expected_follow_first_and_last_epoch():
+    doc = WritersNode(writers={
+        "a:0": WriterEntry(partitions=(0,), first_epoch=0),
+        "b:0": WriterEntry(partitions=(1,), first_epoch=3),
+        "c:0": WriterEntry(partitions=(2,), first_epoch=0, finished_after=1),
+    })
+    assert doc.expected(0) == ("a:0", "c:0")
+    assert doc.expected(2) == ("a:0",)
+    assert doc.expected(3) == ("a:0", "b:0")
+    assert doc.owner_of(1) == "b:0" and doc.owner_of(9) is None
+
+
+def test_stamp_round_trip_and_lookup():
+    s = Stamp("job.v1", 12, 3)
+    assert Stamp.decode(s.encode()) == s
+    assert stamp_of([("other", b"x"), (HEADER, s.encode())]) == s.encode()
+    assert stamp_of(None) is None
+
+
+def _contribution(sink: str, attempt: int | None, ranges: dict[int, tuple[int, int]]) -> ContributionNode:
+    return ContributionNode(sink=sink, producer="0", attempt=attempt,
+                            ranges={p: Range(start=a, end=b) for p, (a, b) in ranges.items()})
+
+
+def test_assemble_requires_every_expected_writer():
+    node = EpochNode(epoch=5, writers=("a:0", "b:0"))
+    with pytest.raises(EpochNotCommittedError, match="waiting for producers b:0"):
+        assemble("s", node, {"a:0": _contribution("a", 1, {0: (0, 3)})})
+    with pytest.raises(EpochNotCommittedError, match="no producer"):
+        assemble("s", EpochNode(epoch=0, writers=()), {})
+
+
+def test_assemble_slices_carry_the_committed_stamp():
+    node = EpochNode(epoch=5, writers=("a:0", "m:0"))
+    ce = assemble("s", node, {"a:0": _contribution("a", 7, {0: (10, 20)}), "m:0": _contribution("m", None, {1: (3, 3)})})
+    assert ce.slices[0].stamp == Stamp("a", 5, 7).encode()
+    assert ce.slices[1].stamp is None and ce.slices[1].empty
+    assert ce.offsets == {0: (10, 20), 1: (3, 3)}
+
+
+def test_assemble_refuses_a_partition_twice():
+    node = EpochNode(epoch=1, writers=("a:0", "b:0"))
+    with pytest.raises(AlignerError, match="partition 0 contributed twice"):
+        assemble("s", node, {"a:0": _contribution("a", 1, {0: (0, 1)}), "b:0": _contribution("b", 1, {0: (1, 2)})})
+
+
+def test_ranges_from_delivery_reports():
+    assert ranges_for({0: 5, 1: 9}, {0: 7}) == {0: Range(start=5, end=8), 1: Range(start=9, end=9)}
+
+
+@pytest.mark.parametrize("spec,expected", [("3", (3, 3)), ("2:5", (2, 5))])
+def test_epoch_span(spec, expected):
+    assert parse_epoch_span(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["a", "5:2", "-1:3", "1:x"])
+def test_bad_epoch_span(spec):
+    with pytest.raises(ValueError):
+        parse_epoch_span(spec)
+
+
+def test_layout_is_the_single_path_builder():
+    lay = Layout("/r")
+    assert lay.epoch("s", 7) == "/r/subjects/s/epochs/0000000007"
+    assert lay.contribution("s", 7, writer_id("k", "1")) == "/r/subjects/s/epochs/0000000007/k:1"
+    assert split_writer("k.v2:3") == ("k.v2", "3")
+
+
+def test_retention_is_checked_against_the_log_start():
+    check_retention("s", 3, 0, start=10, log_start=10)
+    with pytest.raises(EpochOutOfRetentionError, match="epoch 3 of subject 's' is out of retention: partition 0"):
+        check_retention("s", 3, 0, start=9, log_start=10)

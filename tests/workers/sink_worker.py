@@ -1,0 +1,70 @@
+"""A producer process for crash tests: writes deterministic records per epoch until an epoch.
+
+Each record is {"sink", "producer", "epoch", "j"}: the epoch it was written for, so a test can
+check every record arrives exactly once and in that epoch. ``--pause-at E:POINT`` stops the
+process at POINT of epoch E (``mid``: records flushed, transaction open; or a commit fault point
+such as ``after_kafka_commit``) and waits there to be SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from aligner.ledger import Ledger
+from connectors.sink import SinkProducer
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def park(epoch: int, point: str) -> None:
+    say(f"paused {epoch} {point}")
+    while True:
+        time.sleep(60)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    for name in ("zk", "kafka", "root", "subject", "sink", "producer", "partitions"):
+        ap.add_argument(f"--{name}", required=True)
+    ap.add_argument("--until", type=int, required=True, help="stop after committing this epoch")
+    ap.add_argument("--records", type=int, default=50)
+    ap.add_argument("--pause-at", default=None)
+    args = ap.parse_args()
+    pause_epoch, pause_point = (None, None)
+    if args.pause_at:
+        e, pause_point = args.pause_at.split(":")
+        pause_epoch = int(e)
+    state = {"epoch": -1}
+
+    def fault(point: str) -> None:
+        if state["epoch"] == pause_epoch and point == pause_point:
+            park(state["epoch"], point)
+
+    ledger = Ledger.connect(args.zk, args.root)
+    partitions = [int(p) for p in args.partitions.split(",")]
+    producer = SinkProducer(ledger, args.kafka, args.subject, args.sink, args.producer, partitions, fault=fault).open()
+    say(f"open next={producer.next_epoch} attempt={producer.attempt}")
+    while producer.next_epoch <= args.until:
+        epoch = producer.begin()
+        state["epoch"] = epoch
+        for j in range(args.records):
+            value = {"sink": args.sink, "producer": args.producer, "epoch": epoch, "j": j}
+            producer.send(json.dumps(value).encode(), key=f"{args.producer}-{j}".encode())
+        if epoch == pause_epoch and pause_point == "mid":
+            producer._kp.flush(30)  # the open transaction's records reach the broker
+            park(epoch, "mid")
+        producer.commit()
+        say(f"committed {epoch}")
+    producer.close()
+    ledger.close()
+    say("done")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
