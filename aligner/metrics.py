@@ -11,4 +11,6 @@ RECORDS_READ = Counter("aligner_records_read_total", "Records returned by exact 
 RECORDS_DROPPED = Counter(
     "aligner_records_dropped_total", "Records dropped because their stamp is not the committed attempt", ["subject"]
 )
-LAST_EPOCH = Gauge("aligner_last_committed_epoch", "Last epoch committed by a producer", ["subject", "sink", "producer"])
+LAST_EPOCH = Gauge(
+    "aligner_last_committed_epoch", "Last epoch committed by a producer", ["subject", "sink", "producer"]
+)

@@ -27,7 +27,9 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 3
     existing = meta.topics.get(topic)
     if existing is not None and not existing.error:
         if len(existing.partitions) != partitions:
-            raise AlignerError(f"topic {topic!r} has {len(existing.partitions)} partitions, the subject needs {partitions}")
+            raise AlignerError(
+                f"topic {topic!r} has {len(existing.partitions)} partitions, the subject needs {partitions}"
+            )
         return
     futures = client.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=timeout)
     for fut in futures.values():

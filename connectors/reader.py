@@ -43,10 +43,23 @@ class EpochRecord:
         }
 
 
-@dataclass(frozen=True)
-class _Segment:
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A non-empty slice of one partition in one epoch; plain data, so Spark can ship it to executors."""
+
     epoch: int
     slice: Slice
+
+
+def segments_by_partition(committed: list[CommittedEpoch]) -> dict[int, list[Segment]]:
+    by_partition: dict[int, list[Segment]] = {}
+    for ce in committed:
+        for p, sl in ce.slices.items():
+            if not sl.empty:
+                by_partition.setdefault(p, []).append(Segment(ce.epoch, sl))
+    for segs in by_partition.values():
+        segs.sort(key=lambda s: s.slice.start)
+    return by_partition
 
 
 class EpochReader:
@@ -75,18 +88,14 @@ class EpochReader:
     def read_batches(self, subject: str, first: int, last: int) -> Iterator[tuple[int, int, list[Message]]]:
         """Yield (epoch, partition, messages) in partition then offset order; the fast path."""
         meta = self.ledger.subject(subject)
-        committed = self.epochs(subject, first, last)
-        by_partition: dict[int, list[_Segment]] = {}
-        for ce in committed:
-            for p, sl in ce.slices.items():
-                if not sl.empty:
-                    by_partition.setdefault(p, []).append(_Segment(ce.epoch, sl))
+        by_partition = segments_by_partition(self.epochs(subject, first, last))
         read_counter, drop_counter = RECORDS_READ.labels(subject), RECORDS_DROPPED.labels(subject)
         log_start = end_offsets(self._bootstrap, meta.topic, list(by_partition), earliest=True) if by_partition else {}
         for partition in sorted(by_partition):
-            segments = sorted(by_partition[partition], key=lambda s: s.slice.start)
+            segments = by_partition[partition]
             check_retention(subject, segments[0].epoch, partition, segments[0].slice.start, log_start[partition])
-            for epoch, kept, dropped in self._read_partition(meta.topic, partition, segments):
+            for epoch, kept, dropped in read_partition(self._consumer, meta.topic, partition, segments,
+                                                       self.stall_timeout):
                 read_counter.inc(len(kept))
                 if dropped:
                     drop_counter.inc(dropped)
@@ -99,63 +108,67 @@ class EpochReader:
             for m in messages:
                 yield EpochRecord(epoch, partition, m.offset(), m.key(), m.value(), m.timestamp()[1])
 
-    def _read_partition(
-        self, topic: str, partition: int, segments: list[_Segment]
-    ) -> Iterator[tuple[int, list[Message], int]]:
-        consumer = self._consumer
-        tp = TopicPartition(topic, partition, segments[0].slice.start)
-        consumer.assign([tp])
-        end = segments[-1].slice.end
-        idx = 0
-        seg = segments[0]
-        kept: list[Message] = []
-        dropped = 0
-        stamp = seg.slice.stamp
-        seg_end = seg.slice.end
-        progress = time.monotonic()
-        done = False
-        while not done:
-            batch = consumer.consume(10000, timeout=0.05)
-            if batch:
-                progress = time.monotonic()
-            for m in batch:
-                if m.error() is not None:
-                    if m.error().code() == KafkaError._PARTITION_EOF:
-                        if m.offset() >= end:
-                            done = True
-                            break
-                        continue
-                    raise DataLossError(f"{topic}[{partition}]: {m.error()}")
-                o = m.offset()
-                if o >= end:
-                    done = True
-                    break
-                if o >= seg_end:
-                    yield seg.epoch, kept, dropped
-                    kept, dropped = [], 0
-                    while o >= segments[idx].slice.end:
-                        idx += 1
-                    seg = segments[idx]
-                    stamp, seg_end = seg.slice.stamp, seg.slice.end
-                if o < seg.slice.start:
-                    dropped += 1  # between a writer's registration and its first epoch
+
+def read_partition(
+    consumer: Consumer, topic: str, partition: int, segments: list[Segment], stall_timeout: float = 30.0
+) -> Iterator[tuple[int, list[Message], int]]:
+    """Read one partition across consecutive segments: yields (epoch, kept messages, dropped count).
+
+    The consumer is (re)assigned to this partition only; records past the last segment end it.
+    """
+    tp = TopicPartition(topic, partition, segments[0].slice.start)
+    consumer.assign([tp])
+    end = segments[-1].slice.end
+    idx = 0
+    seg = segments[0]
+    kept: list[Message] = []
+    dropped = 0
+    stamp = seg.slice.stamp
+    seg_end = seg.slice.end
+    progress = time.monotonic()
+    done = False
+    while not done:
+        batch = consumer.consume(10000, timeout=0.05)
+        if batch:
+            progress = time.monotonic()
+        for m in batch:
+            if m.error() is not None:
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    if m.offset() >= end:
+                        done = True
+                        break
                     continue
-                if stamp is None:
-                    kept.append(m)
-                    continue
-                h = m.headers()
-                if h is not None and (h[0][1] == stamp or stamp_of(h) == stamp):
-                    kept.append(m)
-                else:
-                    dropped += 1
-            if not done:
-                position = consumer.position([TopicPartition(topic, partition)])[0].offset
-                if position >= end:
-                    done = True
-                elif time.monotonic() - progress > self.stall_timeout:
-                    _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-                    raise DataLossError(
-                        f"{topic}[{partition}]: committed epochs need offsets up to {end} but reading stalled "
-                        f"at {position} (log end {high}); was the broker's log lost?"
-                    )
-        yield seg.epoch, kept, dropped
+                raise DataLossError(f"{topic}[{partition}]: {m.error()}")
+            o = m.offset()
+            if o >= end:
+                done = True
+                break
+            if o >= seg_end:
+                yield seg.epoch, kept, dropped
+                kept, dropped = [], 0
+                while o >= segments[idx].slice.end:
+                    idx += 1
+                seg = segments[idx]
+                stamp, seg_end = seg.slice.stamp, seg.slice.end
+            if o < seg.slice.start:
+                dropped += 1  # between a writer's registration and its first epoch
+                continue
+            if stamp is None:
+                kept.append(m)
+                continue
+            h = m.headers()
+            if h is not None and (h[0][1] == stamp or stamp_of(h) == stamp):
+                kept.append(m)
+            else:
+                dropped += 1
+        if not done:
+            position = consumer.position([TopicPartition(topic, partition)])[0].offset
+            if position >= end:
+                done = True
+            elif time.monotonic() - progress > stall_timeout:
+                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+                raise DataLossError(
+                    f"{topic}[{partition}]: committed epochs need offsets up to {end} but reading stalled "
+                    f"at {position} (log end {high}); was the broker's log lost?"
+                )
+    yield seg.epoch, kept, dropped

@@ -52,7 +52,7 @@ def test_partition_claimed_twice_is_refused_and_changes_nothing(ledger, subject_
     _subject(ledger, subject_name)
     ledger.claim(subject_name, "sink-a", "0", [0, 1], lambda: {0: 0, 1: 0})
     before = ledger.writers(subject_name)
-    with pytest.raises(PartitionClaimedError, match="partition 1 .* owned by producer sink-a:0"):
+    with pytest.raises(PartitionClaimedError, match=r"partition 1 .* owned by producer sink-a:0"):
         ledger.claim(subject_name, "sink-b", "0", [1, 2], lambda: {1: 0, 2: 0})
     assert ledger.writers(subject_name) == before
     with pytest.raises(Exception, match="cannot claim"):

@@ -7,7 +7,16 @@ import pytest
 from aligner.epochs import assemble, check_retention, parse_epoch_span, ranges_for
 from aligner.errors import AlignerError, EpochNotCommittedError, EpochOutOfRetentionError, MalformedNodeError
 from aligner.layout import Layout, split_writer, writer_id
-from aligner.models import ContributionNode, EpochNode, ProducerNode, Range, SubjectNode, WriterEntry, WritersNode, parse
+from aligner.models import (
+    ContributionNode,
+    EpochNode,
+    ProducerNode,
+    Range,
+    SubjectNode,
+    WriterEntry,
+    WritersNode,
+    parse,
+)
 from aligner.stamps import HEADER, Stamp, stamp_of
 
 
@@ -82,7 +91,8 @@ def test_assemble_requires_every_expected_writer():
 
 def test_assemble_slices_carry_the_committed_stamp():
     node = EpochNode(epoch=5, writers=("a:0", "m:0"))
-    ce = assemble("s", node, {"a:0": _contribution("a", 7, {0: (10, 20)}), "m:0": _contribution("m", None, {1: (3, 3)})})
+    parts = {"a:0": _contribution("a", 7, {0: (10, 20)}), "m:0": _contribution("m", None, {1: (3, 3)})}
+    ce = assemble("s", node, parts)
     assert ce.slices[0].stamp == Stamp("a", 5, 7).encode()
     assert ce.slices[1].stamp is None and ce.slices[1].empty
     assert ce.offsets == {0: (10, 20), 1: (3, 3)}
