@@ -1,0 +1,27 @@
+"""Spark integration through the Python Data Source API (PySpark >= 4.2): ``format("aligned")``.
+
+One line registers it::
+
+    import connectors.spark
+    connectors.spark.register(spark)
+
+then ``spark.read.format("aligned")`` reads committed epochs of a subject,
+``spark.readStream.format("aligned")`` streams them one committed epoch (or ``epochsPerBatch``)
+per micro-batch, and ``df.writeStream.format("aligned")`` turns every micro-batch into one epoch of a
+target subject. Kafka is read and written through confluent-kafka inside the executors; Spark's own
+Kafka connector is not needed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from connectors.spark.source import SHORT_NAME, AlignedDataSource
+
+
+def register(spark: Any) -> None:
+    """Register ``format("aligned")`` with a SparkSession."""
+    spark.dataSource.register(AlignedDataSource)
+
+
+__all__ = ["SHORT_NAME", "AlignedDataSource", "register"]

@@ -1,0 +1,327 @@
+"""Shared pieces of the Spark adapter: options, schemas, planning, Arrow conversion, process caches.
+
+Everything here runs in plain Python processes that Spark starts (planner workers on the driver,
+Python workers on executors), so it keeps no state beyond per-process connection caches.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    DataType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from aligner.epochs import CommittedEpoch, check_retention, parse_epoch_span
+from aligner.errors import AlignerError, EpochNotCommittedError
+from aligner.ledger import Ledger
+from aligner.models import FieldSpec, SubjectNode
+from connectors.kafka import end_offsets
+from connectors.reader import Segment, segments_by_partition
+
+RAW_COLUMNS = ("key", "value", "partition", "offset", "epoch", "timestamp")
+ARROW_BATCH_ROWS = 65536
+
+_SPARK_TYPES: dict[str, DataType] = {
+    "string": StringType(), "long": LongType(), "double": DoubleType(), "boolean": BooleanType(),
+    "binary": BinaryType(), "timestamp": TimestampType(),
+}
+
+
+class AlignedOptionError(AlignerError):
+    """A data source option is missing, malformed or contradicts another."""
+
+
+# ---- options ------------------------------------------------------------------------------------
+
+
+def opt(options: Mapping[str, str], name: str) -> str | None:
+    """An option by name, case-insensitively (Spark lower-cases option keys)."""
+    if name in options:
+        return options[name]
+    low = name.lower()
+    for key, value in options.items():
+        if key.lower() == low:
+            return value
+    return None
+
+
+@dataclass(frozen=True)
+class Connection:
+    zk: str
+    kafka: str
+    root: str
+    subject: str
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> Connection:
+        zk = opt(options, "zk") or os.environ.get("ALIGNER_ZK")
+        kafka = opt(options, "kafka") or os.environ.get("ALIGNER_KAFKA")
+        root = opt(options, "root") or os.environ.get("ALIGNER_ROOT") or "/aligner"
+        subject = opt(options, "subject")
+        missing = [n for n, v in (("zk", zk), ("kafka", kafka), ("subject", subject)) if not v]
+        if missing:
+            raise AlignedOptionError(
+                f"format('aligned') needs option(s) {', '.join(missing)} (zk and kafka may also come from "
+                "ALIGNER_ZK / ALIGNER_KAFKA)"
+            )
+        return cls(zk=str(zk), kafka=str(kafka), root=root, subject=str(subject))
+
+
+def int_option(options: Mapping[str, str], name: str, default: int | None, minimum: int = 0) -> int | None:
+    raw = opt(options, name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise AlignedOptionError(f"option {name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise AlignedOptionError(f"option {name}={value} must be >= {minimum}")
+    return value
+
+
+def float_option(options: Mapping[str, str], name: str, default: float) -> float:
+    raw = opt(options, name)
+    try:
+        return default if raw is None else float(raw)
+    except ValueError:
+        raise AlignedOptionError(f"option {name}={raw!r} is not a number") from None
+
+
+def batch_epochs(options: Mapping[str, str], ledger: Ledger, subject: str) -> list[int]:
+    """The epochs a batch read covers: exactly one of epoch, epochs ("A:B") or asOf (0..N)."""
+    given = [n for n in ("epoch", "epochs", "asOf") if opt(options, n) is not None]
+    if len(given) != 1:
+        raise AlignedOptionError(
+            "spark.read.format('aligned') needs exactly one of the options epoch, epochs ('A:B') or asOf, "
+            f"got {given or 'none'}"
+        )
+    name = given[0]
+    raw = str(opt(options, name))
+    try:
+        if name == "epoch":
+            first, last = parse_epoch_span(raw)
+            if first != last:
+                raise ValueError(f"epoch={raw!r} names a span; use epochs='A:B'")
+        elif name == "epochs":
+            first, last = parse_epoch_span(raw)
+        else:
+            first, last = 0, parse_epoch_span(raw)[1]
+            if ":" in raw:
+                raise ValueError(f"asOf={raw!r} must be one epoch number")
+    except ValueError as exc:
+        raise AlignedOptionError(str(exc)) from None
+    if name == "asOf":
+        numbers = ledger.epoch_numbers(subject)  # raises UnknownSubjectError
+        if not numbers:
+            raise EpochNotCommittedError(subject, last, "the subject has no epochs yet")
+        first = numbers[0]  # epochs before the first one kept in ZooKeeper were garbage-collected
+        if last < first:
+            raise EpochNotCommittedError(subject, last, f"the subject's first epoch is {first}")
+    return list(range(first, last + 1))
+
+
+# ---- schema -------------------------------------------------------------------------------------
+
+
+def field_columns(subject: SubjectNode) -> tuple[FieldSpec, ...]:
+    """Registered fields that become columns: only JSON subjects are parsed."""
+    if subject.value_format != "json":
+        return ()
+    clash = [f.name for f in subject.fields if f.name in RAW_COLUMNS]
+    if clash:
+        raise AlignerError(
+            f"subject {subject.name!r} registers field(s) {clash} whose names clash with the raw columns "
+            f"{list(RAW_COLUMNS)} of format('aligned')"
+        )
+    return subject.fields
+
+
+def read_schema(subject: SubjectNode) -> StructType:
+    fields = [StructField(f.name, _SPARK_TYPES[f.type], True) for f in field_columns(subject)]
+    return StructType([
+        *fields,
+        StructField("key", BinaryType(), True),
+        StructField("value", BinaryType(), True),
+        StructField("partition", IntegerType(), False),
+        StructField("offset", LongType(), False),
+        StructField("epoch", LongType(), False),
+        StructField("timestamp", TimestampType(), True),
+    ])
+
+
+# ---- planning -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """What an executor needs to read one input partition; plain data, pickled to executors."""
+
+    kafka: str
+    subject: str
+    topic: str
+    fields: tuple[tuple[str, str], ...]
+    stall_timeout: float
+
+
+class AlignedPartition(InputPartition):
+    """One Kafka partition over a span of consecutive epochs: its non-empty segments in order."""
+
+    def __init__(self, plan: ReadPlan, partition: int, segments: list[Segment]) -> None:
+        super().__init__(partition)
+        self.plan = plan
+        self.partition = partition
+        self.segments = segments
+
+    def __repr__(self) -> str:
+        epochs = f"{self.segments[0].epoch}..{self.segments[-1].epoch}" if self.segments else "-"
+        return f"AlignedPartition({self.plan.subject}[{self.partition}] epochs {epochs})"
+
+
+def plan_partitions(ledger: Ledger, kafka: str, subject: SubjectNode, epochs: Sequence[int],
+                    stall_timeout: float) -> list[AlignedPartition]:
+    """Resolve committed epochs and split them into input partitions; every error surfaces here.
+
+    Raises UnknownSubjectError, EpochNotCommittedError or EpochOutOfRetentionError before any task runs.
+    """
+    committed: list[CommittedEpoch] = [ledger.committed(subject.name, e) for e in epochs]
+    by_partition = segments_by_partition(committed)
+    if by_partition:
+        log_start = end_offsets(kafka, subject.topic, sorted(by_partition), earliest=True)
+        for p, segs in by_partition.items():
+            check_retention(subject.name, segs[0].epoch, p, segs[0].slice.start, log_start[p])
+    plan = ReadPlan(kafka=kafka, subject=subject.name, topic=subject.topic,
+                    fields=tuple((f.name, f.type) for f in field_columns(subject)), stall_timeout=stall_timeout)
+    return [AlignedPartition(plan, p, by_partition[p]) for p in sorted(by_partition)]
+
+
+# ---- process caches -----------------------------------------------------------------------------
+
+_LEDGERS: dict[tuple[str, str, int], Ledger] = {}
+_LOCK = threading.Lock()
+
+
+def ledger_for(zk: str, root: str) -> Ledger:
+    """One ZooKeeper session per process and (hosts, root); reconnects after a lost session."""
+    key = (zk, root, os.getpid())
+    with _LOCK:
+        led = _LEDGERS.get(key)
+        if led is not None and not led.zk.connected:
+            with contextlib.suppress(Exception):
+                led.close()
+            led = None
+        if led is None:
+            led = Ledger.connect(zk, root)
+            _LEDGERS[key] = led
+        return led
+
+
+# ---- reading ------------------------------------------------------------------------------------
+
+
+def _iso_us(text: str) -> int | None:
+    try:
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return int(dt.timestamp() * 1_000_000)
+
+
+def _convert(kind: str, v: Any) -> Any:
+    """A JSON value as the column type wants it, or None (permissive: bad values become nulls)."""
+    if v is None:
+        return None
+    if kind == "string":
+        return v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+    if kind == "long":
+        if isinstance(v, bool):
+            return None
+        if isinstance(v, int):
+            return v
+        return int(v) if isinstance(v, float) and v.is_integer() else None
+    if kind == "double":
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    if kind == "boolean":
+        return v if isinstance(v, bool) else None
+    if kind == "binary":
+        try:
+            return base64.b64decode(v, validate=True) if isinstance(v, str) else None
+        except ValueError:
+            return None
+    if kind == "timestamp":  # epoch milliseconds or an ISO-8601 string
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return int(v * 1000)
+        return _iso_us(v) if isinstance(v, str) else None
+    return None
+
+
+def messages_to_batches(messages: list[Any], epoch: int, partition: int, fields: Sequence[tuple[str, str]],
+                        pa_schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Kept confluent messages of one epoch as Arrow record batches in ``pa_schema``."""
+    for lo in range(0, len(messages), ARROW_BATCH_ROWS):
+        chunk = messages[lo:lo + ARROW_BATCH_ROWS]
+        n = len(chunk)
+        values = [m.value() for m in chunk]
+        arrays: list[pa.Array] = []
+        if fields:
+            docs: list[Any] = []
+            for v in values:
+                try:
+                    d = json.loads(v) if v is not None else None
+                except ValueError:
+                    d = None
+                docs.append(d if isinstance(d, dict) else None)
+            for i, (name, kind) in enumerate(fields):
+                col = [None if d is None else _convert(kind, d.get(name)) for d in docs]
+                arrays.append(pa.array(col, type=pa_schema.field(i).type))
+        base = len(fields)
+        arrays.append(pa.array([m.key() for m in chunk], type=pa.binary()))
+        arrays.append(pa.array(values, type=pa.binary()))
+        arrays.append(pa.array([partition] * n, type=pa.int32()))
+        arrays.append(pa.array([m.offset() for m in chunk], type=pa.int64()))
+        arrays.append(pa.array([epoch] * n, type=pa.int64()))
+        ts = pa.array([m.timestamp()[1] for m in chunk], type=pa.int64())
+        arrays.append(ts.cast(pa.timestamp("ms", tz="UTC")).cast(pa_schema.field(base + 5).type))
+        yield pa.RecordBatch.from_arrays(arrays, schema=pa_schema)
+
+
+def read_aligned_partition(partition: AlignedPartition, schema: StructType) -> Iterator[pa.RecordBatch]:
+    """Executor side: read one input partition's segments with an assigned consumer, stamps filtered."""
+    from confluent_kafka import Consumer
+
+    from connectors.kafka import consumer_config
+    from connectors.reader import read_partition
+
+    if not partition.segments:
+        return
+    plan = partition.plan
+    pa_schema = to_arrow_schema(schema, timezone="UTC")
+    consumer = Consumer(consumer_config(plan.kafka))
+    try:
+        for epoch, kept, _dropped in read_partition(consumer, plan.topic, partition.partition, partition.segments,
+                                                    plan.stall_timeout):
+            if kept:
+                yield from messages_to_batches(kept, epoch, partition.partition, plan.fields, pa_schema)
+    finally:
+        consumer.close()
