@@ -1,0 +1,408 @@
+"""Aligned streaming writes: ``df.writeStream.format("aligned")``; every micro-batch is one subject epoch.
+
+Options: ``zk``, ``kafka``, ``root``, ``subject`` (the target), ``sinkId`` (the sink's id in the
+ledger, stable across restarts of the query) and ``producers`` (default: the subject's partition
+count). Testing aid: ``failFirstAttemptAfter`` = N makes every task's first attempt flush its first
+N records (or more: whole Arrow batches) to Kafka and then fail.
+
+Input: a ``value`` column (binary or string) and optionally ``key``; without a ``value`` column
+every row is written as a JSON object of its columns (timestamps as epoch milliseconds,
+binary as base64), which is what a JSON subject's readers parse.
+
+Why it is exact
+---------------
+A committed epoch names, per ledger producer, one attempt; readers keep a record of a producer's
+partitions only when its stamp carries that attempt. So every subject partition must be written, in
+one epoch, by exactly one *successful* task attempt, and every task attempt must stamp differently:
+
+* The sink has ``producers`` = N ledger producers ("slots"); slot i privately owns the subject
+  partitions ``partitions_for(i, N, P)``. The driver claims the slots once (and first closes, with
+  empty contributions, any epoch that only some slots were expected to write, so all slots start
+  on the same epoch).
+* The Spark task with partition id i writes slot i, and only slot i. A write stage with more than N
+  tasks fails at once with an error asking to ``repartition`` (or raise ``producers``).
+* Every task attempt draws a fresh 62-bit random attempt number and stamps its records
+  (sink, epoch, attempt); the epoch is the slot's next epoch in ZooKeeper. It writes in one Kafka
+  transaction (transactional id per slot, so a retry fences its predecessor) and reports
+  (slot, epoch, attempt, last offset per partition, query id) in its commit message. Failed,
+  retried or speculative attempts leave records whose attempt nobody names: readers drop them,
+  even on a broker that shows aborted transactions (Tansu).
+* The driver's ``commit`` writes the epoch in ZooKeeper in **one multi-op**: for every slot the
+  producer node (compare-and-set on its version: zombies are fenced) and its contribution (the
+  reported attempt and ranges; an empty range for a slot without a task), plus the sink's Spark
+  progress node ``(query id, batch id) -> epoch``, compare-and-set as well. Either the whole batch
+  is one committed epoch or nothing is.
+* A batch that Spark runs again after a restart (its epoch committed in ZooKeeper but not yet in
+  Spark's commit log) finds its (query id, batch id) in the progress node: the driver commits
+  nothing, and the re-run's records, stamped for the next epoch with attempts nobody names, are
+  dropped by readers. A batch whose ZooKeeper commit never happened is simply written again.
+
+Kafka transactions are the pre-commit; ZooKeeper is the commit point. Plain read_committed Kafka
+consumers see the records of every task attempt that committed its transaction; aligned readers
+see each record once.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import secrets
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from typing import Any
+
+import pyarrow as pa
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import BinaryType, StringType, StructType
+
+from aligner.epochs import ranges_for
+from aligner.errors import AlignerError, FencedError
+from aligner.layout import writer_id
+from aligner.ledger import Lease, Ledger
+from aligner.models import ContributionNode, ProducerNode, Range
+from aligner.stamps import HEADER, Stamp
+from connectors.kafka import QUIET, end_offsets
+from connectors.sink import partitions_for
+from connectors.spark.common import AlignedOptionError, Connection, int_option, ledger_for, opt
+
+PROGRESS_NODE = "spark"
+"""Child of the sink node holding the Spark progress document."""
+LINEAGE_KEPT = 256
+
+
+@dataclass
+class SlotCommit(WriterCommitMessage):
+    """What one successful task attempt wrote."""
+
+    slot: int
+    epoch: int | None
+    attempt: int | None
+    last: dict[int, int] = field(default_factory=dict)
+    records: int = 0
+    query: str | None = None
+
+
+@dataclass
+class Progress:
+    """The sink's last committed Spark batch and a bounded batch -> epoch lineage."""
+
+    query: str | None
+    batch: int
+    epoch: int
+    producers: int
+    lineage: list[list[Any]] = field(default_factory=list)
+
+    def dump(self) -> bytes:
+        return json.dumps({"schema_version": 1, "query": self.query, "batch": self.batch, "epoch": self.epoch,
+                           "producers": self.producers, "lineage": self.lineage}).encode()
+
+    @classmethod
+    def load(cls, raw: bytes) -> Progress:
+        d = json.loads(raw)
+        return cls(d["query"], int(d["batch"]), int(d["epoch"]), int(d["producers"]), list(d.get("lineage", [])))
+
+
+def progress_path(ledger: Ledger, subject: str, sink: str) -> str:
+    return f"{ledger.layout.sink(subject, sink)}/{PROGRESS_NODE}"
+
+
+def read_progress(ledger: Ledger, subject: str, sink: str) -> tuple[Progress | None, int]:
+    """The sink's Spark progress and its node version (-1 when no batch was committed yet)."""
+    try:
+        raw, stat = ledger.zk.get(progress_path(ledger, subject, sink))
+    except NoNodeError:
+        return None, -1
+    return Progress.load(raw), stat.version
+
+
+# ---- slots (ledger producers of the sink) ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    conn: Connection
+    sink: str
+    producers: int
+    fail_first_attempt_after: int | None = None
+
+    @classmethod
+    def from_options(cls, options: dict[str, str]) -> SinkSpec:
+        conn = Connection.from_options(options)
+        sink = opt(options, "sinkId")
+        if not sink:
+            raise AlignedOptionError("writeStream.format('aligned') needs option sinkId (stable across restarts)")
+        producers = int_option(options, "producers", 0, minimum=1) if opt(options, "producers") else 0
+        fault = int_option(options, "failFirstAttemptAfter", None, minimum=1)
+        return cls(conn, sink, producers or 0, fault)
+
+
+def load_slots(ledger: Ledger, subject: str, sink: str, slots: range | list[int]) -> list[Lease]:
+    """The current lease of the given slots, read from ZooKeeper (no new incarnation)."""
+    writers, _ = ledger.writers(subject)
+    leases = []
+    for i in slots:
+        entry = writers.writers.get(writer_id(sink, str(i)))
+        if entry is None:
+            raise AlignerError(f"sink {sink!r} of subject {subject!r} has no producer {i}; it was not opened")
+        node, version = ledger.read(ProducerNode, ledger.layout.producer(subject, sink, str(i)))
+        leases.append(Lease(subject, node, version, entry.first_epoch))
+    return leases
+
+
+def open_slots(ledger: Ledger, kafka: str, subject: str, sink: str, n: int) -> list[Lease]:
+    """Claim the sink's N slots when missing and bring them to a common next epoch; idempotent."""
+    meta = ledger.subject(subject)
+    if n > meta.partitions:
+        raise AlignedOptionError(f"producers={n} but subject {subject!r} has only {meta.partitions} partitions")
+    writers, _ = ledger.writers(subject)
+    mine = sorted(int(w.split(":", 1)[1]) for w in writers.writers if w.split(":", 1)[0] == sink
+                  and w.split(":", 1)[1].isdigit())
+    if mine and mine[-1] >= n:
+        raise AlignedOptionError(
+            f"sink {sink!r} of subject {subject!r} already has {mine[-1] + 1} producers; it cannot write with "
+            f"producers={n} (use the same producers option or a new sinkId)"
+        )
+    for i in range(n):
+        if i in mine:
+            continue
+        parts = partitions_for(i, n, meta.partitions)
+        ledger.claim(subject, sink, str(i), parts,
+                     lambda parts=parts: end_offsets(kafka, meta.topic, parts, committed_only=False))
+    leases = load_slots(ledger, subject, sink, range(n))
+    target = max(lease.next_epoch for lease in leases)
+    aligned = []
+    for lease in leases:
+        while lease.next_epoch < target:  # an epoch this slot alone still owes: close it empty
+            epoch = lease.next_epoch
+            ledger.ensure_epoch(subject, epoch)
+            empty = {p: Range(start=o, end=o) for p, o in lease.node.next_offsets.items()}
+            lease = ledger.commit(lease, epoch, 0, empty)
+        aligned.append(lease)
+    return aligned
+
+
+def commit_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any], batch_id: int) -> int | None:
+    """The driver's commit of one micro-batch as one epoch: one ZooKeeper multi-op. Returns the epoch,
+    or None when this (query, batch) was committed before (a re-run after a restart)."""
+    subject, sink = spec.conn.subject, spec.sink
+    msgs = [m for m in messages if isinstance(m, SlotCommit)]
+    query = next((m.query for m in msgs if m.query), None)
+    progress, progress_version = read_progress(ledger, subject, sink)
+    if progress is not None and progress.query == query and batch_id <= progress.batch:
+        return None
+    leases = load_slots(ledger, subject, sink, range(n))
+    epochs = {lease.next_epoch for lease in leases}
+    if len(epochs) != 1:
+        raise AlignerError(f"sink {sink!r} of {subject!r}: producers disagree on the next epoch {sorted(epochs)}")
+    epoch = epochs.pop()
+    by_slot: dict[int, SlotCommit] = {}
+    for m in msgs:
+        if m.slot in by_slot:
+            raise AlignerError(f"batch {batch_id}: two commit messages for producer {m.slot} of sink {sink!r}")
+        if m.epoch is not None and m.epoch != epoch:
+            raise AlignerError(
+                f"batch {batch_id}: producer {m.slot} of sink {sink!r} stamped epoch {m.epoch} but the sink's next "
+                f"epoch is {epoch}; another writer committed meanwhile, nothing was committed"
+            )
+        by_slot[m.slot] = m
+    ledger.ensure_epoch(subject, epoch)
+    lay = ledger.layout
+    t = ledger.zk.transaction()
+    for i, lease in enumerate(leases):
+        m = by_slot.get(i)
+        ranges = ranges_for(lease.node.next_offsets, m.last if m else {})
+        attempt = m.attempt if m is not None and m.attempt is not None else 0
+        node = lease.node.model_copy(update={"committed_epoch": epoch,
+                                             "next_offsets": {p: r.end for p, r in ranges.items()}})
+        contribution = ContributionNode(sink=sink, producer=str(i), attempt=attempt, ranges=ranges)
+        t.set_data(lay.producer(subject, sink, str(i)), node.dump(), lease.version)
+        t.create(lay.contribution(subject, epoch, lease.writer), contribution.dump())
+    lineage = ([*progress.lineage, [query, batch_id, epoch]] if progress else [[query, batch_id, epoch]])
+    new = Progress(query, batch_id, epoch, n, lineage[-LINEAGE_KEPT:])
+    if progress is None:
+        t.create(progress_path(ledger, subject, sink), new.dump())
+    else:
+        t.set_data(progress_path(ledger, subject, sink), new.dump(), progress_version)
+    results = t.commit()
+    failed = [r for r in results if isinstance(r, Exception) and type(r).__name__ not in
+              ("RolledBackError", "RuntimeInconsistency")]
+    if failed:
+        if isinstance(failed[0], (BadVersionError, NodeExistsError)):
+            raise FencedError(
+                f"batch {batch_id} of sink {sink!r} on {subject!r}: another writer changed the sink while this "
+                f"batch committed ({type(failed[0]).__name__}); nothing was committed"
+            )
+        raise failed[0]
+    return epoch
+
+
+# ---- executor side ------------------------------------------------------------------------------
+
+
+def _json_default(v: Any) -> Any:
+    if isinstance(v, datetime):
+        return int(v.timestamp() * 1000)
+    if isinstance(v, date):
+        return v.isoformat()
+    if isinstance(v, (bytes, bytearray)):
+        return base64.b64encode(bytes(v)).decode()
+    if hasattr(v, "asDict"):
+        return v.asDict(recursive=True)
+    return str(v)
+
+
+def _as_bytes(v: Any) -> bytes | None:
+    if v is None or isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return v.encode()
+    return bytes(v)
+
+
+class AlignedStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        self.spec = SinkSpec.from_options(dict(options))
+        self.schema = schema
+        names = schema.fieldNames()
+        if "value" in names and not isinstance(schema["value"].dataType, (BinaryType, StringType)):
+            raise AlignedOptionError("column value must be binary or string for format('aligned')")
+        if "key" in names and not isinstance(schema["key"].dataType, (BinaryType, StringType)):
+            raise AlignedOptionError("column key must be binary or string for format('aligned')")
+        conn = self.spec.conn
+        ledger = ledger_for(conn.zk, conn.root)
+        partitions = ledger.subject(conn.subject).partitions
+        self.producers = self.spec.producers or partitions
+        # Runs on the driver (planning and every commit): claims the slots the first time only.
+        open_slots(ledger, conn.kafka, conn.subject, self.spec.sink, self.producers)
+
+    # ---- executors ----
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SlotCommit:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        slot = ctx.partitionId() if ctx is not None else 0
+        query = ctx.getLocalProperty("sql.streaming.queryId") if ctx is not None else None
+        if slot >= self.producers:
+            raise AlignerError(
+                f"sink {self.spec.sink!r} has {self.producers} producers but the write stage has a task {slot}: "
+                f"repartition the stream to at most {self.producers} partitions before writeStream, or use a "
+                f"larger producers option"
+            )
+        fault = self.spec.fail_first_attempt_after if ctx is not None and ctx.attemptNumber() == 0 else None
+        out: _SlotWriter | None = None
+        try:
+            for batch in iterator:
+                if batch.num_rows == 0:
+                    continue
+                if out is None:
+                    out = _SlotWriter(self.spec, slot)
+                out.write(batch)
+                if fault is not None and out.records >= fault:
+                    out.kp.flush(30)  # the records are on the broker when the attempt dies
+                    raise AlignerError(f"injected failure of task {slot} attempt 0 after {out.records} records")
+            if out is None:
+                return SlotCommit(slot=slot, epoch=None, attempt=None, query=query)
+            return out.finish(query)
+        except BaseException:
+            if out is not None:
+                out.abort()
+            raise
+
+    # ---- driver ----
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        conn = self.spec.conn
+        commit_batch(ledger_for(conn.zk, conn.root), self.spec, self.producers, list(messages), batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Nothing to undo: records of an uncommitted batch carry attempts ZooKeeper never names."""
+
+
+class _SlotWriter:
+    """One task attempt writing one slot: a Kafka transaction of stamped records."""
+
+    def __init__(self, spec: SinkSpec, slot: int) -> None:
+        from confluent_kafka import Producer
+
+        conn = spec.conn
+        ledger = ledger_for(conn.zk, conn.root)
+        (lease,) = load_slots(ledger, conn.subject, spec.sink, [slot])
+        self.topic = ledger.subject(conn.subject).topic
+        self.partitions = list(lease.node.partitions)
+        self.epoch = lease.next_epoch
+        self.attempt = secrets.randbits(62) + 1
+        self.slot = slot
+        self.headers = [(HEADER, Stamp(spec.sink, self.epoch, self.attempt).encode())]
+        self.last: dict[int, int] = {}
+        self.error: Exception | None = None
+        self.records = 0
+        self._rr = 0
+        self.kp = Producer({
+            "bootstrap.servers": conn.kafka,
+            "transactional.id": f"aligner.{conn.subject}.{spec.sink}.{slot}",
+            "linger.ms": 5,
+            "batch.num.messages": 10000,
+            "queue.buffering.max.messages": 1_000_000,
+            "transaction.timeout.ms": 60000,
+            **QUIET,
+        })
+        self.kp.init_transactions(30)
+        self.kp.begin_transaction()
+        self.open = True
+
+    def _delivered(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            from confluent_kafka import KafkaException
+
+            self.error = KafkaException(err)
+            return
+        p, o = msg.partition(), msg.offset()
+        if o > self.last.get(p, -1):
+            self.last[p] = o
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        names = batch.schema.names
+        keys = [_as_bytes(k) for k in batch.column("key").to_pylist()] if "key" in names else [None] * batch.num_rows
+        if "value" in names:
+            values = [_as_bytes(v) for v in batch.column("value").to_pylist()]
+        else:
+            rows = batch.drop_columns(["key"]).to_pylist() if "key" in names else batch.to_pylist()
+            values = [json.dumps(r, default=_json_default, separators=(",", ":")).encode() for r in rows]
+        parts, n = self.partitions, len(self.partitions)
+        kp, topic, headers, cb = self.kp, self.topic, self.headers, self._delivered
+        for key, value in zip(keys, values, strict=True):
+            if key is not None:
+                p = parts[zlib.crc32(key) % n]
+            else:
+                self._rr += 1
+                p = parts[self._rr % n]
+            while True:
+                try:
+                    kp.produce(topic, value, key, partition=p, headers=headers, on_delivery=cb)
+                    break
+                except BufferError:
+                    kp.poll(0.05)
+            self.records += 1
+            if self.records % 2000 == 0:
+                kp.poll(0)
+
+    def finish(self, query: str | None) -> SlotCommit:
+        remaining = self.kp.flush(60)
+        if remaining or self.error is not None:
+            raise AlignerError(f"producer {self.slot}: delivery failed ({self.error or f'{remaining} undelivered'})")
+        self.kp.commit_transaction(60)
+        self.open = False
+        return SlotCommit(slot=self.slot, epoch=self.epoch, attempt=self.attempt, last=dict(self.last),
+                          records=self.records, query=query)
+
+    def abort(self) -> None:
+        if self.open:
+            self.open = False
+            # The task fails anyway; its records carry an attempt nobody names.
+            with contextlib.suppress(Exception):
+                self.kp.abort_transaction(10)
