@@ -1,0 +1,143 @@
+"""Spark batch epoch reads (``format("aligned")`` at local[2]) vs a plain confluent-kafka read of the same offsets.
+
+A SinkProducer writes ~1,000,000 records of 100 bytes into a 4-partition bytes subject in epochs of
+10,000. Then, interleaved and repeated (median of the rounds, after one warm-up of each):
+
+- raw: one ``confluent_kafka.Consumer`` in this process (``connectors.kafka.consumer_config``),
+  assigned to every partition from the span's first offset, ``consume(10000)`` until every position
+  reaches the span's end, counting values;
+- spark: ``spark.read.format("aligned").option("epochs", "A:B").load()`` written to Spark's ``noop``
+  sink, so every row (all six columns) crosses from the Python workers into the JVM; planning (the
+  ZooKeeper lookups and the retention check) is included;
+- spark count(): the same read ending in ``count()``.
+
+    .venv/bin/python -m experiments.bench_spark_read [--records 1000000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import time
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from aligner.ledger import Ledger
+from connectors.kafka import consumer_config
+from connectors.sink import SinkProducer
+from connectors.subjects import create_subject
+from coordinator.stack import EmbeddedStack
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PARTITIONS = 4
+EPOCH = 10_000
+VALUE_BYTES = 100
+TARGET = 0.8
+SUBJECT = "s"
+ROOT = "/bench-spark"
+
+
+def write(led: Ledger, bootstrap: str, records: int) -> tuple[int, int, float]:
+    t0 = time.perf_counter()
+    epochs = []
+    with SinkProducer(led, bootstrap, SUBJECT, "sink", 0, list(range(PARTITIONS))) as p:
+        for start in range(0, records, EPOCH):
+            epochs.append(p.begin())
+            for i in range(start, min(start + EPOCH, records)):
+                p.send(b"%010d" % i + b"x" * (VALUE_BYTES - 10), partition=i % PARTITIONS)
+            p.commit()
+    return epochs[0], epochs[-1], time.perf_counter() - t0
+
+
+def read_raw(bootstrap: str, topic: str, span: dict[int, tuple[int, int]]) -> int:
+    n = 0
+    consumer = Consumer(consumer_config(bootstrap))
+    try:
+        consumer.assign([TopicPartition(topic, p, start) for p, (start, _end) in span.items()])
+        end = {p: e for p, (_s, e) in span.items()}
+        pending = {p for p, (s, e) in span.items() if e > s}
+        while pending:
+            for m in consumer.consume(10000, timeout=0.05):
+                err = m.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(str(err))
+                    continue
+                if m.offset() < end[m.partition()]:
+                    m.value()
+                    n += 1
+            for tp in consumer.position([TopicPartition(topic, p) for p in pending]):
+                if tp.offset >= end[tp.partition]:
+                    pending.discard(tp.partition)
+    finally:
+        consumer.close()
+    return n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=1_000_000, help="records written (a multiple of 10,000)")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    logging.getLogger("kazoo").setLevel(logging.ERROR)
+    from connectors.spark.session import local_session
+
+    with EmbeddedStack() as info:
+        led = Ledger.connect(info.zk, ROOT)
+        meta = create_subject(led, info.kafka, SUBJECT, PARTITIONS, value_format="bytes")
+        first, last, write_s = write(led, info.kafka, args.records)
+        span = {p: (led.committed(SUBJECT, first).offsets[p][0], led.committed(SUBJECT, last).offsets[p][1])
+                for p in range(PARTITIONS)}
+        led.close()
+        print(f"wrote {args.records:,} records in epochs {first}..{last} ({args.records / write_s:,.0f}/s)")
+        spark = local_session("local[2]", "bench-spark-read")
+
+        def frame():  # type: ignore[no-untyped-def]
+            return (spark.read.format("aligned").option("zk", info.zk).option("kafka", info.kafka)
+                    .option("root", ROOT).option("subject", SUBJECT).option("epochs", f"{first}:{last}").load())
+
+        def spark_noop() -> int:
+            frame().write.format("noop").mode("overwrite").save()
+            return args.records  # checked by the count run
+
+        runs = {
+            "raw consume (1 process)": lambda: read_raw(info.kafka, meta.topic, span),
+            "spark local[2] -> noop": spark_noop,
+            "spark local[2] count()": lambda: frame().count(),
+        }
+        for run in runs.values():  # warm-up: JVM, Python workers, caches
+            run()
+        times: dict[str, list[float]] = {n: [] for n in runs}
+        counts: dict[str, list[int]] = {n: [] for n in runs}
+        for r in range(args.rounds):
+            for name, run in runs.items():
+                t0 = time.perf_counter()
+                counts[name].append(run())
+                times[name].append(time.perf_counter() - t0)
+            print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+                f"{n} {counts[n][-1] / t[-1]:,.0f}/s" for n, t in times.items()))
+        spark.stop()
+
+    rate = {n: statistics.median(c / s for c, s in zip(counts[n], t, strict=True)) for n, t in times.items()}
+    raw = rate["raw consume (1 process)"]
+    exact = all(c == args.records for cs in counts.values() for c in cs)
+    for name, value in rate.items():
+        print(f"{name:28s} {value:12,.0f} records/s  ratio {value / raw:.2f}")
+    ratio = rate["spark local[2] -> noop"] / raw
+    print(f"spark/raw = {ratio:.3f} (target >= {TARGET}): {'PASS' if ratio >= TARGET else 'FAIL'}; "
+          f"counts exact: {'yes' if exact else 'NO'}; cores: {os.cpu_count()}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "bench_spark_read.json").write_text(json.dumps({
+        "benchmark": "bench_spark_read", "records": args.records, "rounds": args.rounds,
+        "epochs": last - first + 1, "partitions": PARTITIONS, "value_bytes": VALUE_BYTES,
+        "records_per_s": rate, "ratio_spark_noop_vs_raw": ratio, "target": TARGET, "counts_exact": exact,
+        "seconds": times,
+    }, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
