@@ -114,3 +114,43 @@ def test_task_retries_and_batch_rerun_write_each_result_once(spark, stack, root,
     _check_target(ledger, stack, source, target, 4)
     # Batch 2 really ran again (its results are in Kafka twice) and batch 3 ran: still each result once.
     assert _raw_count(stack.kafka, target, 2) - raw_before >= 2 * RECORDS
+
+
+def test_rows_become_json_records_and_too_many_tasks_is_a_clear_error(spark, stack, root, ledger, tmp_path):
+    from pyspark.errors import StreamingQueryException
+    from pyspark.sql import functions as F
+
+    from aligner.models import FieldSpec
+    from connectors.spark.writer import read_progress
+
+    source, target = "xj-" + tmp_path.name[-8:], "yj-" + tmp_path.name[-8:]
+    fields = [FieldSpec(name="e", type="long"), FieldSpec(name="j", type="long")]
+    create_subject(ledger, stack.kafka, source, 2, fields=fields)
+    create_subject(ledger, stack.kafka, target, 1, fields=[*fields, FieldSpec(name="at", type="timestamp")])
+    with SinkProducer(ledger, stack.kafka, source, "up", 0, [0, 1]) as producer:
+        producer.begin()
+        for j in range(20):
+            producer.send(json.dumps({"e": 0, "j": j}).encode(), key=str(j).encode())
+        producer.commit()
+    conn = {"zk": stack.zk, "kafka": stack.kafka, "root": root}
+    rows = (spark.readStream.format("aligned").options(**conn, subject=source).load()
+            .select("e", "j", F.col("timestamp").alias("at")))
+
+    def run(df, checkpoint):
+        query = (df.writeStream.format("aligned").options(**conn, subject=target, sinkId="json")
+                 .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+        try:
+            assert query.awaitTermination(120), "availableNow query did not finish"
+        except StreamingQueryException as exc:
+            return exc
+        return None
+
+    # Two read tasks feed a one-producer sink: refused before anything is committed.
+    error = run(rows, tmp_path / "cp-bad")
+    assert error is not None and "repartition the stream to at most 1 partitions" in str(error)
+    assert run(rows.repartition(1), tmp_path / "cp") is None
+    progress, _ = read_progress(ledger, target, "json")
+    back = spark.read.format("aligned").options(**conn, subject=target).option("epoch", str(progress.epoch)).load()
+    got = sorted((r.e, r.j) for r in back.collect())
+    assert got == [(0, j) for j in range(20)]
+    assert back.where("at is null").count() == 0
