@@ -1,0 +1,42 @@
+"""Benchmarks against raw baselines, each run as ``python -m experiments.<name>`` on its own embedded stack."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def _busy_ticks() -> int:
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return user + nice + system + irq + softirq + steal
+
+
+def _process_ticks(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])  # utime + stime, all threads
+
+
+class ForeignCpu:
+    """How many cores processes other than ours (this one, ZooKeeper, Tansu) kept busy meanwhile.
+
+    The machines have two cores; a benchmark sharing them with a test suite gives noisy ratios, and
+    this number says so in the results instead of leaving it to guesswork.
+    """
+
+    def __init__(self, *pids: int) -> None:
+        self.pids = (os.getpid(), *pids)
+        self.ours = sum(_process_ticks(p) for p in self.pids)
+        self.busy = _busy_ticks()
+        self.t0 = time.monotonic()
+
+    def cores(self) -> float:
+        hz = os.sysconf("SC_CLK_TCK")
+        ours = sum(_process_ticks(p) for p in self.pids) - self.ours
+        foreign = max(0, _busy_ticks() - self.busy - ours)
+        return foreign / hz / max(1e-9, time.monotonic() - self.t0)

@@ -1,0 +1,219 @@
+"""Sink throughput: SinkProducer (epochs of 10,000 records) vs a raw confluent-kafka transactional loop.
+
+Both write 100-byte values round-robin into a 4-partition topic from one producer that owns all four
+partitions, with one Kafka transaction per 10,000 records and the same Producer settings. Runs are
+interleaved (raw, diagnostics, sink; repeated) on one embedded stack and the median is reported.
+
+The two diagnostic rows are raw loops that add, one at a time, what the sink adds per record: the
+stamp header, then a Python delivery callback. They attribute the gap between raw and sink; the
+wall time the sink spends in its two ZooKeeper round trips per epoch is measured too.
+
+    .venv/bin/python -m experiments.bench_sink [--rounds 5] [--records 200000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer
+from rich.console import Console
+from rich.table import Table
+
+from aligner.ledger import Ledger
+from aligner.stamps import HEADER, Stamp
+from connectors.kafka import QUIET, ensure_topic
+from connectors.sink import SinkProducer
+from connectors.subjects import create_subject
+from coordinator.stack import EmbeddedStack
+from experiments import ForeignCpu
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PARTITIONS = 4
+EPOCH = 10_000
+VALUE = b"x" * 100
+TARGET = 0.8
+
+PRODUCER_SETTINGS = {
+    "linger.ms": 5,
+    "batch.num.messages": 10000,
+    "queue.buffering.max.messages": 1_000_000,
+    "transaction.timeout.ms": 60000,
+}
+
+
+def raw_producer(bootstrap: str, topic: str) -> Producer:
+    kp = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"bench.raw.{topic}",
+                   **PRODUCER_SETTINGS, **QUIET})
+    kp.init_transactions(30)
+    return kp
+
+
+def raw_run(kp: Producer, topic: str, records: int, headers: list[tuple[str, bytes]] | None = None,
+            callback: bool = False) -> float:
+    """The baseline loop: one transaction per EPOCH records, optionally with the sink's per-record extras."""
+    last: dict[int, int] = {}
+
+    def delivered(err: Any, msg: Any) -> None:
+        if err is None:
+            p, o = msg.partition(), msg.offset()
+            if o > last.get(p, -1):
+                last[p] = o
+
+    cb = delivered if callback else None
+    produce = kp.produce
+    t0 = time.perf_counter()
+    for start in range(0, records, EPOCH):
+        kp.begin_transaction()
+        for i in range(start, min(start + EPOCH, records)):
+            while True:
+                try:
+                    if cb is None:
+                        produce(topic, VALUE, partition=i % PARTITIONS, headers=headers)
+                    else:
+                        produce(topic, VALUE, partition=i % PARTITIONS, headers=headers, on_delivery=cb)
+                    break
+                except BufferError:
+                    kp.poll(0.05)
+            if i % 2000 == 0:
+                kp.poll(0)
+        kp.flush(60)
+        kp.commit_transaction(60)
+    return time.perf_counter() - t0
+
+
+def sink_run(p: SinkProducer, records: int) -> float:
+    t0 = time.perf_counter()
+    for start in range(0, records, EPOCH):
+        p.begin()
+        for i in range(start, min(start + EPOCH, records)):
+            p.send(VALUE, partition=i % PARTITIONS)
+        p.commit()
+    return time.perf_counter() - t0
+
+
+class ZkTimer:
+    """Wraps a Ledger's two per-epoch calls on the instance to add up their wall time."""
+
+    def __init__(self, led: Ledger) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+        for name in ("ensure_epoch", "commit"):
+            setattr(led, name, self._timed(getattr(led, name)))
+
+    def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.seconds += time.perf_counter() - t0
+                self.calls += 1
+        return wrapper
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--records", type=int, default=200_000, help="records per run (a multiple of 10,000)")
+    args = ap.parse_args()
+    console = Console(width=120)
+    stamp = [(HEADER, Stamp("sink", 123, 1).encode())]
+
+    logging.getLogger("kazoo").setLevel(logging.ERROR)  # a first-connect retry is logged as a warning
+
+    with EmbeddedStack() as info:
+        cpu = ForeignCpu(info.zk_pid, info.kafka_pid)
+        led = Ledger.connect(info.zk, "/bench")
+        create_subject(led, info.kafka, "s", PARTITIONS)
+        topics = {name: f"raw-{name}" for name in ("raw", "stamp", "stamp_cb")}
+        producers: dict[str, Producer] = {}
+        for name, topic in topics.items():
+            ensure_topic(info.kafka, topic, PARTITIONS)
+            producers[name] = raw_producer(info.kafka, topic)
+
+        runs: dict[str, Callable[[], float]] = {}
+        with SinkProducer(led, info.kafka, "s", "sink", 0, list(range(PARTITIONS))) as sink:
+            runs = {
+                "raw": lambda: raw_run(producers["raw"], topics["raw"], args.records),
+                "raw + stamp header": lambda: raw_run(producers["stamp"], topics["stamp"], args.records, stamp),
+                "raw + stamp + on_delivery": lambda: raw_run(
+                    producers["stamp_cb"], topics["stamp_cb"], args.records, stamp, callback=True),
+                "sink": lambda: sink_run(sink, args.records),
+            }
+            # warm-up: connections, metadata and the first ZooKeeper epoch are not what we measure
+            raw_run(producers["raw"], topics["raw"], EPOCH)
+            sink_run(sink, EPOCH)
+            zk = ZkTimer(led)
+            trips0 = led.round_trips
+            times: dict[str, list[float]] = {name: [] for name in runs}
+            for r in range(args.rounds):
+                for name, run in runs.items():
+                    times[name].append(run())
+                console.print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+                    f"{n} {args.records / t[-1]:,.0f}/s" for n, t in times.items()))
+            zk_trips = led.round_trips - trips0
+            foreign = cpu.cores()
+        while producers:  # destroy the raw producers before the broker goes away
+            producers.popitem()[1].flush(10)
+        gc.collect()
+        led.close()
+
+    rate = {name: args.records / statistics.median(t) for name, t in times.items()}
+    raw_rate = rate["raw"]
+    stamp_rate = rate["raw + stamp header"]
+    epochs = args.rounds * args.records // EPOCH
+    zk_ms = 1000 * zk.seconds / epochs
+    zk_share = zk.seconds / sum(times["sink"])
+    round_ratios = [r / s for r, s in zip(times["raw"], times["sink"], strict=True)]
+    table = Table(title=f"Sink throughput, {args.records:,} records x {args.rounds} rounds "
+                        f"(100 B values, {PARTITIONS} partitions, epochs of {EPOCH:,})")
+    table.add_column("writer")
+    table.add_column("records/s (median)", justify="right")
+    table.add_column("min .. max", justify="right")
+    table.add_column("ratio vs raw", justify="right")
+    table.add_column("ratio vs raw + stamp", justify="right")
+    for name, t in times.items():
+        ratio = rate[name] / raw_rate
+        style = "" if name != "sink" else ("green" if ratio >= TARGET else "red")
+        table.add_row(name, f"{rate[name]:,.0f}", f"{args.records / max(t):,.0f} .. {args.records / min(t):,.0f}",
+                      f"[{style}]{ratio:.2f}[/{style}]" if style else f"{ratio:.2f}",
+                      f"{rate[name] / stamp_rate:.2f}")
+    console.print(table)
+    ratio = rate["sink"] / raw_rate
+    console.print(f"sink/raw = {ratio:.3f} (target >= {TARGET}): {'PASS' if ratio >= TARGET else 'FAIL'}; "
+                  f"per-round ratios {', '.join(f'{r:.2f}' for r in round_ratios)}")
+    console.print(f"other processes kept {foreign:.2f} of {os.cpu_count()} cores busy during the run"
+                  + (" [red](numbers are noisy: rerun on a quiet machine)[/red]" if foreign > 0.3 else ""))
+    console.print(f"sink ZooKeeper time: {zk_ms:.2f} ms per epoch (ensure_epoch + commit, {zk.calls} calls), "
+                  f"{100 * zk_share:.1f}% of sink wall time; "
+                  f"{zk_trips / epochs:.2f} round trips per epoch")
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "bench_sink.json"
+    out.write_text(json.dumps({
+        "benchmark": "bench_sink",
+        "records_per_run": args.records, "rounds": args.rounds, "epoch_records": EPOCH,
+        "partitions": PARTITIONS, "value_bytes": len(VALUE), "producer_settings": PRODUCER_SETTINGS,
+        "seconds": times,
+        "records_per_s_median": rate,
+        "ratio_vs_raw": {name: r / raw_rate for name, r in rate.items()},
+        "sink_ratio": ratio, "target": TARGET, "pass": ratio >= TARGET,
+        "sink_ratio_per_round": round_ratios,
+        "foreign_cpu_cores": foreign,
+        "sink_zk_ms_per_epoch": zk_ms, "sink_zk_share_of_wall_time": zk_share,
+        "sink_zk_round_trips_per_epoch": zk_trips / epochs,
+    }, indent=2))
+    console.print(f"wrote {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
+
+
+if __name__ == "__main__":
+    main()
