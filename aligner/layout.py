@@ -6,6 +6,13 @@
     {root}/subjects/{subject}/sinks/{sink}/producers/{producer}   ProducerNode
     {root}/subjects/{subject}/epochs/{epoch:010d}     EpochNode (expected writers)
     {root}/subjects/{subject}/epochs/{epoch:010d}/{sink}:{producer}   ContributionNode
+    {root}/jobs/{job}                                 JobNode
+    {root}/jobs/{job}/epochs/{epoch:010d}             JobEpochNode (aligned job epochs)
+    {root}/jobs/{job}/workers/{i}/epochs/{epoch:010d} WorkerEpochNode (input offsets + state)
+    {root}/jobs/{job}/sources/{subject}/command       CommandNode (alignment commands)
+    {root}/jobs/{job}/sources/{subject}/consumers/{i} ConsumerNode (alignment state)
+    {root}/jobs/{job}/decision                        AlignmentDecision (coordinator)
+    {root}/coordinator/election                       leader election of coordinators
 """
 
 from __future__ import annotations
@@ -60,3 +67,43 @@ class Layout:
 
     def contribution(self, subject: str, epoch: int, writer: str) -> str:
         return f"{self.epoch(subject, epoch)}/{writer}"
+
+    # ---- jobs --------------------------------------------------------------------------------
+
+    @property
+    def jobs(self) -> str:
+        return f"{self.root}/jobs"
+
+    def job(self, job: str) -> str:
+        return f"{self.jobs}/{job}"
+
+    def job_epochs(self, job: str) -> str:
+        return f"{self.job(job)}/epochs"
+
+    def job_epoch(self, job: str, epoch: int) -> str:
+        return f"{self.job_epochs(job)}/{epoch_name(epoch)}"
+
+    def worker_epochs(self, job: str, worker: int) -> str:
+        return f"{self.job(job)}/workers/{worker}/epochs"
+
+    def worker_epoch(self, job: str, worker: int, epoch: int) -> str:
+        return f"{self.worker_epochs(job, worker)}/{epoch_name(epoch)}"
+
+    def source(self, job: str, subject: str) -> str:
+        return f"{self.job(job)}/sources/{subject}"
+
+    def command(self, job: str, subject: str) -> str:
+        return f"{self.source(job, subject)}/command"
+
+    def consumers(self, job: str, subject: str) -> str:
+        return f"{self.source(job, subject)}/consumers"
+
+    def consumer(self, job: str, subject: str, worker: int) -> str:
+        return f"{self.consumers(job, subject)}/{worker}"
+
+    def decision(self, job: str) -> str:
+        return f"{self.job(job)}/decision"
+
+    @property
+    def election(self) -> str:
+        return f"{self.root}/coordinator/election"

@@ -17,6 +17,7 @@ can be created with a stale list of writers. There are no locks anywhere.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -303,8 +304,12 @@ class Ledger:
                 continue
             _raise_first(results)
 
-    def commit(self, lease: Lease, epoch: int, attempt: int | None, ranges: Mapping[int, Range]) -> Lease:
-        """Round trip 2: the producer's ZooKeeper commit of ``epoch``; the Kafka commit came first."""
+    def commit(self, lease: Lease, epoch: int, attempt: int | None, ranges: Mapping[int, Range],
+               extra: Sequence[tuple[Any, ...]] = ()) -> Lease:
+        """Round trip 2: the producer's ZooKeeper commit of ``epoch``; the Kafka commit came first.
+
+        ``extra`` ops commit atomically with it: a job's input offsets and state snapshot.
+        """
         if epoch != lease.next_epoch:
             raise AlignerError(f"producer {lease.writer} must commit epoch {lease.next_epoch} next, not {epoch}")
         if set(ranges) != set(lease.node.partitions):
@@ -322,6 +327,7 @@ class Ledger:
         results = self._multi(
             ("set", lay.producer(subject, n.sink, n.producer), node.dump(), lease.version),
             ("create", lay.contribution(subject, epoch, lease.writer), contribution.dump()),
+            *extra,
         )
         if isinstance(results[0], BadVersionError):
             raise FencedError(f"producer {lease.writer} of {subject!r} was fenced by a newer incarnation")
@@ -331,6 +337,69 @@ class Ledger:
             raise AlignerError(f"producer {lease.writer} already committed epoch {epoch} of {subject!r}")
         _raise_first(results)
         return Lease(subject, node, results[0].version, lease.first_epoch)  # type: ignore[attr-defined]
+
+    def finish(self, lease: Lease) -> int | None:
+        """Mark a producer finished after its last committed epoch (thesis 5.7: finite streams).
+
+        Epoch nodes created ahead of the finish still list this producer; it contributes empty
+        ranges to them so they can commit. Returns the last epoch it wrote.
+        """
+        lay, subject, last = self.layout, lease.subject, lease.node.committed_epoch
+        stop = -1 if last is None else last
+        while True:
+            doc, version = self.writers(subject)
+            entry = doc.writers[lease.writer]
+            if entry.finished_after is not None:
+                break
+            updated = WritersNode(writers={**doc.writers, lease.writer: entry.model_copy(update={"finished_after": stop})})
+            self._trip("write")
+            try:
+                self.zk.set(lay.writers(subject), updated.dump(), version=version)
+                break
+            except BadVersionError:
+                continue
+        empty = {p: Range(start=o, end=o) for p, o in lease.node.next_offsets.items()}
+        for epoch in self.epoch_numbers(subject):
+            if epoch > stop and lease.writer in self.epoch_node(subject, epoch).writers:
+                contribution = ContributionNode(sink=lease.node.sink, producer=lease.node.producer, attempt=None,
+                                                ranges=empty)
+                self._ensure(lay.contribution(subject, epoch, lease.writer), contribution.dump())
+        return last
+
+    def finished(self, subject: str) -> int | None:
+        """The last epoch of a subject whose every producer has finished, else None."""
+        doc, _ = self.writers(subject)
+        if not doc.writers or any(e.finished_after is None for e in doc.writers.values()):
+            return None
+        last = max(e.finished_after for e in doc.writers.values() if e.finished_after is not None)
+        return last if last < 0 or self.is_committed(subject, last) else None
+
+    def arm_watch(self, subject: str, epoch: int, fired: threading.Event) -> None:
+        """Set ``fired`` when the epoch node appears or gains a contribution (one-shot watches)."""
+        path = self.layout.epoch(subject, epoch)
+        self._trip("read")
+        if self.zk.exists(path, watch=lambda _e: fired.set()) is not None:
+            self._trip("read")
+            try:
+                self.zk.get_children(path, watch=lambda _e: fired.set())
+            except NoNodeError:
+                fired.set()
+
+    def wait_committed(self, subject: str, epoch: int, timeout: float, stop: threading.Event | None = None) -> bool:
+        """Block until ``epoch`` commits, woken by ZooKeeper watches rather than a timer."""
+        deadline = time.monotonic() + timeout
+        while True:
+            fired = threading.Event()
+            self.arm_watch(subject, epoch, fired)
+            try:
+                if self.is_committed(subject, epoch):
+                    return True
+            except EpochNotCommittedError:
+                pass
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or (stop is not None and stop.is_set()):
+                return False
+            fired.wait(min(remaining, 1.0))
 
     def epoch_node(self, subject: str, epoch: int) -> EpochNode:
         try:

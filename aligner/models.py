@@ -11,6 +11,7 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
+from aligner.alignment import Command, ConsumerAlignment
 from aligner.errors import MalformedNodeError
 
 SCHEMA_VERSION = 1
@@ -155,3 +156,101 @@ class ContributionNode(Node):
     """The stamp attempt that counts; None for epochs cut by the marker over unstamped data."""
     ranges: dict[int, Range]
     committed_at: int = Field(default_factory=now_ms)
+
+
+# ---- jobs -----------------------------------------------------------------------------------------
+
+Mode = Literal["at_least_once", "exactly_once", "aligned"]
+
+
+class JobNode(Node):
+    """A registered job version: what it reads and writes, and what the coordinator may assume."""
+
+    job: Ident
+    version: str = "1"
+    inputs: tuple[Ident, ...]
+    output: Ident
+    parallelism: int = Field(ge=1)
+    deterministic: bool = True
+    """False for jobs with async I/O or cycles (thesis 4.6): they cannot be hot-swapped exactly-once."""
+    per_key_order: bool = False
+    mode: Mode = "exactly_once"
+    created_at: int = Field(default_factory=now_ms)
+
+    def same_shape(self, other: JobNode) -> bool:
+        keys = ("version", "inputs", "output", "parallelism", "deterministic", "per_key_order")
+        return all(getattr(self, k) == getattr(other, k) for k in keys)
+
+
+class Span(BaseModel):
+    """Inclusive span of subject epochs [first, last] covered by one job epoch."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    first: int = Field(ge=0)
+    last: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Span:
+        if self.last < self.first:
+            raise ValueError(f"span last {self.last} before first {self.first}")
+        return self
+
+
+class JobEpochNode(Node):
+    """An aligned job epoch: the subject epochs it covers, decided once for every worker."""
+
+    epoch: int = Field(ge=0)
+    covered: dict[str, Span | None]
+    next: dict[str, int]
+    """Per subject: the first subject epoch the next job epoch covers."""
+    created_at: int = Field(default_factory=now_ms)
+
+
+class WorkerEpochNode(Node):
+    """A worker's committed job epoch: where its inputs restart and its keyed state snapshot."""
+
+    epoch: int = Field(ge=0)
+    mode: Mode
+    offsets: dict[str, dict[int, int]]
+    """Per input subject and partition: the next offset to process."""
+    load_from: dict[str, int]
+    """Per input subject: the first subject epoch not yet fully consumed."""
+    covered: dict[str, Span | None] | None = None
+    """Aligned epochs only: the subject epochs this job epoch covered."""
+    state: str = ""
+    """Keyed state snapshot: base64 of zlib-compressed JSON."""
+    alignment: dict[str, ConsumerAlignment] = {}
+    """Alignment state per input subject, committed with the epoch so a restart resumes it exactly."""
+    committed_at: int = Field(default_factory=now_ms)
+
+
+class ConsumerNode(Node):
+    """A consumer's reported alignment state and progress, written by the worker only."""
+
+    alignment: ConsumerAlignment = ConsumerAlignment()
+    mode: Mode = "exactly_once"
+    job_epoch: int | None = None
+    """Last committed job epoch."""
+    subject_epoch: int | None = None
+    """Last subject epoch fully consumed."""
+    rejected_seq: int = 0
+    """Seq of an Align command that came too late for this consumer; the coordinator re-issues it."""
+    updated_at: int = Field(default_factory=now_ms)
+
+
+class CommandNode(Node):
+    command: Command = Command()
+    written_at: int = Field(default_factory=now_ms)
+
+
+class AlignmentDecision(Node):
+    """The coordinator's decision for a job, written before it takes effect so a new leader resumes it."""
+
+    job: Ident
+    subjects: tuple[Ident, ...]
+    phase: Literal["catching_up", "aligning", "aligned", "aborting", "aborted"]
+    seq: int
+    subject_epochs: dict[str, int] = {}
+    job_epoch: int | None = None
+    updated_at: int = Field(default_factory=now_ms)

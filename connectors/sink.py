@@ -178,8 +178,11 @@ class SinkProducer:
         if self._count % 2000 == 0:
             kp.poll(0)
 
-    def commit(self) -> EpochCommit:
-        """Pre-commit in Kafka, then commit in ZooKeeper; returns the committed ranges."""
+    def commit(self, extra: Sequence[tuple[Any, ...]] = ()) -> EpochCommit:
+        """Pre-commit in Kafka, then commit in ZooKeeper; returns the committed ranges.
+
+        ``extra`` ZooKeeper ops (a job's input offsets and state) commit atomically with the epoch.
+        """
         if self._epoch is None:
             raise AlignerError("no open epoch to commit")
         kp, epoch = self._kp, self._epoch
@@ -193,13 +196,19 @@ class SinkProducer:
         kp.commit_transaction(60)
         self._fault("after_kafka_commit")
         attempt = self.attempt
-        self._lease = self.ledger.commit(self.lease, epoch, attempt, ranges)
+        self._lease = self.ledger.commit(self.lease, epoch, attempt, ranges, extra)
         self._epoch = None
         self._fault("after_zk_commit")
         self._metric.inc(self._count)
         EPOCHS_COMMITTED.labels(self.subject, self.sink).inc()
         LAST_EPOCH.labels(self.subject, self.sink, self.producer_id).set(epoch)
         return EpochCommit(epoch, attempt, ranges, self._count)
+
+    def finish(self) -> int | None:
+        """No more epochs from this producer: readers of the subject may drain and stop."""
+        if self._epoch is not None:
+            raise AlignerError("commit or abort the open epoch before finishing")
+        return self.ledger.finish(self.lease)
 
     def abort(self) -> None:
         """Abort the open epoch; it will be written again under a new attempt number."""

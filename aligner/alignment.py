@@ -1,0 +1,125 @@
+"""The alignment protocol (thesis 5.6) as a pure state machine.
+
+The coordinator writes commands to a source's command node; every consumer applies them to its
+own state and reports it; the source's state is the aggregate of its consumers'.
+
+    Unaligned --CatchUp--> CatchingUp --(ahead of 2nd-last committed epoch)--> Ready
+    Ready --Align(k, J)--> Aligning --(job epoch J starts at subject epoch k)--> Aligned(k)
+    any --Abort--> Unaligned
+
+``Align`` names both the subject epoch ``k`` the source aligns on and the job epoch ``J`` that
+will start exactly there, so every consumer of the job switches at the same job epoch and the
+job's epochs map to the same subject epochs whichever consumer is asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from aligner.errors import AlignerError
+
+
+class State(str, Enum):
+    UNALIGNED = "unaligned"
+    CATCHING_UP = "catching_up"
+    READY = "ready"
+    ALIGNING = "aligning"
+    ALIGNED = "aligned"
+
+
+_ORDER = {s: i for i, s in enumerate(State)}
+
+CommandKind = Literal["none", "catch_up", "align", "abort"]
+
+
+class Command(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seq: int = 0
+    kind: CommandKind = "none"
+    subject_epoch: int | None = None
+    """k: the first subject epoch of the aligned run (align only)."""
+    job_epoch: int | None = None
+    """J: the job epoch that starts exactly at subject epoch k (align only)."""
+
+
+class IllegalTransition(AlignerError):
+    def __init__(self, state: State, event: str) -> None:
+        super().__init__(f"illegal alignment transition: {event} in state {state.value}")
+        self.state = state
+        self.event = event
+
+
+class ConsumerAlignment(BaseModel):
+    """One consumer's alignment state; stored in its ZooKeeper node, changed only here."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    state: State = State.UNALIGNED
+    applied_seq: int = 0
+    subject_epoch: int | None = None
+    job_epoch: int | None = None
+
+    def apply(self, command: Command) -> ConsumerAlignment:
+        """Apply a command once (commands are numbered; an old one is a no-op)."""
+        if command.seq <= self.applied_seq or command.kind == "none":
+            return self
+        seq = command.seq
+        if command.kind == "abort":
+            return ConsumerAlignment(applied_seq=seq)
+        if command.kind == "catch_up":
+            if self.state is not State.UNALIGNED:
+                raise IllegalTransition(self.state, "CatchUp")
+            return ConsumerAlignment(state=State.CATCHING_UP, applied_seq=seq)
+        if self.state is not State.READY:
+            raise IllegalTransition(self.state, "Align")
+        if command.subject_epoch is None or command.job_epoch is None:
+            raise AlignerError("Align needs a subject epoch k and a job epoch J")
+        return ConsumerAlignment(state=State.ALIGNING, applied_seq=seq,
+                                 subject_epoch=command.subject_epoch, job_epoch=command.job_epoch)
+
+    def caught_up(self, ahead: bool) -> ConsumerAlignment:
+        """After a checkpoint: CatchingUp becomes Ready once ahead of the second-last committed epoch."""
+        if self.state is State.CATCHING_UP and ahead:
+            return self.model_copy(update={"state": State.READY})
+        return self
+
+    def accepts(self, command: Command, open_epoch: int) -> bool:
+        """Whether Align(k, J) can still be honoured: job epoch J must not have started yet."""
+        return command.job_epoch is not None and open_epoch < command.job_epoch
+
+    def started(self, job_epoch: int) -> ConsumerAlignment:
+        """A job epoch starts; Aligning becomes Aligned from the agreed job epoch J on."""
+        if self.state is State.ALIGNING and self.job_epoch is not None and job_epoch >= self.job_epoch:
+            return self.model_copy(update={"state": State.ALIGNED})
+        return self
+
+    def reject(self, command: Command) -> ConsumerAlignment:
+        """Skip an Align that came too late; the consumer stays Ready for a later one."""
+        return self.model_copy(update={"applied_seq": command.seq})
+
+    @property
+    def aligned(self) -> bool:
+        return self.state is State.ALIGNED
+
+
+def aggregate(states: Iterable[ConsumerAlignment]) -> ConsumerAlignment:
+    """A source is as far as its slowest consumer; aligned only when all agree on (k, J)."""
+    states = list(states)
+    if not states:
+        return ConsumerAlignment()
+    slowest = min(states, key=lambda s: _ORDER[s.state])
+    if slowest.state in (State.ALIGNING, State.ALIGNED):
+        keys = {(s.subject_epoch, s.job_epoch) for s in states}
+        if len(keys) != 1:
+            raise AlignerError(f"consumers disagree on the alignment point: {sorted(keys, key=str)}")
+    return slowest
+
+
+def ahead_of(positions: Mapping[int, int], second_last_ends: Mapping[int, int]) -> bool:
+    """Ready test: the consumer's position is at or past the second-last committed epoch on every partition."""
+    return all(positions.get(p, -1) >= end for p, end in second_last_ends.items())

@@ -1,0 +1,175 @@
+"""Job state in ZooKeeper: registration, alignment commands and states, committed job epochs.
+
+Everything here is compare-and-set or create-if-absent: the first worker to reach an aligned job
+epoch fixes the subject epochs it covers; every other worker reads that decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from aligner.alignment import Command, ConsumerAlignment, aggregate
+from aligner.errors import AlignerError, UnknownSubjectError
+from aligner.ledger import Ledger
+from aligner.models import (
+    AlignmentDecision,
+    CommandNode,
+    ConsumerNode,
+    JobEpochNode,
+    JobNode,
+    Span,
+    WorkerEpochNode,
+)
+
+
+class UnknownJobError(AlignerError):
+    def __init__(self, job: str) -> None:
+        super().__init__(f"unknown job {job!r}: no worker of it has registered")
+        self.job = job
+
+
+class JobLedger:
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.zk = ledger.zk
+        self.layout = ledger.layout
+
+    # ---- registration -------------------------------------------------------------------------
+
+    def register(self, node: JobNode) -> JobNode:
+        for subject in (*node.inputs, node.output):
+            self.ledger.subject(subject)
+        lay = self.layout
+        self.zk.ensure_path(lay.jobs)
+        try:
+            self.zk.create(lay.job(node.job), node.dump())
+        except NodeExistsError:
+            existing = self.job(node.job)
+            if not existing.same_shape(node):
+                raise AlignerError(
+                    f"job {node.job!r} is registered as version {existing.version} reading {list(existing.inputs)} "
+                    f"into {existing.output!r} with parallelism {existing.parallelism}; register a new job id for a "
+                    "different shape"
+                ) from None
+            node = existing
+        for subject in node.inputs:
+            self.zk.ensure_path(lay.consumers(node.job, subject))
+            try:
+                self.zk.create(lay.command(node.job, subject), CommandNode().dump())
+            except NodeExistsError:
+                pass
+        return node
+
+    def job(self, job: str) -> JobNode:
+        try:
+            return self.ledger.read(JobNode, self.layout.job(job))[0]
+        except NoNodeError:
+            raise UnknownJobError(job) from None
+
+    def job_names(self) -> list[str]:
+        try:
+            return sorted(self.zk.get_children(self.layout.jobs))
+        except NoNodeError:
+            return []
+
+    def jobs_writing(self, subject: str) -> list[JobNode]:
+        return [j for j in (self.job(n) for n in self.job_names()) if j.output == subject]
+
+    # ---- alignment commands and states ----------------------------------------------------------
+
+    def command(self, job: str, subject: str) -> tuple[Command, int]:
+        path = self.layout.command(job, subject)
+        try:
+            node, version = self.ledger.read(CommandNode, path)
+        except NoNodeError:
+            self.job(job)
+            raise UnknownSubjectError(subject) from None
+        return node.command, version
+
+    def send(self, job: str, subject: str, command: Command, version: int) -> None:
+        """Write a command; the version check makes two coordinators unable to interleave."""
+        try:
+            self.zk.set(self.layout.command(job, subject), CommandNode(command=command).dump(), version=version)
+        except BadVersionError:
+            raise AlignerError(f"command node of {job}/{subject} changed concurrently; another coordinator?") from None
+
+    def consumers(self, job: str, subject: str) -> dict[int, ConsumerNode]:
+        path = self.layout.consumers(job, subject)
+        try:
+            names = self.zk.get_children(path)
+        except NoNodeError:
+            self.job(job)
+            raise AlignerError(f"job {job!r} does not read subject {subject!r}") from None
+        return {int(n): self.ledger.read(ConsumerNode, f"{path}/{n}")[0] for n in names}
+
+    def report(self, job: str, subject: str, worker: int, node: ConsumerNode) -> None:
+        path = self.layout.consumer(job, subject, worker)
+        try:
+            self.zk.set(path, node.dump())
+        except NoNodeError:
+            self.zk.create(path, node.dump(), makepath=True)
+
+    def source_state(self, job: str, subject: str) -> ConsumerAlignment:
+        job_node = self.job(job)
+        consumers = self.consumers(job, subject)
+        states = [consumers[i].alignment if i in consumers else ConsumerAlignment() for i in range(job_node.parallelism)]
+        return aggregate(states)
+
+    def decision(self, job: str) -> tuple[AlignmentDecision | None, int]:
+        try:
+            return self.ledger.read(AlignmentDecision, self.layout.decision(job))
+        except NoNodeError:
+            return None, -1
+
+    def decide(self, decision: AlignmentDecision, version: int) -> int:
+        """Record the coordinator's next step before taking it; returns the new version."""
+        path = self.layout.decision(decision.job)
+        if version < 0:
+            self.zk.create(path, decision.dump())
+            return 0
+        return self.zk.set(path, decision.dump(), version=version).version
+
+    def clear_decision(self, job: str) -> None:
+        try:
+            self.zk.delete(self.layout.decision(job))
+        except NoNodeError:
+            pass
+
+    # ---- epochs -------------------------------------------------------------------------------
+
+    def worker_epoch(self, job: str, worker: int, epoch: int) -> WorkerEpochNode:
+        return self.ledger.read(WorkerEpochNode, self.layout.worker_epoch(job, worker, epoch))[0]
+
+    def worker_epoch_op(self, job: str, worker: int, node: WorkerEpochNode) -> tuple[str, str, bytes]:
+        """The create op that commits a worker epoch atomically with its sink's commit."""
+        return ("create", self.layout.worker_epoch(job, worker, node.epoch), node.dump())
+
+    def ensure_worker_path(self, job: str, worker: int) -> None:
+        self.zk.ensure_path(self.layout.worker_epochs(job, worker))
+
+    def job_epoch(self, job: str, epoch: int) -> JobEpochNode | None:
+        try:
+            return self.ledger.read(JobEpochNode, self.layout.job_epoch(job, epoch))[0]
+        except NoNodeError:
+            return None
+
+    def fix_job_epoch(self, job: str, epoch: int, covered: Mapping[str, Span | None],
+                      nxt: Mapping[str, int]) -> JobEpochNode:
+        """Create-if-absent: the first worker's choice of covered subject epochs wins for all."""
+        node = JobEpochNode(epoch=epoch, covered=dict(covered), next=dict(nxt))
+        self.zk.ensure_path(self.layout.job_epochs(job))
+        try:
+            self.zk.create(self.layout.job_epoch(job, epoch), node.dump())
+            return node
+        except NodeExistsError:
+            existing = self.job_epoch(job, epoch)
+            assert existing is not None
+            return existing
+
+    def job_epoch_numbers(self, job: str) -> list[int]:
+        try:
+            return sorted(int(n) for n in self.zk.get_children(self.layout.job_epochs(job)))
+        except NoNodeError:
+            return []

@@ -1,0 +1,382 @@
+"""Epoch job runtime for plain Python jobs: consume -> user function -> stamped sink.
+
+Worker ``i`` of a job with parallelism ``P`` is consumer ``i`` of every input subject and
+producer ``i`` of the output subject. One job epoch is one output subject epoch and one Kafka
+transaction; its input offsets, keyed state snapshot and alignment state commit in the same
+ZooKeeper multi-op as the output, so a worker killed anywhere restarts from its last committed
+epoch and replays the same input into the same state.
+
+Unaligned epochs end on the worker's own timer. Aligned epochs end exactly at subject epoch
+boundaries: the first worker to start aligned job epoch E fixes which subject epochs it covers
+(create-if-absent), and each worker starts reading them as soon as ZooKeeper reports them
+committed (zero alignment shift, thesis 6.4.1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import importlib
+import json
+import logging
+import signal
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from aligner.alignment import Command, ConsumerAlignment, State
+from aligner.errors import AlignerError
+from aligner.jobs import JobLedger
+from aligner.ledger import Ledger
+from aligner.models import CommandNode, ConsumerNode, JobNode, Mode, Span, WorkerEpochNode, parse
+from connectors.sink import FaultHook, SinkProducer, partitions_for
+from connectors.source import SourceRecord, SubjectSource
+
+log = logging.getLogger("aligner.runtime")
+
+STATE_LIMIT = 800_000
+"""ZooKeeper's default node limit is 1 MB; state snapshots beyond this are refused clearly."""
+
+
+class KeyedState:
+    """A job's keyed state: JSON values by string key, snapshotted with every committed epoch."""
+
+    def __init__(self, data: dict[str, Any] | None = None) -> None:
+        self._data: dict[str, Any] = data or {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._data.get(key, default)
+
+    def put(self, key: str, value: Any) -> None:
+        self._data[key] = value
+
+    def delete(self, key: str) -> None:
+        self._data.pop(key, None)
+
+    def items(self) -> Iterable[tuple[str, Any]]:
+        return self._data.items()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def snapshot(self) -> str:
+        if not self._data:
+            return ""
+        raw = base64.b64encode(zlib.compress(json.dumps(self._data, sort_keys=True).encode())).decode()
+        if len(raw) > STATE_LIMIT:
+            raise AlignerError(f"keyed state snapshot is {len(raw)} bytes; the limit is {STATE_LIMIT}")
+        return raw
+
+    @classmethod
+    def restore(cls, snapshot: str) -> KeyedState:
+        if not snapshot:
+            return cls()
+        return cls(json.loads(zlib.decompress(base64.b64decode(snapshot))))
+
+
+JobFunction = Callable[[SourceRecord, KeyedState], Iterable[tuple[bytes | None, bytes]]]
+"""A job: for each input record, given the keyed state, the (key, value) records to emit."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    job: str
+    inputs: tuple[str, ...]
+    output: str
+    parallelism: int = 1
+    version: str = "1"
+    interval: float = 1.0
+    """Own checkpoint interval of unaligned epochs, in seconds."""
+    mode: Mode = "exactly_once"
+    epochs_per_checkpoint: int = 1
+    """Aligned mode: subject epochs per job epoch (thesis 8.2.5 variable intervals)."""
+    deterministic: bool = True
+    per_key_order: bool = False
+
+    def node(self) -> JobNode:
+        return JobNode(job=self.job, version=self.version, inputs=self.inputs, output=self.output,
+                       parallelism=self.parallelism, deterministic=self.deterministic,
+                       per_key_order=self.per_key_order, mode=self.mode)
+
+
+class JobWorker:
+    def __init__(self, ledger: Ledger, bootstrap: str, spec: JobSpec, worker: int, fn: JobFunction,
+                 fault: FaultHook | None = None, wait_timeout: float = 120.0) -> None:
+        self.ledger = ledger
+        self.jobs = JobLedger(ledger)
+        self.bootstrap = bootstrap
+        self.spec = spec
+        self.worker = worker
+        self.fn = fn
+        self.fault = fault or (lambda point: None)
+        self.wait_timeout = wait_timeout
+        self.state = KeyedState()
+        self.alignment: dict[str, ConsumerAlignment] = {s: ConsumerAlignment() for s in spec.inputs}
+        self._commands: dict[str, Command] = {s: Command() for s in spec.inputs}
+        self._wake = threading.Event()
+        self.records_in = 0
+        self.records_out = 0
+
+    # ---- set-up -------------------------------------------------------------------------------
+
+    def open(self) -> JobWorker:
+        spec = self.spec
+        self.jobs.register(spec.node())
+        out_parts = self.ledger.subject(spec.output).partitions
+        self.sink = SinkProducer(self.ledger, self.bootstrap, spec.output, spec.job, self.worker,
+                                 partitions_for(self.worker, spec.parallelism, out_parts), fault=self.fault).open()
+        assignment = {s: list(range(self.worker, self.ledger.subject(s).partitions, spec.parallelism))
+                      for s in spec.inputs}
+        self.source = SubjectSource(self.ledger, self.bootstrap, assignment,
+                                    "at_least_once" if spec.mode == "at_least_once" else "exactly_once")
+        self.jobs.ensure_worker_path(spec.job, self.worker)
+        last = self.sink.lease.node.committed_epoch
+        if last is not None:
+            try:
+                committed = self.jobs.worker_epoch(spec.job, self.worker, last)
+            except Exception as exc:
+                if "NoNode" not in type(exc).__name__:
+                    raise
+            else:
+                self.source.restore(committed.offsets, committed.load_from)
+                self.state = KeyedState.restore(committed.state)
+                self.alignment.update(committed.alignment)
+        for subject in spec.inputs:
+            self.ledger.zk.DataWatch(self.ledger.layout.command(spec.job, subject), self._command_watch(subject))
+        return self
+
+    def _command_watch(self, subject: str) -> Callable[[bytes | None, Any], None]:
+        # kazoo passes a third argument to callbacks that accept one; this takes exactly two.
+        def watch(data: bytes | None, _stat: Any) -> None:
+            self._on_command(subject, data)
+
+        return watch
+
+    def close(self) -> None:
+        self.sink.close()
+        self.source.close()
+
+    def _on_command(self, subject: str, data: bytes | None) -> None:
+        if data:
+            self._commands[subject] = parse(CommandNode, self.ledger.layout.command(self.spec.job, subject), data).command
+            self._wake.set()
+
+    # ---- alignment ----------------------------------------------------------------------------
+
+    def _apply_commands(self, open_epoch: int, boundary: bool) -> None:
+        """Apply new commands; Align at once (to stop loading past k), Abort only at epoch boundaries."""
+        for subject, cmd in self._commands.items():
+            cur = self.alignment[subject]
+            if cmd.seq <= cur.applied_seq or (cmd.kind == "abort" and not boundary):
+                continue
+            if cmd.kind == "align":
+                if cur.state is not State.READY or not cur.accepts(cmd, open_epoch) or self.source.past(subject, cmd.subject_epoch or 0):
+                    new = cur.reject(cmd)
+                    self._report(subject, rejected=cmd.seq)
+                else:
+                    new = cur.apply(cmd)
+                    self.source.set_limit(subject, (cmd.subject_epoch or 0) - 1)
+            else:
+                new = cur.apply(cmd)
+                if cmd.kind == "abort":
+                    self.source.set_limit(subject, None)
+            self.alignment[subject] = new
+            self._report(subject)
+
+    def _report(self, subject: str, rejected: int = 0) -> None:
+        node = ConsumerNode(alignment=self.alignment[subject], mode=self.mode_of(subject),
+                            job_epoch=self.sink.lease.node.committed_epoch,
+                            subject_epoch=self.source.consumed(subject), rejected_seq=rejected)
+        self.jobs.report(self.spec.job, subject, self.worker, node)
+
+    def mode_of(self, subject: str) -> Mode:
+        if self.alignment[subject].aligned:
+            return "aligned"
+        return "at_least_once" if self.spec.mode == "at_least_once" else "exactly_once"
+
+    @property
+    def aligned(self) -> bool:
+        return all(a.aligned for a in self.alignment.values())
+
+    # ---- epochs -------------------------------------------------------------------------------
+
+    def _process(self, records: list[SourceRecord]) -> None:
+        fn, state, send = self.fn, self.state, self.sink.send
+        for r in records:
+            for key, value in fn(r, state):
+                send(value, key)
+                self.records_out += 1
+        self.records_in += len(records)
+
+    def _drain_until(self, done: Callable[[], bool], stop: threading.Event, open_epoch: int) -> bool:
+        """Read and process loaded epochs until ``done``; returns False when stopped or finished."""
+        deadline = time.monotonic() + self.wait_timeout
+        while not done():
+            if stop.is_set():
+                return False
+            self._apply_commands(open_epoch, boundary=False)
+            self.source.load()
+            records = self.source.poll()
+            if records:
+                self._process(records)
+                deadline = time.monotonic() + self.wait_timeout
+            elif self.source.caught_up():
+                if self._inputs_finished():
+                    return done()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"worker {self.worker} of {self.spec.job}: no input for {self.wait_timeout}s")
+                self._wake.wait(0.02)
+                self._wake.clear()
+        return True
+
+    def _inputs_finished(self) -> bool:
+        for subject in self.spec.inputs:
+            last = self.ledger.finished(subject)
+            if last is None or self.source.consumed(subject) < last:
+                return False
+        return True
+
+    def _run_unaligned(self, epoch: int, stop: threading.Event) -> None:
+        ends = time.monotonic() + self.spec.interval
+        aligning = {s: a for s, a in self.alignment.items() if a.state is State.ALIGNING}
+        if aligning and all(a.job_epoch == epoch + 1 for a in aligning.values()):
+            # The last unaligned epoch ends exactly where subject epoch k starts.
+            self._drain_until(lambda: all(self.source.consumed(s) >= (a.subject_epoch or 0) - 1
+                                          for s, a in aligning.items()), stop, epoch)
+            return
+        self._drain_until(lambda: time.monotonic() >= ends, stop, epoch)
+
+    def _covered(self, epoch: int) -> dict[str, Span | None]:
+        """The subject epochs aligned job epoch ``epoch`` covers: fixed once, by the first worker."""
+        existing = self.jobs.job_epoch(self.spec.job, epoch)
+        if existing is not None:
+            return existing.covered
+        if all(a.job_epoch == epoch for a in self.alignment.values()):
+            starts = {s: a.subject_epoch or 0 for s, a in self.alignment.items()}
+        else:
+            prev = self.jobs.job_epoch(self.spec.job, epoch - 1)
+            if prev is None:
+                raise AlignerError(f"job {self.spec.job}: aligned epoch {epoch - 1} has no record in ZooKeeper")
+            starts = dict(prev.next)
+        per = self.spec.epochs_per_checkpoint
+        deadline = time.monotonic() + self.wait_timeout
+        while True:
+            # Zero alignment shift: woken by ZooKeeper watches as soon as an epoch commits.
+            fired = threading.Event()
+            for s, start in starts.items():
+                self.ledger.arm_watch(s, start + per - 1, fired)
+            ready = {s: self._committed_prefix(s, start, per) for s, start in starts.items()}
+            if any(n == per for n in ready.values()) or self._inputs_finished():
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {self.spec.job} epoch {epoch}: subject epochs {starts} never committed")
+            fired.wait(1.0)
+        covered = {s: (Span(first=starts[s], last=starts[s] + n - 1) if n else None) for s, n in ready.items()}
+        nxt = {s: starts[s] + n for s, n in ready.items()}
+        return self.jobs.fix_job_epoch(self.spec.job, epoch, covered, nxt).covered
+
+    def _committed_prefix(self, subject: str, start: int, per: int) -> int:
+        n = 0
+        while n < per:
+            try:
+                if not self.ledger.is_committed(subject, start + n):
+                    break
+            except AlignerError:
+                break
+            n += 1
+        return n
+
+    def _run_aligned(self, epoch: int, stop: threading.Event) -> dict[str, Span | None]:
+        covered = self._covered(epoch)
+        for subject, span in covered.items():
+            self.source.set_limit(subject, span.last if span is not None else self.source.consumed(subject))
+        self._drain_until(lambda: all(span is None or self.source.consumed(s) >= span.last
+                                      for s, span in covered.items()), stop, epoch)
+        return covered
+
+    def step(self, stop: threading.Event) -> bool:
+        """Run one job epoch; returns False once every input finished and was consumed."""
+        epoch = self.sink.next_epoch
+        self._apply_commands(epoch, boundary=True)
+        self.alignment = {s: a.started(epoch) for s, a in self.alignment.items()}
+        self.sink.begin()
+        covered = self._run_aligned(epoch, stop) if self.aligned else None
+        if covered is None:
+            self._run_unaligned(epoch, stop)
+        if stop.is_set():
+            self.sink.abort()
+            return False
+        node = WorkerEpochNode(epoch=epoch, mode="aligned" if covered is not None else self.spec.mode,
+                               offsets=self.source.offsets(), load_from=self.source.load_from(), covered=covered,
+                               state=self.state.snapshot(), alignment=self.alignment)
+        self.sink.commit(extra=[self.jobs.worker_epoch_op(self.spec.job, self.worker, node)])
+        self.fault("after_epoch")
+        ahead = self.source.second_last_ahead()
+        for subject in self.spec.inputs:
+            self.alignment[subject] = self.alignment[subject].caught_up(ahead)
+            self._report(subject)
+        if self._inputs_finished() and self.source.caught_up():
+            self.sink.finish()
+            return False
+        return True
+
+    def run(self, stop: threading.Event, max_epochs: int | None = None) -> int:
+        done = 0
+        while not stop.is_set() and (max_epochs is None or done < max_epochs):
+            if not self.step(stop):
+                break
+            done += 1
+        return done
+
+
+def load_function(ref: str) -> JobFunction:
+    module, _, name = ref.partition(":")
+    if not name:
+        raise AlignerError(f"job function {ref!r} must look like package.module:function")
+    return getattr(importlib.import_module(module), name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run one worker process: ``python -m connectors.runtime --job J --function mod:fn ...``."""
+    ap = argparse.ArgumentParser(prog="aligner-worker")
+    ap.add_argument("--zk", required=True)
+    ap.add_argument("--kafka", required=True)
+    ap.add_argument("--root", default="/aligner")
+    ap.add_argument("--job", required=True)
+    ap.add_argument("--version", default="1")
+    ap.add_argument("--function", required=True)
+    ap.add_argument("--input", action="append", required=True)
+    ap.add_argument("--output", required=True)
+    ap.add_argument("--worker", type=int, default=0)
+    ap.add_argument("--parallelism", type=int, default=1)
+    ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--mode", default="exactly_once", choices=["at_least_once", "exactly_once"])
+    ap.add_argument("--epochs-per-checkpoint", type=int, default=1)
+    ap.add_argument("--nondeterministic", action="store_true")
+    ap.add_argument("--max-epochs", type=int, default=None)
+    args = ap.parse_args(argv)
+    spec = JobSpec(job=args.job, inputs=tuple(args.input), output=args.output, parallelism=args.parallelism,
+                   version=args.version, interval=args.interval, mode=args.mode,
+                   epochs_per_checkpoint=args.epochs_per_checkpoint, deterministic=not args.nondeterministic)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    ledger = Ledger.connect(args.zk, args.root)
+    worker = JobWorker(ledger, args.kafka, spec, args.worker, load_function(args.function)).open()
+    print(f"open job={spec.job} worker={args.worker} next={worker.sink.next_epoch} attempt={worker.sink.attempt}",
+          flush=True)
+    try:
+        while not stop.is_set() and (args.max_epochs is None or worker.sink.next_epoch < args.max_epochs):
+            if not worker.step(stop):
+                break
+            print(f"committed {worker.sink.lease.node.committed_epoch} aligned={worker.aligned}", flush=True)
+    finally:
+        worker.close()
+        ledger.close()
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""Kafka source of a job: one consumer's partitions of every input subject.
+
+The source follows the subjects' committed epochs: it loads each committed epoch's slices, reads
+its partitions up to the end of the last loaded epoch (never further) and keeps a record only when
+its stamp is the committed attempt. A load limit per subject is how alignment works: a consumer
+that must end a job epoch exactly at subject epoch k loads nothing past k and checkpoints once
+its position reaches k's end on every partition. In at-least-once mode the source reads whatever
+Kafka shows, unbounded and unfiltered.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from aligner.epochs import CommittedEpoch, check_retention
+from aligner.errors import DataLossError
+from aligner.ledger import Ledger
+from aligner.models import Mode
+from aligner.stamps import stamp_of
+from connectors.kafka import consumer_config, end_offsets
+
+UNBOUNDED = 1 << 62
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRecord:
+    subject: str
+    partition: int
+    offset: int
+    epoch: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: int
+
+
+@dataclass
+class _Part:
+    subject: str
+    topic: str
+    partition: int
+    pos: int | None = None
+    bound: int = 0
+    segments: deque = field(default_factory=deque)  # (epoch, start, end, stamp)
+    paused: bool = False
+
+
+@dataclass
+class _Input:
+    subject: str
+    topic: str
+    partitions: list[int]
+    next_load: int
+    limit: int | None = None
+    loaded: deque = field(default_factory=deque)  # CommittedEpoch, oldest first
+    consumed: int = -1
+
+
+class SubjectSource:
+    def __init__(self, ledger: Ledger, bootstrap: str, assignment: Mapping[str, Sequence[int]],
+                 mode: Mode = "exactly_once") -> None:
+        self.ledger = ledger
+        self.bootstrap = bootstrap
+        self.mode = mode
+        self._consumer = Consumer(consumer_config(bootstrap, {"fetch.queue.backoff.ms": 5, "fetch.error.backoff.ms": 10}))
+        self.inputs: dict[str, _Input] = {}
+        self.parts: dict[tuple[str, int], _Part] = {}
+        self._by_topic: dict[tuple[str, int], _Part] = {}
+        for subject, partitions in assignment.items():
+            topic = ledger.subject(subject).topic
+            numbers = ledger.epoch_numbers(subject)
+            self.inputs[subject] = _Input(subject, topic, list(partitions), numbers[0] if numbers else 0)
+            for p in partitions:
+                part = _Part(subject, topic, p)
+                self.parts[(subject, p)] = part
+                self._by_topic[(topic, p)] = part
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    # ---- positions ----------------------------------------------------------------------------
+
+    def restore(self, offsets: Mapping[str, Mapping[int, int]], load_from: Mapping[str, int]) -> None:
+        """Resume from a committed job epoch: positions and the first epoch still to consume."""
+        for subject, inp in self.inputs.items():
+            inp.next_load = load_from.get(subject, inp.next_load)
+            inp.consumed = inp.next_load - 1
+            assign = []
+            for p, off in offsets.get(subject, {}).items():
+                if (subject, p) in self.parts:
+                    self.parts[(subject, p)].pos = off
+                    assign.append(TopicPartition(inp.topic, p, off))
+            if assign:
+                self._consumer.incremental_assign(assign)
+
+    def offsets(self) -> dict[str, dict[int, int]]:
+        out: dict[str, dict[int, int]] = {s: {} for s in self.inputs}
+        for part in self.parts.values():
+            if part.pos is not None:
+                out[part.subject][part.partition] = part.pos
+        return out
+
+    def load_from(self) -> dict[str, int]:
+        return {s: inp.consumed + 1 for s, inp in self.inputs.items()}
+
+    def consumed(self, subject: str) -> int:
+        """Last subject epoch this consumer has fully consumed on all of its partitions."""
+        return self.inputs[subject].consumed
+
+    def set_limit(self, subject: str, last_epoch: int | None) -> None:
+        """Load no subject epoch after ``last_epoch`` (None: no limit)."""
+        self.inputs[subject].limit = last_epoch
+
+    def past(self, subject: str, epoch: int) -> bool:
+        """Whether this consumer already loaded (and may have read) anything of ``epoch`` or later."""
+        return self.inputs[subject].next_load > epoch
+
+    # ---- loading committed epochs ---------------------------------------------------------------
+
+    def load(self) -> int:
+        """Load newly committed epochs (up to the limits); returns how many were loaded."""
+        loaded = 0
+        for inp in self.inputs.values():
+            while inp.limit is None or inp.next_load <= inp.limit:
+                try:
+                    if not self.ledger.is_committed(inp.subject, inp.next_load):
+                        break
+                except Exception as exc:
+                    if "no such epoch" in str(exc):
+                        break
+                    raise
+                self._add(inp, self.ledger.committed(inp.subject, inp.next_load))
+                inp.next_load += 1
+                loaded += 1
+        self._advance_consumed()
+        return loaded
+
+    def _add(self, inp: _Input, ce: CommittedEpoch) -> None:
+        inp.loaded.append(ce)
+        new_assign = []
+        for p in inp.partitions:
+            sl = ce.slices.get(p)
+            if sl is None:
+                continue
+            part = self.parts[(inp.subject, p)]
+            if part.pos is None:
+                part.pos = sl.start
+                log_start = end_offsets(self.bootstrap, inp.topic, [p], earliest=True)[p]
+                check_retention(inp.subject, ce.epoch, p, sl.start, log_start)
+                new_assign.append(TopicPartition(inp.topic, p, sl.start))
+            if not sl.empty and sl.end > part.pos:
+                part.segments.append((ce.epoch, sl.start, sl.end, sl.stamp))
+            part.bound = UNBOUNDED if self.mode == "at_least_once" else max(part.bound, sl.end)
+            if part.paused and part.pos < part.bound:
+                new_assign.append(TopicPartition(inp.topic, p, part.pos))
+                part.paused = False
+        if new_assign:
+            self._consumer.incremental_assign(new_assign)
+
+    def _advance_consumed(self) -> None:
+        for inp in self.inputs.values():
+            while inp.loaded:
+                ce = inp.loaded[0]
+                done = all(
+                    self.parts[(inp.subject, p)].pos is not None and self.parts[(inp.subject, p)].pos >= sl.end
+                    for p, sl in ce.slices.items() if (inp.subject, p) in self.parts
+                )
+                if not done:
+                    break
+                inp.loaded.popleft()
+                inp.consumed = ce.epoch
+
+    def caught_up(self) -> bool:
+        """Every loaded epoch fully consumed: nothing to read until the next epoch commits."""
+        return all(not inp.loaded for inp in self.inputs.values())
+
+    def second_last_ahead(self) -> bool:
+        """Thesis 5.6 Ready test: at or past the second-last committed epoch of every subject."""
+        for subject, inp in self.inputs.items():
+            frontier = self.ledger.frontier(subject)
+            if frontier is not None and frontier >= 1 and inp.consumed < frontier - 1:
+                return False
+        return True
+
+    # ---- reading ------------------------------------------------------------------------------
+
+    def poll(self, timeout: float = 0.05, max_records: int = 10000) -> list[SourceRecord]:
+        """Kept records of loaded epochs, in offset order per partition."""
+        out: list[SourceRecord] = []
+        if not any(p.pos is not None and p.pos < p.bound for p in self.parts.values()):
+            return out
+        batch = self._consumer.consume(max_records, timeout=timeout)
+        touched: set[tuple[str, int]] = set()
+        unfiltered = self.mode == "at_least_once"
+        for m in batch:
+            part = self._by_topic.get((m.topic(), m.partition()))
+            if part is None or part.pos is None:
+                continue
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    touched.add((part.subject, part.partition))
+                    continue
+                raise DataLossError(f"{m.topic()}[{m.partition()}]: {err}")
+            o = m.offset()
+            if o < part.pos:
+                continue  # re-delivered after a seek back
+            if o >= part.bound:
+                self._stop_at_bound(part)
+                continue
+            part.pos = o + 1
+            touched.add((part.subject, part.partition))
+            if unfiltered:
+                out.append(SourceRecord(part.subject, part.partition, o, -1, m.key(), m.value(), m.timestamp()[1]))
+                continue
+            segs = part.segments
+            while segs and o >= segs[0][2]:
+                segs.popleft()
+            if not segs or o < segs[0][1]:
+                continue
+            epoch, _s, _e, stamp = segs[0]
+            if stamp is None or stamp_of(m.headers()) == stamp:
+                out.append(SourceRecord(part.subject, part.partition, o, epoch, m.key(), m.value(), m.timestamp()[1]))
+        self._settle(touched)
+        return out
+
+    def _stop_at_bound(self, part: _Part) -> None:
+        # Unassign rather than pause + seek: librdkafka delays the first fetch after a seek on a
+        # paused partition by about a second; a fresh assignment at the bound fetches at once.
+        if not part.paused:
+            self._consumer.incremental_unassign([TopicPartition(part.topic, part.partition)])
+            part.paused = True
+        part.pos = part.bound
+
+    def _settle(self, touched: set[tuple[str, int]]) -> None:
+        """Advance positions over offsets that hold no record (commit markers, aborted data)."""
+        active = [p for p in self.parts.values() if p.pos is not None and p.pos < p.bound and not p.paused]
+        if active:
+            positions = self._consumer.position([TopicPartition(p.topic, p.partition) for p in active])
+            for part, tp in zip(active, positions, strict=True):
+                if tp.offset >= 0 and tp.offset > (part.pos or 0):
+                    part.pos = min(tp.offset, part.bound)
+                if part.pos is not None and part.pos >= part.bound and self.mode != "at_least_once":
+                    self._stop_at_bound(part)
+        if touched or active:
+            self._advance_consumed()

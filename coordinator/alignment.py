@@ -1,0 +1,190 @@
+"""The alignment coordinator: drives CatchUp -> Ready -> Align(k, J) -> Aligned, and Abort.
+
+Every decision is written to the job's decision node before it takes effect, so a coordinator
+killed at any point is resumed by the next one from the recorded phase. Coordinators run under
+a ZooKeeper leader election; only the leader writes commands.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from aligner.alignment import Command, State
+from aligner.errors import AlignerError
+from aligner.jobs import JobLedger
+from aligner.ledger import Ledger
+from aligner.models import AlignmentDecision, now_ms
+
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+@contextlib.contextmanager
+def leadership(ledger: Ledger, timeout: float = 60.0, identifier: str | None = None) -> Iterator[None]:
+    """Hold coordinator leadership (an ephemeral sequential node, lowest wins) for the block."""
+    path = ledger.layout.election
+    ledger.zk.ensure_path(path)
+    me = ledger.zk.create(f"{path}/c-", (identifier or uuid.uuid4().hex).encode(), ephemeral=True, sequence=True)
+    name = me.rsplit("/", 1)[1]
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            children = sorted(ledger.zk.get_children(path))
+            if children[0] == name:
+                break
+            if time.monotonic() > deadline:
+                raise AlignerError(f"another coordinator ({children[0]}) is leading; gave up after {timeout:.0f}s")
+            gone = threading.Event()
+            predecessor = f"{path}/{children[children.index(name) - 1]}"
+            if ledger.zk.exists(predecessor, watch=lambda _e: gone.set()) is not None:
+                gone.wait(max(0.0, deadline - time.monotonic()))
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            ledger.zk.delete(me)
+
+
+class Coordinator:
+    def __init__(self, ledger: Ledger, margin: int = 3, poll: float = 0.05) -> None:
+        self.ledger = ledger
+        self.jobs = JobLedger(ledger)
+        self.margin = margin
+        self.poll = poll
+
+    # ---- status -------------------------------------------------------------------------------
+
+    def source_status(self, job: str, subject: str) -> dict[str, Any]:
+        consumers = self.jobs.consumers(job, subject)
+        state = self.jobs.source_state(job, subject)
+        frontier = self.ledger.frontier(subject)
+        consumed = min((c.subject_epoch for c in consumers.values() if c.subject_epoch is not None), default=-1)
+        lag = 0 if frontier is None else max(0, frontier - consumed)
+        lag_s = 0.0
+        if lag:
+            oldest = self.ledger.committed(subject, consumed + 1)
+            lag_s = max(0.0, (now_ms() - oldest.committed_at) / 1000)
+        modes = sorted({c.mode for c in consumers.values()})
+        return {"subject": subject, "state": state.state.value, "mode": ",".join(modes) or "-",
+                "subject_epoch": state.subject_epoch, "job_epoch": state.job_epoch,
+                "consumers": len(consumers), "lag_epochs": lag, "lag_seconds": round(lag_s, 3),
+                "last_committed": frontier}
+
+    def status(self, job: str) -> dict[str, Any]:
+        node = self.jobs.job(job)
+        decision, _ = self.jobs.decision(job)
+        return {"job": job, "version": node.version, "output": node.output, "parallelism": node.parallelism,
+                "decision": decision.phase if decision else None,
+                "sources": [self.source_status(job, s) for s in node.inputs]}
+
+    # ---- protocol -----------------------------------------------------------------------------
+
+    def _subjects(self, job: str, subjects: Sequence[str] | None) -> tuple[str, ...]:
+        node = self.jobs.job(job)
+        chosen = tuple(subjects or node.inputs)
+        unknown = [s for s in chosen if s not in node.inputs]
+        if unknown:
+            raise AlignerError(f"job {job!r} does not read {unknown}; it reads {list(node.inputs)}")
+        return chosen
+
+    def _send(self, job: str, subjects: Sequence[str], command: Command) -> None:
+        """Write the command to each source unless it already carries this seq (resume)."""
+        for s in subjects:
+            current, version = self.jobs.command(job, s)
+            if current.seq < command.seq:
+                self.jobs.send(job, s, command, version)
+
+    def _wait(self, what: str, cond: Callable[[], bool], timeout: float, progress: Progress | None,
+              job: str, subjects: Sequence[str]) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if progress:
+                progress(what, {s: self.source_status(job, s) for s in subjects})
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job}: {what} did not happen within {timeout:.0f}s")
+            time.sleep(self.poll)
+
+    def align(self, job: str, subjects: Sequence[str] | None = None, at_epoch: int | None = None,
+              timeout: float = 300.0, progress: Progress | None = None) -> AlignmentDecision:
+        subjects = self._subjects(job, subjects)
+        decision, version = self.jobs.decision(job)
+        if decision is None or decision.phase in ("aligned", "aborted") or decision.subjects != subjects:
+            if decision is not None and decision.phase == "aligned" and decision.subjects == subjects:
+                if all(self.jobs.source_state(job, s).state is State.ALIGNED for s in subjects):
+                    return decision
+            seq = max(self.jobs.command(job, s)[0].seq for s in subjects) + 1
+            decision = AlignmentDecision(job=job, subjects=subjects, phase="catching_up", seq=seq)
+            version = self.jobs.decide(decision, version)
+        if decision.phase == "aborting":
+            raise AlignerError(f"job {job!r} is being aborted; run `aligner abort {job}` to finish it first")
+        while decision.phase != "aligned":
+            if decision.phase == "catching_up":
+                self._send(job, subjects, Command(seq=decision.seq, kind="catch_up"))
+                self._wait("catching up", lambda: all(
+                    self.jobs.source_state(job, s).state in (State.READY, State.ALIGNING, State.ALIGNED)
+                    for s in subjects), timeout, progress, job, subjects)
+                decision, version = self._choose(job, subjects, decision, version, at_epoch)
+            elif decision.phase == "aligning":
+                cmd = Command(seq=decision.seq, kind="align", job_epoch=decision.job_epoch)
+                for s in subjects:
+                    self._send(job, [s], cmd.model_copy(update={"subject_epoch": decision.subject_epochs[s]}))
+                outcome = self._await_aligned(job, subjects, decision, timeout, progress)
+                if outcome == "rejected":
+                    decision, version = self._choose(job, subjects, decision, version, at_epoch)
+                    continue
+                decision = decision.model_copy(update={"phase": "aligned", "updated_at": now_ms()})
+                version = self.jobs.decide(decision, version)
+        return decision
+
+    def _choose(self, job: str, subjects: Sequence[str], decision: AlignmentDecision, version: int,
+                at_epoch: int | None) -> tuple[AlignmentDecision, int]:
+        """Pick k in the future of every subject and J in the future of every consumer; record it."""
+        epochs = {}
+        for s in subjects:
+            frontier = self.ledger.frontier(s)
+            k = (frontier if frontier is not None else -1) + 2
+            epochs[s] = max(k, at_epoch) if at_epoch is not None else k
+        committed = [c.job_epoch for s in subjects for c in self.jobs.consumers(job, s).values()
+                     if c.job_epoch is not None]
+        sink_epochs = self.ledger.epoch_numbers(self.jobs.job(job).output)
+        base = max([*committed, sink_epochs[-1] if sink_epochs else 0])
+        decision = decision.model_copy(update={
+            "phase": "aligning", "seq": decision.seq + 1, "subject_epochs": epochs,
+            "job_epoch": base + self.margin, "updated_at": now_ms()})
+        return decision, self.jobs.decide(decision, version)
+
+    def _await_aligned(self, job: str, subjects: Sequence[str], decision: AlignmentDecision, timeout: float,
+                       progress: Progress | None) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            rejected = any(c.rejected_seq == decision.seq for s in subjects
+                           for c in self.jobs.consumers(job, s).values())
+            if rejected:
+                return "rejected"
+            states = [self.jobs.source_state(job, s) for s in subjects]
+            if all(st.state is State.ALIGNED and st.job_epoch == decision.job_epoch for st in states):
+                return "aligned"
+            if progress:
+                progress("aligning", {s: self.source_status(job, s) for s in subjects})
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job}: not aligned at job epoch {decision.job_epoch} within {timeout:.0f}s")
+            time.sleep(self.poll)
+
+    def abort(self, job: str, timeout: float = 300.0, progress: Progress | None = None) -> AlignmentDecision:
+        """Return every source of the job to Unaligned, from any state, and clean up the decision."""
+        subjects = self._subjects(job, None)
+        decision, version = self.jobs.decision(job)
+        if decision is None or decision.phase != "aborting":
+            seq = max(self.jobs.command(job, s)[0].seq for s in subjects) + 1
+            decision = AlignmentDecision(job=job, subjects=subjects, phase="aborting", seq=seq)
+            version = self.jobs.decide(decision, version)
+        self._send(job, subjects, Command(seq=decision.seq, kind="abort"))
+        self._wait("aborting", lambda: all(
+            c.alignment.state is State.UNALIGNED and c.alignment.applied_seq >= decision.seq
+            for s in subjects for c in self.jobs.consumers(job, s).values()), timeout, progress, job, subjects)
+        decision = decision.model_copy(update={"phase": "aborted", "updated_at": now_ms()})
+        self.jobs.decide(decision, version)
+        return decision

@@ -1,0 +1,28 @@
+"""Job functions used by tests and the demo; workers import them by name."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from connectors.runtime import KeyedState
+from connectors.source import SourceRecord
+
+
+def tag_v1(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
+    """Pass each input through, tagged with its origin, and count inputs per key in state."""
+    value = json.loads(record.value or b"null")
+    key = record.key.decode() if record.key else str(record.partition)
+    seen = state.get(key, 0) + 1
+    state.put(key, seen)
+    out = {"in": value, "src": [record.subject, record.partition, record.offset, record.epoch], "seen": seen,
+           "v": 1}
+    yield record.key, json.dumps(out).encode()
+
+
+def tag_v2(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
+    """Version 2 of tag_v1: same inputs, visibly different output (for hot-swap tests)."""
+    for key, value in tag_v1(record, state):
+        out = json.loads(value)
+        out["v"] = 2
+        yield key, json.dumps(out).encode()
