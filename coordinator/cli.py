@@ -159,7 +159,8 @@ def status(as_json: JsonFlag = False) -> None:
     """Subjects with their epochs, sinks and producers."""
     with ledger() as led:
         rows = [_subject_status(led, n) for n in led.subject_names()]
-    if emit({"subjects": rows}, as_json):
+        jobs = _job_rows(led)
+    if emit({"subjects": rows, "jobs": jobs}, as_json):
         return
     table = Table(title="subjects")
     for col in ("subject", "topic", "partitions", "epochs", "last committed", "sinks / producers"):
@@ -172,6 +173,8 @@ def status(as_json: JsonFlag = False) -> None:
         table.add_row(r["subject"], r["topic"], str(r["partitions"]), str(r["epochs"]),
                       str(r["last_committed"]), prods or "-")
     out.print(table)
+    if jobs:
+        _print_jobs(jobs)
 
 
 @app.command()
@@ -255,6 +258,94 @@ def markers(
         marker = EpochMarker(led, state.settings.kafka, subject, from_beginning=not from_end).open()
         with suppress(KeyboardInterrupt):
             marker.run(interval, stop, count, show)
+
+
+# ---- jobs and alignment --------------------------------------------------------------------------
+
+def _job_rows(led: Ledger) -> list[dict[str, Any]]:
+    from coordinator.alignment import Coordinator
+
+    coord = Coordinator(led)
+    return [coord.status(job) for job in coord.jobs.job_names()]
+
+
+def _print_jobs(rows: list[dict[str, Any]]) -> None:
+    table = Table(title="jobs")
+    for col in ("job", "version", "source", "mode", "state", "aligned at (k, J)", "lag epochs", "lag s", "decision"):
+        table.add_column(col)
+    for j in rows:
+        for s in j["sources"]:
+            at = f"({s['subject_epoch']}, {s['job_epoch']})" if s["subject_epoch"] is not None else "-"
+            table.add_row(j["job"], j["version"], s["subject"], s["mode"], s["state"], at, str(s["lag_epochs"]),
+                          f"{s['lag_seconds']:.2f}", j["decision"] or "-")
+    out.print(table)
+
+
+@app.command()
+def align(
+    job: str,
+    subject: Annotated[list[str] | None, typer.Option("--subject", help="Input subject(s) to align (default all)")] = None,
+    at_epoch: Annotated[int | None, typer.Option(min=0, help="Align from this subject epoch at the earliest")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each phase")] = 300.0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Align a job's sources on their subjects' epochs: CatchUp -> Ready -> Align(k) -> Aligned."""
+    from rich.live import Live
+
+    from coordinator.alignment import Coordinator, leadership
+
+    with ledger() as led, leadership(led, timeout=timeout):
+        coord = Coordinator(led)
+        if as_json:
+            decision = coord.align(job, subject, at_epoch, timeout=timeout)
+        else:
+            with Live(console=err, refresh_per_second=8, transient=True) as live:
+                def progress(what: str, sources: dict[str, dict[str, Any]]) -> None:
+                    lines = [f"[bold]{job}[/] {what}"] + [
+                        f"  {s}: {st['state']} lag {st['lag_epochs']} epochs ({st['lag_seconds']:.2f}s)"
+                        for s, st in sources.items()]
+                    live.update("\n".join(lines))
+
+                decision = coord.align(job, subject, at_epoch, timeout=timeout, progress=progress)
+        status_row = coord.status(job)
+    if not emit({"decision": decision.model_dump(), "status": status_row}, as_json):
+        out.print(f"[green]aligned[/] {job}: job epoch {decision.job_epoch} starts at subject epochs "
+                  f"{decision.subject_epochs}")
+
+
+@app.command()
+def abort(
+    job: str,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for every consumer")] = 300.0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Return a job's sources to unaligned mode from any alignment state."""
+    from coordinator.alignment import Coordinator, leadership
+
+    with ledger() as led, leadership(led, timeout=timeout):
+        decision = Coordinator(led).abort(job, timeout=timeout)
+    if not emit({"decision": decision.model_dump()}, as_json):
+        out.print(f"[yellow]aborted[/] alignment of {job}: sources unaligned")
+
+
+@app.command()
+def lineage(
+    job: Annotated[str | None, typer.Option(help="A job id")] = None,
+    subject: Annotated[str | None, typer.Option(help="A subject")] = None,
+    epoch: Annotated[int, typer.Option(min=0, help="The job or subject epoch")] = 0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Which upstream subject epochs an epoch of a job (or subject) contains, transitively."""
+    from coordinator.lineage import flatten, job_epoch_lineage, subject_epoch_lineage
+
+    if (job is None) == (subject is None):
+        raise typer.BadParameter("give exactly one of --job or --subject")
+    with ledger() as led:
+        tree = job_epoch_lineage(led, job, epoch) if job else subject_epoch_lineage(led, subject or "", epoch)
+    cut = flatten(tree)
+    if not emit({"lineage": tree, "cut": cut}, as_json):
+        for s, epochs_ in cut.items():
+            out.print(f"{s}: epochs {epochs_}")
 
 
 def main() -> None:

@@ -1,0 +1,100 @@
+"""In-process streams for alignment tests: an upstream generator and job workers on threads."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+from aligner.ledger import Ledger
+from coordinator.stack import StackInfo
+from connectors.reader import EpochReader
+from connectors.runtime import JobFunction, JobSpec, JobWorker
+from connectors.sink import SinkProducer
+
+
+@dataclass
+class Generator:
+    """Writes ``epochs`` epochs of ``per_epoch`` numbered records to a subject, then finishes it.
+
+    ``gate`` (when given) is waited on before each epoch, so a test decides the pace by condition.
+    """
+
+    stack: StackInfo
+    root: str
+    subject: str
+    epochs: int
+    per_epoch: int = 20
+    pace: float = 0.03
+    sent: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+    error: list[BaseException] = field(default_factory=list)
+
+    def start(self) -> Generator:
+        threading.Thread(target=self._run, daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            led = Ledger.connect(self.stack.zk, self.root)
+            parts = list(range(led.subject(self.subject).partitions))
+            stop = threading.Event()
+            with SinkProducer(led, self.stack.kafka, self.subject, "gen", 0, parts) as p:
+                for _ in range(self.epochs):
+                    p.begin()
+                    for _ in range(self.per_epoch):
+                        p.send(json.dumps({"n": self.sent}).encode(), key=str(self.sent).encode())
+                        self.sent += 1
+                    p.commit()
+                    stop.wait(self.pace)
+                p.finish()
+            led.close()
+        except BaseException as exc:  # surfaced by the test through .error
+            self.error.append(exc)
+        finally:
+            self.done.set()
+
+
+class JobThread:
+    """One job worker on a thread with its own ZooKeeper session."""
+
+    def __init__(self, stack: StackInfo, root: str, spec: JobSpec, fn: JobFunction, worker: int = 0) -> None:
+        self.ledger = Ledger.connect(stack.zk, root)
+        self.worker = JobWorker(self.ledger, stack.kafka, spec, worker, fn).open()
+        self.stop = threading.Event()
+        self.error: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.worker.run(self.stop)
+        except BaseException as exc:
+            self.error.append(exc)
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "job did not finish in time"
+        assert not self.error, self.error
+        self.worker.close()
+        self.ledger.close()
+
+
+def read_all(ledger: Ledger, bootstrap: str, subject: str) -> list[tuple[int, dict]]:
+    """(epoch, value) of every committed record of a subject."""
+    last = ledger.frontier(subject)
+    if last is None:
+        return []
+    first = ledger.epoch_numbers(subject)[0]
+    with EpochReader(ledger, bootstrap) as reader:
+        return [(r.epoch, json.loads(r.value)) for r in reader.read(subject, first, last)]
+
+
+def assert_exactly_once(outputs: list[tuple[int, dict]], inputs: int) -> None:
+    """Every input number 0..inputs-1 has exactly one result."""
+    seen = Counter(v["in"]["n"] for _, v in outputs)
+    missing = [n for n in range(inputs) if seen[n] == 0]
+    dup = {n: c for n, c in seen.items() if c > 1}
+    assert not missing and not dup, f"lost {missing[:10]} (of {len(missing)}), duplicated {dict(list(dup.items())[:10])}"
+    assert len(seen) == inputs
