@@ -27,6 +27,8 @@ class Generator:
     epochs: int
     per_epoch: int = 20
     pace: float = 0.03
+    until: threading.Event | None = None
+    """When given, keep writing (up to ``epochs``) until it is set, then finish."""
     sent: int = 0
     done: threading.Event = field(default_factory=threading.Event)
     error: list[BaseException] = field(default_factory=list)
@@ -41,7 +43,9 @@ class Generator:
             parts = list(range(led.subject(self.subject).partitions))
             stop = threading.Event()
             with SinkProducer(led, self.stack.kafka, self.subject, "gen", 0, parts) as p:
-                for _ in range(self.epochs):
+                for i in range(self.epochs):
+                    if self.until is not None and self.until.is_set() and i > 0:
+                        break
                     p.begin()
                     for _ in range(self.per_epoch):
                         p.send(json.dumps({"n": self.sent}).encode(), key=str(self.sent).encode())
