@@ -1,0 +1,203 @@
+"""Faust jobs on aligned subjects: a real ``faust`` worker process, SIGKILLed, restarted and aligned.
+
+The worker is ``python -m experiments.faust_job worker`` (Faust's own CLI). Its input subject is
+written live by a stamped SinkProducer in this process; its output is read back by epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+from collections import Counter, defaultdict
+
+from confluent_kafka import Consumer, TopicPartition
+
+from aligner.jobs import JobLedger
+from aligner.ledger import Ledger
+from connectors.faust.job import _sync_function
+from connectors.kafka import consumer_config
+from connectors.reader import EpochReader
+from connectors.runtime import KeyedState
+from connectors.sink import SinkProducer
+from connectors.source import SourceRecord
+from connectors.subjects import create_subject
+from coordinator.alignment import Coordinator
+from tests.helpers import Worker
+
+RECORDS = 20
+"""Input records per input epoch."""
+
+
+class Feeder(threading.Thread):
+    """Writes one input epoch every ``pace`` seconds until told to finish, then marks the sink finished."""
+
+    def __init__(self, zk: str, root: str, kafka: str, subject: str, pace: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.args = (zk, root, kafka, subject)
+        self.pace = pace
+        self.finish = threading.Event()
+        self.last = -1
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        zk, root, kafka, subject = self.args
+        ledger = Ledger.connect(zk, root)
+        try:
+            with SinkProducer(ledger, kafka, subject, "feeder", 0, [0, 1, 2, 3]) as producer:
+                while not self.finish.is_set():
+                    epoch = producer.begin()
+                    for j in range(RECORDS):
+                        producer.send(json.dumps({"e": epoch, "j": j}).encode(), key=f"k{j % 7}".encode())
+                    producer.commit()
+                    self.last = epoch
+                    self.finish.wait(self.pace)
+                producer.finish()
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            ledger.close()
+
+
+def _start(stack, root: str, home: str, job: str, src: str, out: str, pause: str = "") -> Worker:
+    env = {"ALIGNER_ZK": stack.zk, "ALIGNER_KAFKA": stack.kafka, "ALIGNER_ROOT": root, "ALIGNER_HOME": home,
+           "FAUST_JOB_ID": job, "FAUST_JOB_INPUT": src, "FAUST_JOB_OUTPUT": out, "FAUST_JOB_INTERVAL": "0.3",
+           "FAUST_JOB_PAUSE": pause}
+    return Worker("experiments.faust_job", "worker", "-l", "warn", "--without-web", env=env)
+
+
+def _raw_count(bootstrap: str, topic: str, partitions: int) -> int:
+    """Records a read_committed consumer sees in the topic, stamps ignored."""
+    c = Consumer(consumer_config(bootstrap))
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    n, eof = 0, set()
+    while len(eof) < partitions:
+        for m in c.consume(10000, timeout=1):
+            if m.error():
+                eof.add(m.partition())
+            else:
+                n += 1
+    c.close()
+    return n
+
+
+def _committed(line: str) -> int | None:
+    return int(line.split()[1]) if line.startswith("committed ") else None
+
+
+def test_faust_worker_killed_restarted_and_aligned_exactly_once(stack, root, ledger, subject_name, tmp_path):
+    home = str(tmp_path / "home")
+    src, out, job = f"{subject_name}-in", f"{subject_name}-out", f"faust-{subject_name}"
+    create_subject(ledger, stack.kafka, src, 4)
+    create_subject(ledger, stack.kafka, out, 4)
+    feeder = Feeder(stack.zk, root, stack.kafka, src)
+    feeder.start()
+    worker = _start(stack, root, home, job, src, out, pause="2:after_kafka_commit")
+    try:
+        # 1. Killed between the Kafka commit and the ZooKeeper commit of epoch 2: that attempt never counts.
+        worker.wait_line(lambda line: line == "paused 2 after_kafka_commit", timeout=60)
+        worker.kill()
+        worker = _start(stack, root, home, job, src, out)
+        opened = worker.wait_line(lambda line: line.startswith("open"), timeout=60)
+        assert "next=2 " in opened and "attempt=2" in opened, opened
+        # 2. Killed at an arbitrary point of a running epoch (its transaction open, records flushed or not).
+        worker.wait_line(lambda line: (_committed(line) or 0) >= 4, timeout=60)
+        worker.kill()
+        worker = _start(stack, root, home, job, src, out)
+        worker.wait_line(lambda line: line.startswith("open"), timeout=60)
+
+        # 3. The coordinator aligns the running Faust job like any other job.
+        decision = Coordinator(ledger).align(job, timeout=60)
+        aligned_from = decision.job_epoch
+        assert aligned_from is not None
+        worker.wait_line(lambda line: (_committed(line) or -1) >= aligned_from + 2, timeout=60)
+        assert "aligned=True" in worker.lines[-1]
+
+        # 4. Killed while aligned: it restarts aligned, from the alignment state of its last epoch.
+        worker.kill()
+        worker = _start(stack, root, home, job, src, out)
+        worker.wait_line(lambda line: line.startswith("open"), timeout=60)
+        line = worker.wait_line(lambda line: _committed(line) is not None, timeout=60)
+        assert "aligned=True" in line, line
+
+        # 5. Finite input: the job drains the last input epoch, finishes its output and Faust stops on SIGTERM.
+        feeder.finish.set()
+        feeder.join(30)
+        assert feeder.error is None, feeder.error
+        worker.wait_line(lambda line: line.startswith("finished"), timeout=60)
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.proc.wait(60) == 0
+    finally:
+        feeder.finish.set()
+        worker.stop()
+
+    jobs = JobLedger(ledger)
+    in_epochs = ledger.epoch_numbers(src)
+    out_epochs = ledger.epoch_numbers(out)
+    assert ledger.finished(src) == in_epochs[-1] == feeder.last
+    assert ledger.finished(out) == out_epochs[-1]
+    with EpochReader(ledger, stack.kafka) as reader:
+        inputs = {(r.partition, r.offset): r for r in reader.read(src, 0, in_epochs[-1])}
+        by_epoch = {e: [json.loads(r.value) for r in reader.read(out, e)] for e in out_epochs}
+
+    # Every input's result exactly once, across three kills.
+    results = Counter((v["src"][1], v["src"][2]) for rs in by_epoch.values() for v in rs)
+    assert len(inputs) == len(in_epochs) * RECORDS
+    assert set(results) == set(inputs), "lost or invented results"
+    assert max(results.values()) == 1, [k for k, n in results.items() if n > 1][:5]
+    for rs in by_epoch.values():
+        for v in rs:
+            assert json.loads(inputs[(v["src"][1], v["src"][2])].value) == v["in"]
+
+    # The broker holds more than that (the attempt killed after its Kafka commit); the stamps drop it.
+    assert _raw_count(stack.kafka, ledger.subject(out).topic, 4) > len(results)
+
+    # Keyed state consistent with the last committed epoch after every crash: per key, "seen" is 1..n.
+    seen = defaultdict(list)
+    for e in out_epochs:
+        for v in by_epoch[e]:
+            seen[f"k{v['in']['j'] % 7}"].append(v["seen"])
+    for key, counts in seen.items():
+        assert sorted(counts) == list(range(1, len(counts) + 1)), key
+
+    # Aligned epochs map onto input epochs: job epoch e holds exactly the results of the input epochs it covers.
+    assert out_epochs[-1] >= aligned_from + 2
+    expected_first = None
+    for e in range(aligned_from, out_epochs[-1] + 1):
+        span = jobs.job_epoch(job, e).covered[src]
+        assert jobs.worker_epoch(job, 0, e).mode == "aligned"
+        if span is None:
+            assert by_epoch[e] == []
+            continue
+        if expected_first is not None:
+            assert span.first == expected_first, f"job epoch {e} skips or repeats input epochs"
+        expected_first = span.last + 1
+        got = Counter(v["src"][3] for v in by_epoch[e])
+        assert got == {i: RECORDS for i in range(span.first, span.last + 1)}, f"job epoch {e}: {got} vs {span}"
+    assert expected_first == in_epochs[-1] + 1
+
+
+def test_async_generator_job_functions_run_on_the_faust_loop():
+    """``async def`` generator jobs (agent style) are awaited on the app's loop, one record at a time."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        async def fn(record: SourceRecord, state: KeyedState):
+            await asyncio.sleep(0)
+            assert asyncio.get_running_loop() is loop
+            state.put("n", state.get("n", 0) + 1)
+            yield record.key, record.value
+            yield None, b"second"
+
+        call = _sync_function(fn, loop)
+        state = KeyedState()
+        rec = SourceRecord("s", 0, 5, 1, b"k", b"v", 0)
+        assert list(call(rec, state)) == [(b"k", b"v"), (None, b"second")]
+        assert list(call(rec, state)) == [(b"k", b"v"), (None, b"second")]
+        assert state.get("n") == 2
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
