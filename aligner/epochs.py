@@ -18,6 +18,8 @@ class Slice:
     start: int
     end: int
     stamp: bytes | None
+    count: int | None = None
+    """Records the committed attempt wrote in [start, end), when its writer recorded it."""
 
     @property
     def empty(self) -> bool:
@@ -54,7 +56,7 @@ def assemble(subject: str, node: EpochNode, contributions: Mapping[str, Contribu
         for partition, rng in c.ranges.items():
             if partition in slices:
                 raise AlignerError(f"epoch {node.epoch} of {subject!r}: partition {partition} contributed twice")
-            slices[partition] = Slice(partition, rng.start, rng.end, stamp)
+            slices[partition] = Slice(partition, rng.start, rng.end, stamp, c.counts.get(partition))
     return CommittedEpoch(subject, node.epoch, slices, max(c.committed_at for c in contributions.values()))
 
 

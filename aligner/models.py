@@ -156,6 +156,24 @@ class ContributionNode(Node):
     """The stamp attempt that counts; None for epochs cut by the marker over unstamped data."""
     ranges: dict[int, Range]
     committed_at: int = Field(default_factory=now_ms)
+    counts: dict[int, int] = {}
+    """Records the committed attempt wrote per partition, when the writer knows (sinks do; the marker
+    and older payloads do not). A reader whose range holds exactly that many records knows they are
+    all that attempt's and may skip their stamps."""
+
+    @model_validator(mode="after")
+    def _counts_fit_ranges(self) -> ContributionNode:
+        for p, n in self.counts.items():
+            rng = self.ranges.get(p)
+            if rng is None:
+                raise ValueError(f"count for partition {p}, which has no range")
+            if not 0 <= n <= rng.end - rng.start:
+                raise ValueError(f"partition {p}: {n} records cannot lie in [{rng.start}, {rng.end})")
+        return self
+
+    def dump(self) -> bytes:
+        # Without counts the payload stays byte-for-byte what earlier versions wrote.
+        return self.model_dump_json(exclude=None if self.counts else {"counts"}).encode()
 
 
 # ---- jobs -----------------------------------------------------------------------------------------

@@ -4,6 +4,13 @@ Each partition is read once across the whole span by an assigned (never subscrib
 A record counts when its offset lies in an epoch's range and its stamp is the attempt ZooKeeper
 committed for that epoch. The reader stops on position, not on a record at ``end - 1``: commit
 markers and dropped attempts occupy offsets too.
+
+Stamps are checked per segment, after it is read: when the committed contribution recorded how
+many records its attempt wrote in the partition and the segment's range holds exactly that many,
+they are all that attempt's (partitions are private, and every record of the committed attempt lies
+in its range), so no header is read. Any other record in the range (an aborted attempt the broker
+leaked, a crash between the Kafka and the ZooKeeper commit, a zombie) makes the count differ, and
+then every record's stamp is checked.
 """
 
 from __future__ import annotations
@@ -83,7 +90,7 @@ class EpochReader:
 
     def epochs(self, subject: str, first: int, last: int) -> list[CommittedEpoch]:
         """The committed epochs of the span; a clear error for any epoch not committed."""
-        return [self.ledger.committed(subject, e) for e in range(first, last + 1)]
+        return self.ledger.committed_many(subject, first, last)
 
     def read_batches(self, subject: str, first: int, last: int) -> Iterator[tuple[int, int, list[Message]]]:
         """Yield (epoch, partition, messages) in partition then offset order; the fast path."""
@@ -109,6 +116,25 @@ class EpochReader:
                 yield EpochRecord(epoch, partition, m.offset(), m.key(), m.value(), m.timestamp()[1])
 
 
+def _stamped(messages: list[Message], stamp: bytes) -> list[Message]:
+    """The messages carrying ``stamp``: the committed attempt's."""
+    kept = []
+    for m in messages:
+        h = m.headers()
+        if h is not None and (h[0][1] == stamp or stamp_of(h) == stamp):
+            kept.append(m)
+    return kept
+
+
+def _settle(seg: Segment, in_range: list[Message], dropped: int) -> tuple[int, list[Message], int]:
+    """A segment's (epoch, kept, dropped) from all the data records read inside its range."""
+    sl = seg.slice
+    if sl.stamp is None or len(in_range) == sl.count:
+        return seg.epoch, in_range, dropped
+    kept = _stamped(in_range, sl.stamp)
+    return seg.epoch, kept, dropped + len(in_range) - len(kept)
+
+
 def read_partition(
     consumer: Consumer, topic: str, partition: int, segments: list[Segment], stall_timeout: float = 30.0
 ) -> Iterator[tuple[int, list[Message], int]]:
@@ -121,10 +147,9 @@ def read_partition(
     end = segments[-1].slice.end
     idx = 0
     seg = segments[0]
-    kept: list[Message] = []
+    in_range: list[Message] = []
     dropped = 0
-    stamp = seg.slice.stamp
-    seg_end = seg.slice.end
+    seg_start, seg_end = seg.slice.start, seg.slice.end
     progress = time.monotonic()
     done = False
     while not done:
@@ -144,23 +169,16 @@ def read_partition(
                 done = True
                 break
             if o >= seg_end:
-                yield seg.epoch, kept, dropped
-                kept, dropped = [], 0
+                yield _settle(seg, in_range, dropped)
+                in_range, dropped = [], 0
                 while o >= segments[idx].slice.end:
                     idx += 1
                 seg = segments[idx]
-                stamp, seg_end = seg.slice.stamp, seg.slice.end
-            if o < seg.slice.start:
+                seg_start, seg_end = seg.slice.start, seg.slice.end
+            if o < seg_start:
                 dropped += 1  # between a writer's registration and its first epoch
                 continue
-            if stamp is None:
-                kept.append(m)
-                continue
-            h = m.headers()
-            if h is not None and (h[0][1] == stamp or stamp_of(h) == stamp):
-                kept.append(m)
-            else:
-                dropped += 1
+            in_range.append(m)
         if not done:
             position = consumer.position([TopicPartition(topic, partition)])[0].offset
             if position >= end:
@@ -171,4 +189,4 @@ def read_partition(
                     f"{topic}[{partition}]: committed epochs need offsets up to {end} but reading stalled "
                     f"at {position} (log end {high}); was the broker's log lost?"
                 )
-    yield seg.epoch, kept, dropped
+    yield _settle(seg, in_range, dropped)

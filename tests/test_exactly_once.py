@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 
@@ -12,7 +13,7 @@ from aligner.errors import EpochNotCommittedError, FencedError
 from aligner.models import Range
 from aligner.stamps import Stamp, stamp_of
 from connectors.kafka import consumer_config
-from connectors.reader import EpochReader
+from connectors.reader import EpochReader, read_partition, segments_by_partition
 from connectors.sink import SinkProducer, partitions_for
 from connectors.subjects import create_subject
 from tests.helpers import Worker
@@ -153,3 +154,92 @@ def test_same_read_twice_is_identical(stack, ledger, subject_name):
     with EpochReader(ledger, stack.kafka) as reader:
         second = [(r.epoch, r.partition, r.offset, r.value) for r in reader.read(subject_name, 0, 3)]
     assert first == second and len(first) == 400
+
+
+def test_leaked_aborted_records_inside_a_committed_range_are_dropped_by_stamp(stack, ledger, subject_name):
+    """The per-segment count shortcut must not keep an aborted attempt's records the broker shows.
+
+    read_uncommitted shows the aborted records on any broker (Tansu also leaks them to
+    read_committed consumers), so the reader sees more records in the range than the committed
+    attempt wrote and falls back to checking every stamp.
+    """
+    create_subject(ledger, stack.kafka, subject_name, 2)
+    uncommitted = {"isolation.level": "read_uncommitted"}
+    with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0, 1]) as p:
+        epoch = p.begin()
+        for j in range(3):
+            p.send(b'"lost-%d"' % j, partition=0)
+        p._kp.flush(30)  # the aborted attempt's records reach the broker
+        p.abort()
+        assert p.begin() == epoch
+        p.send(b'"kept-0"', partition=0)
+        p.send(b'"kept-1"', partition=0)
+        p.send(b'"other"', partition=1)
+        commit = p.commit()
+    assert commit.attempt == 2
+    committed = ledger.committed(subject_name, epoch)
+    assert (committed.slices[0].count, committed.slices[1].count) == (2, 1)
+    with EpochReader(ledger, stack.kafka, consumer_extra=uncommitted) as reader:
+        assert [r.value for r in reader.read(subject_name, epoch)] == [b'"kept-0"', b'"kept-1"', b'"other"']
+    c = Consumer(consumer_config(stack.kafka, uncommitted))
+    try:
+        by_partition = segments_by_partition([committed])
+        (p0_epoch, p0_kept, p0_dropped), = read_partition(c, subject_name, 0, by_partition[0])
+        (_, p1_kept, p1_dropped), = read_partition(c, subject_name, 1, by_partition[1])
+        # Older contributions carry no counts: the same records by stamp alone.
+        no_counts = [dataclasses.replace(s, slice=dataclasses.replace(s.slice, count=None)) for s in by_partition[0]]
+        (_, legacy_kept, legacy_dropped), = read_partition(c, subject_name, 0, no_counts)
+    finally:
+        c.close()
+    assert p0_epoch == epoch and [m.value() for m in p0_kept] == [b'"kept-0"', b'"kept-1"']
+    assert p0_dropped == 3  # the leaked records lay inside [start, end) and were dropped
+    assert [m.value() for m in p1_kept] == [b'"other"'] and p1_dropped == 0
+    assert [m.value() for m in legacy_kept] == [b'"kept-0"', b'"kept-1"'] and legacy_dropped == 3
+    start, end = committed.offsets[0]
+    assert end - start >= 5
+
+
+def test_counts_are_what_each_partition_received(stack, ledger, subject_name, monkeypatch):
+    create_subject(ledger, stack.kafka, subject_name, 3)
+    with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0, 1, 2]) as p:
+        epoch = p.begin()
+        sent = Counter()
+        for j in range(50):
+            p.send(b"%d" % j, key=b"key-%d" % (j % 7))
+        for _ in range(5):
+            p.send(b"x", partition=1)
+            sent[1] += 1
+        p._kp.flush(30)  # a flush in the middle of an epoch must not lose or double count
+        p.send(b"y", partition=1)
+        sent[1] += 1
+        commit = p.commit()
+    import connectors.reader
+
+    def no_stamp_checks(*_args: object) -> None:
+        raise AssertionError("a segment holding only the committed attempt's records was stamp-checked")
+
+    monkeypatch.setattr(connectors.reader, "_stamped", no_stamp_checks)
+    with EpochReader(ledger, stack.kafka) as reader:
+        per_partition = Counter(r.partition for r in reader.read(subject_name, epoch))
+    slices = ledger.committed(subject_name, epoch).slices
+    assert sum(per_partition.values()) == commit.records == 56
+    assert {q: slices[q].count for q in range(3)} == {q: per_partition[q] for q in range(3)}
+    assert per_partition[1] >= sent[1]
+
+
+def test_a_held_back_record_keeps_the_time_it_was_sent(stack, ledger, subject_name):
+    """The sink produces each partition's latest record late (at the next send or at commit);
+    its Kafka timestamp is still the time of send()."""
+    import time
+
+    create_subject(ledger, stack.kafka, subject_name, 1)
+    with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0]) as p, \
+            EpochReader(ledger, stack.kafka) as reader:
+        epoch = p.begin()
+        sent_ms = int(time.time() * 1000)
+        p.send(b'"early"')
+        time.sleep(0.6)
+        commit = p.commit()
+        (record,) = list(reader.read(subject_name, epoch))
+    assert record.value == b'"early"' and commit.ranges[0].end == record.offset + 1
+    assert abs(record.timestamp - sent_ms) < 300

@@ -138,3 +138,65 @@ def test_two_round_trips_per_producer_per_epoch(stack, root, ledger, subject_nam
     finally:
         for led in ledgers:
             led.close()
+
+
+def test_committed_many_equals_committed_per_epoch_and_fails_alike(stack, root, ledger, subject_name):
+    _subject(ledger, subject_name)
+    a = ledger.claim(subject_name, "a", "0", [0], lambda: {0: 0})
+    b = ledger.claim(subject_name, "b", "0", [1], lambda: {1: 0})
+    for _ in range(4):
+        a = _commit_empty(ledger, a)
+    for _ in range(2):
+        b = _commit_empty(ledger, b)  # b joined at epoch 1: epochs 0..2 are committed, 3 waits for b
+    with Ledger.connect(stack.zk, root) as cold:
+        before = cold.round_trips
+        many = cold.committed_many(subject_name, 0, 2)
+        assert cold.round_trips - before == 2  # two pipelined waves, not three round trips per epoch
+    assert many == [ledger.committed(subject_name, e) for e in range(3)]
+    with Ledger.connect(stack.zk, root) as cold:
+        with pytest.raises(EpochNotCommittedError, match="waiting for producers b:0"):
+            cold.committed_many(subject_name, 1, 5)
+        with pytest.raises(EpochNotCommittedError, match="no such epoch"):
+            cold.committed_many(subject_name, 10, 12)
+        with pytest.raises(UnknownSubjectError):
+            cold.committed_many("nope", 0, 1)
+    assert ledger.committed_many(subject_name, 2, 2) == [ledger.committed(subject_name, 2)]
+
+
+def test_committed_many_reports_a_corrupt_contribution_in_span_order(ledger, subject_name):
+    _subject(ledger, subject_name)
+    lease = ledger.claim(subject_name, "a", "0", [0], lambda: {0: 0})
+    for _ in range(3):
+        lease = _commit_empty(ledger, lease)
+    contribution = ledger.layout.contribution(subject_name, 1, "a:0")
+    ledger.zk.set(contribution, b'{"schema_version": 1}')
+    with pytest.raises(MalformedNodeError, match=contribution):
+        ledger.committed_many(subject_name, 0, 2)
+
+
+def test_contribution_counts_round_trip_and_older_payloads_parse(ledger, subject_name):
+    from aligner.models import ContributionNode, parse
+
+    _subject(ledger, subject_name, partitions=2)
+    lease = ledger.claim(subject_name, "a", "0", [0, 1], lambda: {0: 0, 1: 0})
+    ledger.ensure_epoch(subject_name, 0)
+    ledger.commit(lease, 0, 1, {0: Range(start=0, end=4), 1: Range(start=0, end=0)}, counts={0: 3, 1: 0})
+    slices = ledger.committed(subject_name, 0).slices
+    assert (slices[0].count, slices[1].count) == (3, 0)
+    old = b'{"schema_version": 1, "sink": "a", "producer": "0", "attempt": 1, "ranges": {"0": {"start": 0, "end": 4}}}'
+    node = parse(ContributionNode, "/c", old)
+    assert node.counts == {} and b"counts" not in node.dump()  # payloads without counts stay as they were
+    with pytest.raises(MalformedNodeError, match="cannot lie in"):
+        parse(ContributionNode, "/c", old[:-1] + b', "counts": {"0": 5}}')
+
+
+def test_ensure_epoch_async_retries_when_the_writers_changed(ledger, subject_name):
+    _subject(ledger, subject_name)
+    a = ledger.claim(subject_name, "a", "0", [0], lambda: {0: 0})
+    stale = ledger.writers(subject_name)
+    a = _commit_empty(ledger, a)
+    ledger.claim(subject_name, "b", "0", [1], lambda: {1: 0})  # creates epoch 1 listing a and b
+    pending = ledger.ensure_epoch_async(subject_name, 2, stale)
+    doc, _version = ledger.epoch_ensured(pending)
+    assert set(doc.writers) == {"a:0", "b:0"}
+    assert ledger.epoch_node(subject_name, 2).writers == ("a:0", "b:0")
