@@ -268,8 +268,9 @@ class JobWorker:
             fired = threading.Event()
             for s, start in starts.items():
                 self.ledger.arm_watch(s, start + per - 1, fired)
-            ready = {s: self._committed_prefix(s, start, per) for s, start in starts.items()}
-            if any(n == per for n in ready.values()) or self._inputs_finished():
+            wanted = {s: self._remaining(s, start, per) for s, start in starts.items()}
+            ready = {s: self._committed_prefix(s, start, wanted[s]) for s, start in starts.items()}
+            if any(0 < n == wanted[s] for s, n in ready.items()) or not any(wanted.values()):
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {self.spec.job} epoch {epoch}: subject epochs {starts} never committed")
@@ -277,6 +278,11 @@ class JobWorker:
         covered = {s: (Span(first=starts[s], last=starts[s] + n - 1) if n else None) for s, n in ready.items()}
         nxt = {s: starts[s] + n for s, n in ready.items()}
         return self.jobs.fix_job_epoch(self.spec.job, epoch, covered, nxt).covered
+
+    def _remaining(self, subject: str, start: int, per: int) -> int:
+        """How many of the next ``per`` epochs a subject will still have (fewer once it finished)."""
+        last = self.ledger.finished(subject)
+        return per if last is None else max(0, min(per, last - start + 1))
 
     def _committed_prefix(self, subject: str, start: int, per: int) -> int:
         n = 0

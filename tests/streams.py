@@ -8,10 +8,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from aligner.ledger import Ledger
-from coordinator.stack import StackInfo
 from connectors.reader import EpochReader
 from connectors.runtime import JobFunction, JobSpec, JobWorker
 from connectors.sink import SinkProducer
+from coordinator.stack import StackInfo
 
 
 @dataclass

@@ -155,3 +155,51 @@ def test_leader_election_admits_one_coordinator(stack, root, ledger):
             pass
     finally:
         other.close()
+
+
+def test_variable_interval_spans_k_subject_epochs(stack, root, ledger, subject_name):
+    raw, x = subject_name, f"{subject_name}-x"
+    _subjects(ledger, stack, raw, x)
+    job = f"{raw}-k3"
+    gen = Generator(stack, root, raw, epochs=80, pace=0.03).start()
+    t = JobThread(stack, root, JobSpec(job=job, inputs=(raw,), output=x, interval=0.2, epochs_per_checkpoint=3),
+                  tag_v1)
+    Coordinator(ledger).align(job, timeout=60)
+    gen.done.wait(60)
+    t.join(90)
+    jobs = JobLedger(ledger)
+    spans = [jobs.job_epoch(job, e).covered[raw] for e in jobs.job_epoch_numbers(job)]
+    full = [s for s in spans[:-1] if s is not None]
+    assert len(full) >= 5 and all(s.last - s.first + 1 == 3 for s in full)
+    assert all(b.first == a.last + 1 for a, b in zip(full, full[1:], strict=False))
+    assert_exactly_once(read_all(ledger, stack.kafka, x), gen.sent)
+
+
+def test_multi_subject_job_aligns_on_an_epoch_vector(stack, root, ledger, subject_name):
+    left, right, x = f"{subject_name}-l", f"{subject_name}-r", f"{subject_name}-x"
+    _subjects(ledger, stack, left, right, x)
+    job = f"{subject_name}-m"
+    gl = Generator(stack, root, left, epochs=60, pace=0.03).start()
+    gr = Generator(stack, root, right, epochs=25, pace=0.09).start()
+    t = JobThread(stack, root, JobSpec(job=job, inputs=(left, right), output=x, interval=0.2), tag_v1)
+    decision = Coordinator(ledger).align(job, timeout=60)
+    assert set(decision.subject_epochs) == {left, right}
+    gl.done.wait(60)
+    gr.done.wait(60)
+    t.join(90)
+    jobs = JobLedger(ledger)
+    vectors = [jobs.job_epoch(job, e) for e in jobs.job_epoch_numbers(job)]
+    assert len(vectors) >= 10
+    nxt = dict(vectors[0].next)
+    for node in vectors[1:]:
+        for s in (left, right):
+            span = node.covered[s]
+            if span is not None:
+                assert span.first == nxt[s], "epoch vectors must tile each subject without gaps"
+        nxt = dict(node.next)
+    assert any(v.covered[right] is None for v in vectors), "the slower subject should skip some job epochs"
+    outputs = read_all(ledger, stack.kafka, x)
+    assert len(outputs) == gl.sent + gr.sent
+    for src in (left, right):
+        nums = sorted(v["in"]["n"] for _, v in outputs if v["src"][0] == src)
+        assert nums == list(range(gl.sent if src == left else gr.sent))

@@ -47,7 +47,7 @@ def _expected(ledger, subject: str, epoch: int) -> Counter:
 def test_two_sinks_two_producers_with_kills_read_exactly_once(stack, root, ledger, subject_name):
     create_subject(ledger, stack.kafka, subject_name, 8)
     common = ["--zk", stack.zk, "--kafka", stack.kafka, "--root", root, "--subject", subject_name,
-              "--until", str(EPOCHS - 1), "--records", str(RECORDS)]
+              "--until", str(EPOCHS - 1), "--records", str(RECORDS), "--barrier", "4"]
 
     def start(sink: str, i: int, base: int, pause: str | None = None) -> Worker:
         parts = ",".join(str(base + p) for p in partitions_for(i, 2, 4))
@@ -55,11 +55,14 @@ def test_two_sinks_two_producers_with_kills_read_exactly_once(stack, root, ledge
         return Worker("tests.workers.sink_worker", *common, "--sink", sink, "--producer", str(i),
                       "--partitions", parts, *extra)
 
-    workers = {("A", 0): start("A", 0, 0, "7:mid"), ("A", 1): start("A", 1, 0),
-               ("B", 0): start("B", 0, 4), ("B", 1): start("B", 1, 4, "11:after_kafka_commit")}
+    # Pauses are relative to each producer's first epoch: producers join at different epochs.
+    workers = {("A", 0): start("A", 0, 0, "+5:mid"), ("A", 1): start("A", 1, 0),
+               ("B", 0): start("B", 0, 4), ("B", 1): start("B", 1, 4, "+9:after_kafka_commit")}
+    paused = {}
     try:
         for key in (("A", 0), ("B", 1)):
-            workers[key].wait_line(lambda line: line.startswith("paused"), timeout=120)
+            line = workers[key].wait_line(lambda line: line.startswith("paused"), timeout=120)
+            paused[key[0]] = int(line.split()[1])
             workers[key].kill()
             workers[key] = start(key[0], key[1], 0 if key[0] == "A" else 4)
             reopened = workers[key].wait_line(lambda line: line.startswith("open"))
@@ -86,10 +89,10 @@ def test_two_sinks_two_producers_with_kills_read_exactly_once(stack, root, ledge
     for m in raw:
         sink, epoch, attempt = Stamp.decode(stamp_of(m.headers()))
         producer = json.loads(m.value())["producer"]
-        if attempt == 1 and (sink, producer, epoch) in (("A", "0", 7), ("B", "1", 11)):
-            stale[(sink, epoch)] += 1
-    assert stale[("A", 7)] == RECORDS and stale[("B", 11)] == RECORDS, stale
-    assert first_a0 <= 7
+        if attempt == 1 and (sink, producer, epoch) in (("A", "0", paused["A"]), ("B", "1", paused["B"])):
+            stale[sink] += 1
+    assert stale["A"] == RECORDS and stale["B"] == RECORDS, stale
+    assert first_a0 <= paused["A"] < EPOCHS and paused["B"] < EPOCHS
 
 
 def test_empty_epochs_and_aborts(stack, ledger, subject_name):

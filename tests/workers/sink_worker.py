@@ -33,12 +33,13 @@ def main() -> None:
         ap.add_argument(f"--{name}", required=True)
     ap.add_argument("--until", type=int, required=True, help="stop after committing this epoch")
     ap.add_argument("--records", type=int, default=50)
-    ap.add_argument("--pause-at", default=None)
+    ap.add_argument("--barrier", type=int, default=0, help="start writing once this many producers claimed")
+    ap.add_argument("--pause-at", default=None, help="E:POINT, or +N:POINT for this producer's N-th epoch")
     args = ap.parse_args()
     pause_epoch, pause_point = (None, None)
     if args.pause_at:
         e, pause_point = args.pause_at.split(":")
-        pause_epoch = int(e)
+        pause_epoch = None if e.startswith("+") else int(e)
     state = {"epoch": -1}
 
     def fault(point: str) -> None:
@@ -49,6 +50,13 @@ def main() -> None:
     partitions = [int(p) for p in args.partitions.split(",")]
     producer = SinkProducer(ledger, args.kafka, args.subject, args.sink, args.producer, partitions, fault=fault).open()
     say(f"open next={producer.next_epoch} attempt={producer.attempt}")
+    deadline = time.monotonic() + 60
+    while len(ledger.writers(args.subject)[0].writers) < args.barrier:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the other producers never claimed their partitions")
+        time.sleep(0.02)
+    if args.pause_at and args.pause_at.startswith("+"):
+        pause_epoch = producer.next_epoch + int(args.pause_at[1:].split(":")[0])
     while producer.next_epoch <= args.until:
         epoch = producer.begin()
         state["epoch"] = epoch
