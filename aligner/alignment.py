@@ -15,7 +15,7 @@ job's epochs map to the same subject epochs whichever consumer is asked.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from enum import Enum
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from aligner.errors import AlignerError
 
 
-class State(str, Enum):
+class State(StrEnum):
     UNALIGNED = "unaligned"
     CATCHING_UP = "catching_up"
     READY = "ready"

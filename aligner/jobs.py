@@ -6,6 +6,7 @@ epoch fixes the subject epochs it covers; every other worker reads that decision
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -56,10 +57,8 @@ class JobLedger:
             node = existing
         for subject in node.inputs:
             self.zk.ensure_path(lay.consumers(node.job, subject))
-            try:
+            with contextlib.suppress(NodeExistsError):
                 self.zk.create(lay.command(node.job, subject), CommandNode().dump())
-            except NodeExistsError:
-                pass
         return node
 
     def job(self, job: str) -> JobNode:
@@ -114,7 +113,8 @@ class JobLedger:
     def source_state(self, job: str, subject: str) -> ConsumerAlignment:
         job_node = self.job(job)
         consumers = self.consumers(job, subject)
-        states = [consumers[i].alignment if i in consumers else ConsumerAlignment() for i in range(job_node.parallelism)]
+        states = [consumers[i].alignment if i in consumers else ConsumerAlignment()
+                  for i in range(job_node.parallelism)]
         return aggregate(states)
 
     def decision(self, job: str) -> tuple[AlignmentDecision | None, int]:
@@ -132,10 +132,8 @@ class JobLedger:
         return self.zk.set(path, decision.dump(), version=version).version
 
     def clear_decision(self, job: str) -> None:
-        try:
+        with contextlib.suppress(NoNodeError):
             self.zk.delete(self.layout.decision(job))
-        except NoNodeError:
-            pass
 
     # ---- epochs -------------------------------------------------------------------------------
 

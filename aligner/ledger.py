@@ -399,7 +399,8 @@ class Ledger:
             entry = doc.writers[lease.writer]
             if entry.finished_after is not None:
                 break
-            updated = WritersNode(writers={**doc.writers, lease.writer: entry.model_copy(update={"finished_after": stop})})
+            finished = entry.model_copy(update={"finished_after": stop})
+            updated = WritersNode(writers={**doc.writers, lease.writer: finished})
             self._trip("write")
             try:
                 self.zk.set(lay.writers(subject), updated.dump(), version=version)

@@ -161,7 +161,8 @@ class JobWorker:
 
     def _on_command(self, subject: str, data: bytes | None) -> None:
         if data:
-            self._commands[subject] = parse(CommandNode, self.ledger.layout.command(self.spec.job, subject), data).command
+            path = self.ledger.layout.command(self.spec.job, subject)
+            self._commands[subject] = parse(CommandNode, path, data).command
             self._wake.set()
 
     # ---- alignment ----------------------------------------------------------------------------
@@ -173,7 +174,8 @@ class JobWorker:
             if cmd.seq <= cur.applied_seq or (cmd.kind == "abort" and not boundary):
                 continue
             if cmd.kind == "align":
-                if cur.state is not State.READY or not cur.accepts(cmd, open_epoch) or self.source.past(subject, cmd.subject_epoch or 0):
+                late = not cur.accepts(cmd, open_epoch) or self.source.past(subject, cmd.subject_epoch or 0)
+                if cur.state is not State.READY or late:
                     new = cur.reject(cmd)
                     self._report(subject, rejected=cmd.seq)
                 else:

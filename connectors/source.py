@@ -65,7 +65,9 @@ class SubjectSource:
         self.ledger = ledger
         self.bootstrap = bootstrap
         self.mode = mode
-        self._consumer = Consumer(consumer_config(bootstrap, {"fetch.queue.backoff.ms": 5, "fetch.error.backoff.ms": 10}))
+        self._consumer = Consumer(
+            consumer_config(bootstrap, {"fetch.queue.backoff.ms": 5, "fetch.error.backoff.ms": 10})
+        )
         self.inputs: dict[str, _Input] = {}
         self.parts: dict[tuple[str, int], _Part] = {}
         self._by_topic: dict[tuple[str, int], _Part] = {}

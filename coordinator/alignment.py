@@ -40,7 +40,7 @@ def leadership(ledger: Ledger, timeout: float = 60.0, identifier: str | None = N
                 raise AlignerError(f"another coordinator ({children[0]}) is leading; gave up after {timeout:.0f}s")
             gone = threading.Event()
             predecessor = f"{path}/{children[children.index(name) - 1]}"
-            if ledger.zk.exists(predecessor, watch=lambda _e: gone.set()) is not None:
+            if ledger.zk.exists(predecessor, watch=lambda _e, gone=gone: gone.set()) is not None:
                 gone.wait(max(0.0, deadline - time.monotonic()))
         yield
     finally:
@@ -112,9 +112,9 @@ class Coordinator:
         subjects = self._subjects(job, subjects)
         decision, version = self.jobs.decision(job)
         if decision is None or decision.phase in ("aligned", "aborted") or decision.subjects != subjects:
-            if decision is not None and decision.phase == "aligned" and decision.subjects == subjects:
-                if all(self.jobs.source_state(job, s).state is State.ALIGNED for s in subjects):
-                    return decision
+            already = decision is not None and decision.phase == "aligned" and decision.subjects == subjects
+            if already and all(self.jobs.source_state(job, s).state is State.ALIGNED for s in subjects):
+                return decision  # type: ignore[return-value]
             seq = max(self.jobs.command(job, s)[0].seq for s in subjects) + 1
             decision = AlignmentDecision(job=job, subjects=subjects, phase="catching_up", seq=seq)
             version = self.jobs.decide(decision, version)

@@ -284,7 +284,9 @@ def _print_jobs(rows: list[dict[str, Any]]) -> None:
 @app.command()
 def align(
     job: str,
-    subject: Annotated[list[str] | None, typer.Option("--subject", help="Input subject(s) to align (default all)")] = None,
+    subject: Annotated[
+        list[str] | None, typer.Option("--subject", help="Input subject(s) to align (default all)")
+    ] = None,
     at_epoch: Annotated[int | None, typer.Option(min=0, help="Align from this subject epoch at the earliest")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each phase")] = 300.0,
     as_json: JsonFlag = False,

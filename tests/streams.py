@@ -100,5 +100,6 @@ def assert_exactly_once(outputs: list[tuple[int, dict]], inputs: int) -> None:
     seen = Counter(v["in"]["n"] for _, v in outputs)
     missing = [n for n in range(inputs) if seen[n] == 0]
     dup = {n: c for n, c in seen.items() if c > 1}
-    assert not missing and not dup, f"lost {missing[:10]} (of {len(missing)}), duplicated {dict(list(dup.items())[:10])}"
+    dup_sample = dict(list(dup.items())[:10])
+    assert not missing and not dup, f"lost {missing[:10]} (of {len(missing)}), duplicated {dup_sample}"
     assert len(seen) == inputs

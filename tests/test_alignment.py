@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from aligner.alignment import Command, State
@@ -148,9 +150,9 @@ def test_abort_in_every_state_loses_and_duplicates_nothing(stack, root, ledger, 
 def test_leader_election_admits_one_coordinator(stack, root, ledger):
     other = Ledger.connect(stack.zk, root)
     try:
-        with leadership(ledger, timeout=5):
-            with pytest.raises(AlignerError, match="another coordinator"), leadership(other, timeout=0.5):
-                pass
+        with leadership(ledger, timeout=5), pytest.raises(AlignerError, match="another coordinator"), \
+                leadership(other, timeout=0.5):
+            pass
         with leadership(other, timeout=5):
             pass
     finally:
@@ -171,7 +173,7 @@ def test_variable_interval_spans_k_subject_epochs(stack, root, ledger, subject_n
     spans = [jobs.job_epoch(job, e).covered[raw] for e in jobs.job_epoch_numbers(job)]
     full = [s for s in spans[:-1] if s is not None]
     assert len(full) >= 5 and all(s.last - s.first + 1 == 3 for s in full)
-    assert all(b.first == a.last + 1 for a, b in zip(full, full[1:], strict=False))
+    assert all(b.first == a.last + 1 for a, b in itertools.pairwise(full))
     assert_exactly_once(read_all(ledger, stack.kafka, x), gen.sent)
 
 
