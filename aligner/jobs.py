@@ -44,9 +44,16 @@ class JobLedger:
             self.ledger.subject(subject)
         lay = self.layout
         self.zk.ensure_path(lay.jobs)
-        try:
-            self.zk.create(lay.job(node.job), node.dump())
-        except NodeExistsError:
+        # One multi-op: a visible job node always has its sources, command and consumer nodes.
+        t = self.zk.transaction()
+        t.create(lay.job(node.job), node.dump())
+        t.create(f"{lay.job(node.job)}/sources", b"")
+        for subject in node.inputs:
+            t.create(lay.source(node.job, subject), b"")
+            t.create(lay.command(node.job, subject), CommandNode().dump())
+            t.create(lay.consumers(node.job, subject), b"")
+        results = t.commit()
+        if isinstance(results[0], NodeExistsError):
             existing = self.job(node.job)
             if not existing.same_shape(node):
                 raise AlignerError(
@@ -54,11 +61,10 @@ class JobLedger:
                     f"into {existing.output!r} with parallelism {existing.parallelism}; register a new job id for a "
                     "different shape"
                 ) from None
-            node = existing
-        for subject in node.inputs:
-            self.zk.ensure_path(lay.consumers(node.job, subject))
-            with contextlib.suppress(NodeExistsError):
-                self.zk.create(lay.command(node.job, subject), CommandNode().dump())
+            return existing
+        for r in results:
+            if isinstance(r, Exception):
+                raise r
         return node
 
     def job(self, job: str) -> JobNode:

@@ -90,7 +90,7 @@ def fetched_end_offsets(consumer: Consumer, topic: str, partitions: Sequence[int
         for m in consumer.consume(10000, timeout=0.05):
             err = m.error()
             if err is not None and err.code() == KafkaError._PARTITION_EOF:
-                ends[m.partition()] = m.offset()
-                consumer.pause([TopicPartition(topic, m.partition())])
+                # The first EOF per partition counts; pausing would survive the unassign below.
+                ends.setdefault(m.partition(), m.offset())
     consumer.unassign()
     return ends

@@ -48,6 +48,11 @@ class EpochMarker:
     def _ends(self) -> dict[int, int]:
         return fetched_end_offsets(self._consumer, self.topic, self.partitions, self.bootstrap)
 
+    def finish(self) -> int | None:
+        """The outside producers are done: mark the subject finished so aligned readers drain and stop."""
+        assert self._lease is not None, "open() first"
+        return self.ledger.finish(self._lease)
+
     def close(self) -> None:
         self._consumer.close()
 

@@ -62,12 +62,14 @@ def _run(spark, stack, root, source, target, checkpoint) -> None:
 
 def _check_target(ledger, stack, source, target, source_epochs: int) -> None:
     """Every source record's result exactly once, in the target epoch mapped to its source epoch."""
-    from connectors.spark.writer import read_progress
+    from connectors.spark.lineage import sink_lineage, source_batch
 
-    progress, _ = read_progress(ledger, target, "spark")
-    assert progress is not None
-    batch_to_epoch = {b: e for _q, b, e in progress.lineage}
-    assert len(progress.lineage) == source_epochs, "a batch was committed twice"
+    written = sink_lineage(ledger, target, "spark")
+    batch_to_epoch = {n.batch: e for e, n in written.items()}
+    assert len(written) == source_epochs, "a batch was committed twice"
+    for n in written.values():  # the reader's lineage: batch b read source epoch b
+        assert {s: (r.first, r.last) for s, r in source_batch(ledger, n.query, n.batch).items()} == \
+            {source: (n.batch, n.batch)}
     assert sorted(batch_to_epoch) == list(range(source_epochs))
     target_epochs = [batch_to_epoch[b] for b in range(source_epochs)]
     assert target_epochs == list(range(target_epochs[0], target_epochs[0] + source_epochs))  # one-to-one

@@ -110,15 +110,20 @@ def float_option(options: Mapping[str, str], name: str, default: float) -> float
 
 
 def batch_epochs(options: Mapping[str, str], ledger: Ledger, subject: str) -> list[int]:
-    """The epochs a batch read covers: exactly one of epoch, epochs ("A:B") or asOf (0..N)."""
-    given = [n for n in ("epoch", "epochs", "asOf") if opt(options, n) is not None]
+    """The epochs a batch read covers: exactly one of epoch, epochs ("A:B"), asOf (0..N) or lineage
+    ("JOB:EPOCH": the subject's epochs in the consistent cut named by a downstream job epoch)."""
+    given = [n for n in ("epoch", "epochs", "asOf", "lineage") if opt(options, n) is not None]
     if len(given) != 1:
         raise AlignedOptionError(
-            "spark.read.format('aligned') needs exactly one of the options epoch, epochs ('A:B') or asOf, "
-            f"got {given or 'none'}"
+            "spark.read.format('aligned') needs exactly one of the options epoch, epochs ('A:B'), asOf or "
+            f"lineage ('JOB:EPOCH'), got {given or 'none'}"
         )
     name = given[0]
     raw = str(opt(options, name))
+    if name == "lineage":
+        from connectors.spark.lineage import lineage_epochs
+
+        return lineage_epochs(ledger, raw, subject)
     try:
         if name == "epoch":
             first, last = parse_epoch_span(raw)
@@ -183,6 +188,10 @@ class ReadPlan:
     topic: str
     fields: tuple[tuple[str, str], ...]
     stall_timeout: float
+    zk: str = ""
+    root: str = ""
+    span: tuple[int, int] | None = None
+    """Streaming reads: the micro-batch's epochs [first, last], recorded as lineage by its tasks."""
 
 
 class AlignedPartition(InputPartition):
@@ -200,10 +209,12 @@ class AlignedPartition(InputPartition):
 
 
 def plan_partitions(ledger: Ledger, kafka: str, subject: SubjectNode, epochs: Sequence[int],
-                    stall_timeout: float) -> list[AlignedPartition]:
+                    stall_timeout: float, zk: str = "", lineage: bool = False) -> list[AlignedPartition]:
     """Resolve committed epochs and split them into input partitions; every error surfaces here.
 
     Raises UnknownSubjectError, EpochNotCommittedError or EpochOutOfRetentionError before any task runs.
+    With ``lineage`` (streaming reads of consecutive epochs) every task records the batch's span, and
+    a batch whose epochs hold no record still gets one (empty) partition to record it.
     """
     committed: list[CommittedEpoch] = [ledger.committed(subject.name, e) for e in epochs]
     by_partition = segments_by_partition(committed)
@@ -211,9 +222,14 @@ def plan_partitions(ledger: Ledger, kafka: str, subject: SubjectNode, epochs: Se
         log_start = end_offsets(kafka, subject.topic, sorted(by_partition), earliest=True)
         for p, segs in by_partition.items():
             check_retention(subject.name, segs[0].epoch, p, segs[0].slice.start, log_start[p])
+    span = (min(epochs), max(epochs)) if lineage and epochs else None
     plan = ReadPlan(kafka=kafka, subject=subject.name, topic=subject.topic,
-                    fields=tuple((f.name, f.type) for f in field_columns(subject)), stall_timeout=stall_timeout)
-    return [AlignedPartition(plan, p, by_partition[p]) for p in sorted(by_partition)]
+                    fields=tuple((f.name, f.type) for f in field_columns(subject)), stall_timeout=stall_timeout,
+                    zk=zk, root=ledger.layout.root, span=span)
+    parts = [AlignedPartition(plan, p, by_partition[p]) for p in sorted(by_partition)]
+    if span is not None and not parts:
+        parts = [AlignedPartition(plan, 0, [])]
+    return parts
 
 
 # ---- process caches -----------------------------------------------------------------------------
@@ -306,6 +322,21 @@ def messages_to_batches(messages: list[Any], epoch: int, partition: int, fields:
         yield pa.RecordBatch.from_arrays(arrays, schema=pa_schema)
 
 
+def record_batch_lineage(plan: ReadPlan) -> None:
+    """Executor side of a streaming read: record (query id, batch id) -> the batch's subject epochs."""
+    from pyspark import TaskContext
+
+    from connectors.spark.lineage import record_source_batch
+
+    ctx = TaskContext.get()
+    if ctx is None or plan.span is None:
+        return
+    query, batch = ctx.getLocalProperty("sql.streaming.queryId"), ctx.getLocalProperty("streaming.sql.batchId")
+    if not query or batch is None:
+        return
+    record_source_batch(ledger_for(plan.zk, plan.root), query, int(batch), plan.subject, *plan.span)
+
+
 def read_aligned_partition(partition: AlignedPartition, schema: StructType) -> Iterator[pa.RecordBatch]:
     """Executor side: read one input partition's segments with an assigned consumer, stamps filtered."""
     from confluent_kafka import Consumer
@@ -313,9 +344,11 @@ def read_aligned_partition(partition: AlignedPartition, schema: StructType) -> I
     from connectors.kafka import consumer_config
     from connectors.reader import read_partition
 
+    plan = partition.plan
+    if plan.span is not None:
+        record_batch_lineage(plan)
     if not partition.segments:
         return
-    plan = partition.plan
     pa_schema = to_arrow_schema(schema, timezone="UTC")
     consumer = Consumer(consumer_config(plan.kafka))
     try:

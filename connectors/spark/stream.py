@@ -105,7 +105,8 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return []
         ledger = self._ledger
         subject = ledger.subject(self.conn.subject)
-        return plan_partitions(ledger, self.conn.kafka, subject, range(first, stop), self.stall_timeout)
+        return plan_partitions(ledger, self.conn.kafka, subject, range(first, stop), self.stall_timeout,
+                               zk=self.conn.zk, lineage=True)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, AlignedPartition):

@@ -63,15 +63,13 @@ from aligner.epochs import ranges_for
 from aligner.errors import AlignerError, FencedError
 from aligner.layout import writer_id
 from aligner.ledger import Lease, Ledger
-from aligner.models import ContributionNode, ProducerNode, Range
+from aligner.models import ContributionNode, ProducerNode, Range, parse
 from aligner.stamps import HEADER, Stamp
 from connectors.kafka import QUIET, end_offsets
 from connectors.sink import partitions_for
 from connectors.spark.common import AlignedOptionError, Connection, int_option, ledger_for, opt
-
-PROGRESS_NODE = "spark"
-"""Child of the sink node holding the Spark progress document."""
-LINEAGE_KEPT = 256
+from connectors.spark.lineage import progress_path, sink_epoch_path, sink_epochs_path
+from connectors.spark.models import SparkProgressNode, SparkSinkEpochNode
 
 
 @dataclass
@@ -86,37 +84,15 @@ class SlotCommit(WriterCommitMessage):
     query: str | None = None
 
 
-@dataclass
-class Progress:
-    """The sink's last committed Spark batch and a bounded batch -> epoch lineage."""
-
-    query: str | None
-    batch: int
-    epoch: int
-    producers: int
-    lineage: list[list[Any]] = field(default_factory=list)
-
-    def dump(self) -> bytes:
-        return json.dumps({"schema_version": 1, "query": self.query, "batch": self.batch, "epoch": self.epoch,
-                           "producers": self.producers, "lineage": self.lineage}).encode()
-
-    @classmethod
-    def load(cls, raw: bytes) -> Progress:
-        d = json.loads(raw)
-        return cls(d["query"], int(d["batch"]), int(d["epoch"]), int(d["producers"]), list(d.get("lineage", [])))
-
-
-def progress_path(ledger: Ledger, subject: str, sink: str) -> str:
-    return f"{ledger.layout.sink(subject, sink)}/{PROGRESS_NODE}"
-
-
-def read_progress(ledger: Ledger, subject: str, sink: str) -> tuple[Progress | None, int]:
-    """The sink's Spark progress and its node version (-1 when no batch was committed yet)."""
+def read_progress(ledger: Ledger, subject: str, sink: str) -> tuple[SparkProgressNode | None, int]:
+    """The sink's Spark progress and its node version: (None, -1) without a node, (None, version)
+    for the empty node created before the first batch commits."""
+    path = progress_path(ledger, subject, sink)
     try:
-        raw, stat = ledger.zk.get(progress_path(ledger, subject, sink))
+        raw, stat = ledger.zk.get(path)
     except NoNodeError:
         return None, -1
-    return Progress.load(raw), stat.version
+    return (parse(SparkProgressNode, path, raw) if raw else None), stat.version
 
 
 # ---- slots (ledger producers of the sink) ---------------------------------------------------------
@@ -221,12 +197,13 @@ def commit_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any], ba
         contribution = ContributionNode(sink=sink, producer=str(i), attempt=attempt, ranges=ranges)
         t.set_data(lay.producer(subject, sink, str(i)), node.dump(), lease.version)
         t.create(lay.contribution(subject, epoch, lease.writer), contribution.dump())
-    lineage = ([*progress.lineage, [query, batch_id, epoch]] if progress else [[query, batch_id, epoch]])
-    new = Progress(query, batch_id, epoch, n, lineage[-LINEAGE_KEPT:])
-    if progress is None:
-        t.create(progress_path(ledger, subject, sink), new.dump())
-    else:
-        t.set_data(progress_path(ledger, subject, sink), new.dump(), progress_version)
+    new = SparkProgressNode(query=query, batch=batch_id, epoch=epoch, producers=n)
+    if progress_version < 0:  # the first batch: an empty progress node, then compare-and-set it
+        ledger.zk.ensure_path(sink_epochs_path(ledger, subject, sink))
+        progress, progress_version = read_progress(ledger, subject, sink)
+    t.set_data(progress_path(ledger, subject, sink), new.dump(), progress_version)
+    t.create(sink_epoch_path(ledger, subject, sink, epoch),
+             SparkSinkEpochNode(query=query, batch=batch_id, epoch=epoch).dump())
     results = t.commit()
     failed = [r for r in results if isinstance(r, Exception) and type(r).__name__ not in
               ("RolledBackError", "RuntimeInconsistency")]

@@ -1,0 +1,209 @@
+"""Lineage of Spark queries in ZooKeeper, and the consistent cut behind the batch option ``lineage``.
+
+A streaming read records, per micro-batch, the subject epochs it covered
+(:class:`~connectors.spark.models.SparkSourceBatchNode`); an aligned streaming write records, per
+committed epoch, the micro-batch that wrote it (:class:`~connectors.spark.models.SparkSinkEpochNode`).
+Joined on (query id, batch id) they map every epoch a Spark query wrote onto the epochs it read, the
+same way a job epoch of the coordinator's jobs does. :func:`cut` follows both kinds transitively.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from kazoo.exceptions import NodeExistsError, NoNodeError
+
+from aligner.errors import AlignerError
+from aligner.layout import epoch_name, split_writer
+from aligner.ledger import Ledger
+from aligner.models import parse
+from connectors.spark.models import SparkSinkEpochNode, SparkSourceBatchNode
+
+SOURCE_BATCHES_KEPT = 100_000
+"""Source batch nodes kept per query; older ones are deleted as new batches are recorded."""
+
+
+class LineageError(AlignerError):
+    """A lineage option or lookup that cannot be resolved."""
+
+
+# ---- paths ----------------------------------------------------------------------------------------
+
+
+def progress_path(ledger: Ledger, subject: str, sink: str) -> str:
+    return f"{ledger.layout.sink(subject, sink)}/spark"
+
+
+def sink_epochs_path(ledger: Ledger, subject: str, sink: str) -> str:
+    return f"{progress_path(ledger, subject, sink)}/epochs"
+
+
+def sink_epoch_path(ledger: Ledger, subject: str, sink: str, epoch: int) -> str:
+    return f"{sink_epochs_path(ledger, subject, sink)}/{epoch_name(epoch)}"
+
+
+def query_batches_path(ledger: Ledger, query: str) -> str:
+    return f"{ledger.layout.root}/spark/queries/{query}/batches"
+
+
+def source_batch_path(ledger: Ledger, query: str, batch: int, subject: str) -> str:
+    return f"{query_batches_path(ledger, query)}/{batch:012d}/{subject}"
+
+
+# ---- recording and reading ------------------------------------------------------------------------
+
+
+def record_source_batch(ledger: Ledger, query: str, batch: int, subject: str, first: int, last: int) -> None:
+    """Create-if-absent: micro-batch ``batch`` of ``query`` read epochs first..last of ``subject``."""
+    node = SparkSourceBatchNode(query=query, batch=batch, subject=subject, first=first, last=last)
+    path = source_batch_path(ledger, query, batch, subject)
+    try:
+        ledger.zk.create(path, node.dump(), makepath=True)
+    except NodeExistsError:
+        raw, _ = ledger.zk.get(path)
+        old = parse(SparkSourceBatchNode, path, raw)
+        if (old.first, old.last) != (first, last):
+            raise LineageError(
+                f"micro-batch {batch} of Spark query {query} was recorded reading epochs {old.first}..{old.last} "
+                f"of {subject!r}, now it plans {first}..{last}; the query's checkpoint does not match its lineage"
+            ) from None
+        return
+    if batch >= SOURCE_BATCHES_KEPT:
+        with contextlib.suppress(NoNodeError):
+            ledger.zk.delete(f"{query_batches_path(ledger, query)}/{batch - SOURCE_BATCHES_KEPT:012d}",
+                             recursive=True)
+
+
+def source_batch(ledger: Ledger, query: str, batch: int) -> dict[str, SparkSourceBatchNode]:
+    """What one micro-batch of a query read, per subject ({} when nothing was recorded)."""
+    base = f"{query_batches_path(ledger, query)}/{batch:012d}"
+    try:
+        names = ledger.zk.get_children(base)
+    except NoNodeError:
+        return {}
+    out = {}
+    for name in sorted(names):
+        path = f"{base}/{name}"
+        with contextlib.suppress(NoNodeError):
+            out[name] = parse(SparkSourceBatchNode, path, ledger.zk.get(path)[0])
+    return out
+
+
+def sink_epoch(ledger: Ledger, subject: str, sink: str, epoch: int) -> SparkSinkEpochNode | None:
+    path = sink_epoch_path(ledger, subject, sink, epoch)
+    try:
+        raw, _ = ledger.zk.get(path)
+    except NoNodeError:
+        return None
+    return parse(SparkSinkEpochNode, path, raw)
+
+
+def sink_lineage(ledger: Ledger, subject: str, sink: str) -> dict[int, SparkSinkEpochNode]:
+    """Every epoch of ``subject`` the Spark sink ``sink`` wrote, with its (query, batch)."""
+    try:
+        names = ledger.zk.get_children(sink_epochs_path(ledger, subject, sink))
+    except NoNodeError:
+        return {}
+    out = {}
+    for name in sorted(names):
+        node = sink_epoch(ledger, subject, sink, int(name))
+        if node is not None:
+            out[node.epoch] = node
+    return out
+
+
+def spark_sink_subjects(ledger: Ledger, sink: str) -> list[str]:
+    """Subjects that a Spark sink with this id writes."""
+    return [s for s in ledger.subject_names() if ledger.zk.exists(progress_path(ledger, s, sink))]
+
+
+# ---- lineage trees (the shape of coordinator.lineage, so its flatten applies) -------------------------
+
+
+def spark_epoch_lineage(ledger: Ledger, subject: str, sink: str, epoch: int, depth: int = 16) -> dict[str, Any]:
+    """Lineage of epoch ``epoch`` of ``subject`` written by the Spark sink ``sink``."""
+    written = sink_epoch(ledger, subject, sink, epoch)
+    if written is None:
+        raise LineageError(f"epoch {epoch} of {subject!r} was not written by a micro-batch of Spark sink {sink!r}")
+    entry: dict[str, Any] = {"job": sink, "epoch": epoch, "output": subject, "spark": True,
+                             "query": written.query, "batch": written.batch}
+    read = source_batch(ledger, written.query, written.batch) if written.query else {}
+    entry["aligned"] = bool(read)
+    entry["inputs"] = [
+        subject_lineage(ledger, node.subject, e, depth - 1)
+        for node in read.values() for e in range(node.first, node.last + 1)
+    ] if depth > 0 else []
+    return entry
+
+
+def subject_lineage(ledger: Ledger, subject: str, epoch: int, depth: int = 16) -> dict[str, Any]:
+    """Like ``coordinator.lineage.subject_epoch_lineage``, also following Spark sinks."""
+    from aligner.jobs import JobLedger, UnknownJobError
+    from coordinator.lineage import job_epoch_lineage
+
+    if not ledger.is_committed(subject, epoch):
+        raise LineageError(f"epoch {epoch} of {subject!r} is not committed; it has no lineage yet")
+    producers: list[dict[str, Any]] = []
+    for sink in sorted({split_writer(w)[0] for w in ledger.epoch_node(subject, epoch).writers}):
+        if depth <= 0:
+            break
+        if sink_epoch(ledger, subject, sink, epoch) is not None:
+            producers.append({"sink": sink, **spark_epoch_lineage(ledger, subject, sink, epoch, depth)})
+            continue
+        try:
+            job = JobLedger(ledger).job(sink)
+        except UnknownJobError:
+            producers.append({"sink": sink, "job": None})
+            continue
+        if job.output == subject:
+            producers.append({"sink": sink, **job_epoch_lineage(ledger, sink, epoch, depth)})
+    return {"subject": subject, "epoch": epoch, "producers": producers}
+
+
+def cut(ledger: Ledger, job: str, epoch: int, subject: str | None = None) -> dict[str, list[int]]:
+    """The consistent cut named by epoch ``epoch`` of ``job``: every subject epoch it derives from,
+    including the epoch of the job's own output. ``job`` is a coordinator job or a Spark sink id
+    (``subject`` picks the target when the same sink id writes several subjects)."""
+    from aligner.jobs import JobLedger, UnknownJobError
+    from coordinator.lineage import flatten, job_epoch_lineage
+
+    try:
+        node = JobLedger(ledger).job(job)
+    except UnknownJobError:
+        targets = spark_sink_subjects(ledger, job)
+        if not targets:
+            raise LineageError(f"{job!r} is neither a registered job nor a Spark sink id") from None
+        if len(targets) > 1:
+            if subject not in targets:
+                raise LineageError(f"Spark sink {job!r} writes several subjects {targets}; read one of them") \
+                    from None
+            targets = [subject]
+        output = targets[0]
+        tree = spark_epoch_lineage(ledger, output, job, epoch)
+    else:
+        output = node.output
+        if JobLedger(ledger).job_epoch(job, epoch) is None and not ledger.is_committed(output, epoch):
+            raise LineageError(f"job {job!r} has no epoch {epoch}")
+        tree = job_epoch_lineage(ledger, job, epoch)
+    out = flatten(tree)
+    out.setdefault(output, [])
+    if epoch not in out[output]:
+        out[output] = sorted([*out[output], epoch])
+    return dict(sorted(out.items()))
+
+
+def lineage_epochs(ledger: Ledger, spec: str, subject: str) -> list[int]:
+    """The epochs of ``subject`` in the cut named by ``spec`` = "JOB:EPOCH"."""
+    job, sep, raw = spec.rpartition(":")
+    if not sep or not job or not raw.strip().isdigit():
+        raise LineageError(f"option lineage={spec!r} must be 'JOB:EPOCH' (a job or Spark sink id and its epoch)")
+    epoch = int(raw)
+    ledger.subject(subject)  # raises UnknownSubjectError
+    found = cut(ledger, job, epoch, subject)
+    if subject not in found:
+        raise LineageError(
+            f"the consistent cut of {job}:{epoch} holds subjects {sorted(found)}, not {subject!r}; "
+            f"read one of those or name another job epoch"
+        )
+    return found[subject]

@@ -1,0 +1,54 @@
+"""ZooKeeper payloads of the Spark adapter: pydantic models read back through ``aligner.models.parse``.
+
+Layout (all under the ledger root)::
+
+    subjects/{subject}/sinks/{sink}/spark                       SparkProgressNode  (compare-and-set)
+    subjects/{subject}/sinks/{sink}/spark/epochs/{epoch:010d}   SparkSinkEpochNode (batch -> epoch)
+    spark/queries/{queryId}/batches/{batch:012d}/{subject}      SparkSourceBatchNode (batch -> epochs)
+
+The sink nodes are written by the driver's commit in the same multi-op as the epoch; the source
+nodes are created-if-absent by the read tasks of a micro-batch (a batch's span is fixed in Spark's
+offset log before it runs, so every task and every re-run records the same span).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from aligner.models import Ident, Node, now_ms
+
+
+class SparkProgressNode(Node):
+    """The last Spark micro-batch a sink committed, and how many producers (slots) it writes with."""
+
+    query: str | None
+    batch: int = Field(ge=0)
+    epoch: int = Field(ge=0)
+    producers: int = Field(ge=1)
+    updated_at: int = Field(default_factory=now_ms)
+
+
+class SparkSinkEpochNode(Node):
+    """Lineage of one epoch a Spark sink committed: the query and micro-batch that wrote it."""
+
+    query: str | None
+    batch: int = Field(ge=0)
+    epoch: int = Field(ge=0)
+    created_at: int = Field(default_factory=now_ms)
+
+
+class SparkSourceBatchNode(Node):
+    """Lineage of one micro-batch of a streaming read: the subject epochs [first, last] it covered."""
+
+    query: str
+    batch: int = Field(ge=0)
+    subject: Ident
+    first: int = Field(ge=0)
+    last: int = Field(ge=0)
+    created_at: int = Field(default_factory=now_ms)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SparkSourceBatchNode:
+        if self.last < self.first:
+            raise ValueError(f"last epoch {self.last} < first epoch {self.first}")
+        return self

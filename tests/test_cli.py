@@ -1,0 +1,88 @@
+"""The `aligner` command line against the embedded stack: output, errors and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+from confluent_kafka import Producer
+
+from coordinator.stack import _alive
+from tests.conftest import run_cli
+
+
+def _outside_writes(bootstrap: str, topic: str, start: int, count: int) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "log_level": 3})
+    for n in range(start, start + count):
+        p.produce(topic, json.dumps({"n": n}).encode(), partition=n % 2)
+    p.flush()
+
+
+def test_markers_epochs_and_read_twice_identical(stack, cli_env, subject_name):
+    assert run_cli(cli_env, "subjects", "create", subject_name, "--partitions", "2").returncode == 0
+    for i in range(3):
+        _outside_writes(stack.kafka, subject_name, i * 10, 10)
+        r = run_cli(cli_env, "markers", subject_name, "--count", "1", "--json")
+        assert r.returncode == 0, r.stderr
+    epochs = json.loads(run_cli(cli_env, "epochs", subject_name, "--json").stdout)
+    assert [e["epoch"] for e in epochs["epochs"]] == [0, 1, 2] and all(e["committed"] for e in epochs["epochs"])
+    first = run_cli(cli_env, "read", subject_name, "--epochs", "0:2", "--json")
+    second = run_cli(cli_env, "read", subject_name, "--epochs", "0:2", "--json")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout
+    records = json.loads(first.stdout)["records"]
+    assert sorted(r["value"]["n"] for r in records) == list(range(30))
+    assert {r["epoch"] for r in records if r["value"]["n"] >= 20} == {2}
+    status = json.loads(run_cli(cli_env, "status", "--json").stdout)
+    assert status["subjects"][0]["last_committed"] == 2
+
+
+def test_read_errors_are_clear(stack, cli_env, subject_name):
+    assert run_cli(cli_env, "subjects", "create", subject_name, "--partitions", "1").returncode == 0
+    r = run_cli(cli_env, "read", subject_name, "--epoch", "4")
+    assert r.returncode == 1 and "epoch 4" in r.stderr and "not committed" in r.stderr
+    r = run_cli(cli_env, "read", "no-such-subject", "--epoch", "0")
+    assert r.returncode == 1 and "unknown subject 'no-such-subject'" in r.stderr
+    r = run_cli(cli_env, "epochs", "no-such-subject")
+    assert r.returncode == 1 and "unknown subject" in r.stderr
+
+
+def test_wrong_arguments_exit_2_with_usage(cli_env):
+    for args in (["read", "s", "--epoch", "1", "--epochs", "1:2"], ["read", "s"], ["read", "s", "--epochs", "5:2"],
+                 ["read", "s", "--epoch", "-1"], ["markers", "s", "--interval", "0"], ["nonsense"],
+                 ["lineage", "--epoch", "1"]):
+        r = run_cli(cli_env, *args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert "Usage" in r.stderr or "Error" in r.stderr
+
+
+def test_unreachable_zookeeper_is_a_clear_error(cli_env):
+    env = {**cli_env, "ALIGNER_ZK": "127.0.0.1:1"}
+    r = run_cli(env, "status", timeout=60)
+    assert r.returncode == 1 and "cannot reach ZooKeeper at 127.0.0.1:1" in r.stderr
+
+
+def test_stack_up_env_down_leaves_no_process(cli_env):
+    env = {k: v for k, v in cli_env.items() if k not in ("ALIGNER_ZK", "ALIGNER_KAFKA")}
+    up = run_cli(env, "stack", "up", "--json")
+    assert up.returncode == 0, up.stderr
+    info = json.loads(up.stdout)
+    try:
+        exports = run_cli(env, "stack", "env").stdout
+        assert f"export ALIGNER_ZK={info['zk']}" in exports and f"export ALIGNER_KAFKA={info['kafka']}" in exports
+        # Commands find the running stack without flags or environment.
+        assert run_cli(env, "subjects", "list").returncode == 0
+    finally:
+        down = run_cli(env, "stack", "down")
+    assert down.returncode == 0 and "stack stopped" in down.stdout
+    assert not _alive(info["zk_pid"]) and not _alive(info["kafka_pid"])
+    assert run_cli(env, "stack", "env").returncode == 1
+
+
+def test_embedded_stack_processes_die_with_their_owner(stack):
+    # The session stack's processes are alive now and are killed when the session ends
+    # (PR_SET_PDEATHSIG + process groups); this checks they are real, separate processes.
+    for pid in (stack.zk_pid, stack.kafka_pid):
+        assert _alive(pid) and os.getpgid(pid) == pid
+    assert signal.SIGKILL  # the teardown path is exercised by test_stack_up_env_down_leaves_no_process

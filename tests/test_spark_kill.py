@@ -1,0 +1,123 @@
+"""A Spark driver streaming X -> Y through the aligned source and sink, SIGKILLed and restarted twice.
+
+The query runs in its own process (tests/workers/spark_relay.py); the test kills the driver JVM and its
+Python process with SIGKILL, once right after the sink committed a batch in ZooKeeper (likely before
+Spark's own commit log caught up, so the batch runs again) and once in the middle of a batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from collections import Counter, defaultdict
+
+import pytest
+
+from connectors.reader import EpochReader
+from connectors.sink import SinkProducer
+from connectors.subjects import create_subject
+from tests.helpers import Worker
+
+pytest.importorskip("pyspark")
+
+EPOCHS = 8
+RECORDS = 60
+SINK = "relay"
+
+
+def _start(stack, root, source, target, checkpoint) -> tuple[Worker, int]:
+    worker = Worker("tests.workers.spark_relay", "--zk", stack.zk, "--kafka", stack.kafka, "--root", root,
+                    "--source", source, "--target", target, "--sink", SINK, "--checkpoint", str(checkpoint))
+    jvm = int(worker.wait_line(lambda line: line.startswith("jvm "), 120).split()[1])
+    print("started", time.strftime("%X"), flush=True)
+    return worker, jvm
+
+
+def _kill(worker: Worker, jvm: int) -> None:
+    """SIGKILL the Spark driver JVM and the Python driver process."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(jvm, signal.SIGKILL)
+    worker.kill()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(jvm, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+
+
+def _wait_batch(ledger, worker: Worker, target: str, batch: int, timeout: float = 120) -> None:
+    print("wait", batch, time.strftime("%X"), flush=True)
+    """Until the sink committed micro-batch ``batch`` in ZooKeeper."""
+    from connectors.spark.writer import read_progress
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        progress, _ = read_progress(ledger, target, SINK)
+        if progress is not None and progress.batch >= batch:
+            return
+        assert worker.proc.poll() is None, f"the Spark driver exited early: {''.join(worker._stderr)[-3000:]}"
+        time.sleep(0.01)
+    raise TimeoutError(f"batch {batch} was not committed in {timeout}s")
+
+
+def test_killed_driver_restarts_from_checkpoint_exactly_once(stack, root, ledger, tmp_path):
+    from connectors.spark.lineage import cut, sink_lineage, source_batch
+
+    source, target = "kx-" + tmp_path.name[-8:], "ky-" + tmp_path.name[-8:]
+    create_subject(ledger, stack.kafka, source, 2)
+    create_subject(ledger, stack.kafka, target, 2)
+    with SinkProducer(ledger, stack.kafka, source, "up", 0, [0, 1]) as producer:
+        for e in range(EPOCHS):
+            producer.begin()
+            for j in range(RECORDS):
+                producer.send(json.dumps({"e": e, "j": j}).encode(), key=str(j).encode())
+            producer.commit()
+    checkpoint = tmp_path / "cp"
+    workers: list[Worker] = []
+    try:
+        worker, jvm = _start(stack, root, source, target, checkpoint)
+        workers.append(worker)
+        _wait_batch(ledger, worker, target, 1)
+        _kill(worker, jvm)  # right after the ZooKeeper commit of batch 1
+
+        worker, jvm = _start(stack, root, source, target, checkpoint)
+        workers.append(worker)
+        _wait_batch(ledger, worker, target, 4)
+        time.sleep(0.4)
+        _kill(worker, jvm)  # somewhere in batch 5
+
+        worker, _ = _start(stack, root, source, target, checkpoint)
+        workers.append(worker)
+        worker.finish(180)
+    finally:
+        for w in workers:
+            w.stop()
+
+    # Y's epochs map one-to-one onto X's: sink lineage (Y epoch -> batch) joined with source lineage.
+    written = sink_lineage(ledger, target, SINK)
+    assert len(written) == EPOCHS, f"expected one Y epoch per X epoch, got {sorted(written)}"
+    y_to_x = {}
+    for y, node in written.items():
+        read = source_batch(ledger, node.query, node.batch)
+        assert list(read) == [source] and read[source].first == read[source].last
+        y_to_x[y] = read[source].first
+        assert cut(ledger, SINK, y) == {source: [y_to_x[y]], target: [y]}
+    assert sorted(y_to_x.values()) == list(range(EPOCHS))
+    assert len({n.query for n in written.values()}) == 1, "the restarts kept the checkpoint's query id"
+
+    with EpochReader(ledger, stack.kafka) as reader:
+        src = {(r.epoch, r.partition, r.offset): json.loads(r.value)["j"] for r in reader.read(source, 0, EPOCHS - 1)}
+        got: Counter = Counter()
+        per_epoch: dict[int, set[int]] = defaultdict(set)
+        for r in reader.read(target, min(written), max(written)):
+            v = json.loads(r.value)
+            got[(v["src_epoch"], v["src_partition"], v["src_offset"], v["j"])] += 1
+            per_epoch[r.epoch].add(v["src_epoch"])
+    assert len(src) == EPOCHS * RECORDS
+    assert got == Counter({(*k, j): 1 for k, j in src.items()}), "Y does not hold every X result exactly once"
+    assert dict(per_epoch) == {y: {x} for y, x in y_to_x.items()}

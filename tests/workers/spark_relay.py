@@ -1,0 +1,50 @@
+"""A Spark driver process for crash tests: streams subject X into subject Y through format("aligned").
+
+Every Y record is {"src_epoch", "src_partition", "src_offset", "j"} of the X record it came from, so a
+test can check each X record's result reaches Y exactly once. Runs ``Trigger.AvailableNow`` from
+``--checkpoint`` and prints ``jvm PID`` (the Spark driver JVM, to be SIGKILLed with this process)
+once the session is up, then ``done`` when every X epoch committed at start is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    for name in ("zk", "kafka", "root", "source", "target", "sink", "checkpoint"):
+        ap.add_argument(f"--{name}", required=True)
+    args = ap.parse_args()
+
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType
+
+    from connectors.spark.session import local_session
+
+    spark = local_session("local[2,2]", "spark-relay")
+    say(f"jvm {spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()}")
+    conn = {"zk": args.zk, "kafka": args.kafka, "root": args.root}
+    j_of = F.udf(lambda value: json.loads(value)["j"], LongType())
+    out = (spark.readStream.format("aligned").options(**conn, subject=args.source).load()
+           .select("key", F.to_json(F.struct(F.col("epoch").alias("src_epoch"),
+                                             F.col("partition").alias("src_partition"),
+                                             F.col("offset").alias("src_offset"),
+                                             j_of("value").alias("j"))).alias("value")))
+    query = (out.writeStream.format("aligned").options(**conn, subject=args.target, sinkId=args.sink)
+             .option("checkpointLocation", args.checkpoint).trigger(availableNow=True).start())
+    say(f"query {query.id}")
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise SystemExit(f"query failed: {query.exception()}")
+    spark.stop()
+    say("done")
+
+
+if __name__ == "__main__":
+    main()
