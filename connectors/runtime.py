@@ -216,11 +216,16 @@ class JobWorker:
     def _drain_until(self, done: Callable[[], bool], stop: threading.Event, open_epoch: int) -> bool:
         """Read and process loaded epochs until ``done``; returns False when stopped or finished."""
         deadline = time.monotonic() + self.wait_timeout
+        loaded_at = 0.0
         while not done():
             if stop.is_set():
                 return False
             self._apply_commands(open_epoch, boundary=False)
-            self.source.load()
+            now = time.monotonic()
+            if not self.source.readable() or now - loaded_at > 0.1:
+                # ZooKeeper is asked for new epochs when there is nothing left to read, or now and then.
+                self.source.load()
+                loaded_at = now
             records = self.source.poll()
             if records:
                 self._process(records)

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from aligner.epochs import CommittedEpoch, check_retention
 from aligner.errors import DataLossError
@@ -46,6 +46,9 @@ class _Part:
     bound: int = 0
     segments: deque = field(default_factory=deque)  # (epoch, start, end, stamp)
     paused: bool = False
+    """Unassigned at its bound; ``stash`` holds records fetched past it, ``fetch_at`` follows them."""
+    stash: deque = field(default_factory=deque)
+    fetch_at: int = 0
 
 
 @dataclass
@@ -66,7 +69,9 @@ class SubjectSource:
         self.bootstrap = bootstrap
         self.mode = mode
         self._consumer = Consumer(
-            consumer_config(bootstrap, {"fetch.queue.backoff.ms": 5, "fetch.error.backoff.ms": 10})
+            # A small prefetch: records past an epoch's end are fetched again after the bound moves.
+            consumer_config(bootstrap, {"fetch.queue.backoff.ms": 5, "fetch.error.backoff.ms": 10,
+                                        "queued.min.messages": 20000, "max.partition.fetch.bytes": 1 << 20})
         )
         self.inputs: dict[str, _Input] = {}
         self.parts: dict[tuple[str, int], _Part] = {}
@@ -156,9 +161,6 @@ class SubjectSource:
             if not sl.empty and sl.end > part.pos:
                 part.segments.append((ce.epoch, sl.start, sl.end, sl.stamp))
             part.bound = UNBOUNDED if self.mode == "at_least_once" else max(part.bound, sl.end)
-            if part.paused and part.pos < part.bound:
-                new_assign.append(TopicPartition(inp.topic, p, part.pos))
-                part.paused = False
         if new_assign:
             self._consumer.incremental_assign(new_assign)
 
@@ -175,6 +177,10 @@ class SubjectSource:
                 inp.loaded.popleft()
                 inp.consumed = ce.epoch
 
+    def readable(self) -> bool:
+        """Whether any partition still has loaded data to read."""
+        return any(p.pos is not None and p.pos < p.bound for p in self.parts.values())
+
     def caught_up(self) -> bool:
         """Every loaded epoch fully consumed: nothing to read until the next epoch commits."""
         return all(not inp.loaded for inp in self.inputs.values())
@@ -189,53 +195,80 @@ class SubjectSource:
 
     # ---- reading ------------------------------------------------------------------------------
 
-    def poll(self, timeout: float = 0.05, max_records: int = 10000) -> list[SourceRecord]:
+    def poll(self, timeout: float = 0.005, max_records: int = 10000) -> list[SourceRecord]:
         """Kept records of loaded epochs, in offset order per partition."""
         out: list[SourceRecord] = []
-        if not any(p.pos is not None and p.pos < p.bound for p in self.parts.values()):
-            return out
-        batch = self._consumer.consume(max_records, timeout=timeout)
         touched: set[tuple[str, int]] = set()
-        unfiltered = self.mode == "at_least_once"
-        for m in batch:
-            part = self._by_topic.get((m.topic(), m.partition()))
-            if part is None or part.pos is None:
-                continue
-            err = m.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
+        for part in self.parts.values():
+            if part.paused and part.pos is not None and part.pos < part.bound:
+                self._resume(part, out)
+                touched.add((part.subject, part.partition))
+        if self.readable():
+            for m in self._consumer.consume(max_records, timeout=timeout):
+                part = self._by_topic.get((m.topic(), m.partition()))
+                if part is None or part.pos is None:
+                    continue
+                err = m.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        raise DataLossError(f"{m.topic()}[{m.partition()}]: {err}")
                     touched.add((part.subject, part.partition))
                     continue
-                raise DataLossError(f"{m.topic()}[{m.partition()}]: {err}")
-            o = m.offset()
-            if o < part.pos:
-                continue  # re-delivered after a seek back
-            if o >= part.bound:
-                self._stop_at_bound(part)
-                continue
-            part.pos = o + 1
-            touched.add((part.subject, part.partition))
-            if unfiltered:
-                out.append(SourceRecord(part.subject, part.partition, o, -1, m.key(), m.value(), m.timestamp()[1]))
-                continue
-            segs = part.segments
-            while segs and o >= segs[0][2]:
-                segs.popleft()
-            if not segs or o < segs[0][1]:
-                continue
-            epoch, _s, _e, stamp = segs[0]
-            if stamp is None or stamp_of(m.headers()) == stamp:
-                out.append(SourceRecord(part.subject, part.partition, o, epoch, m.key(), m.value(), m.timestamp()[1]))
+                o = m.offset()
+                if part.paused:
+                    if o >= part.fetch_at:
+                        part.stash.append(m)  # fetched with the batch that crossed the bound
+                        part.fetch_at = o + 1
+                    continue
+                if o < part.pos:
+                    continue
+                if o >= part.bound:
+                    self._stop_at_bound(part)
+                    part.stash.append(m)
+                    part.fetch_at = o + 1
+                    continue
+                self._accept(part, m, o, out)
+                touched.add((part.subject, part.partition))
         self._settle(touched)
         return out
 
+    def _accept(self, part: _Part, m: Message, o: int, out: list[SourceRecord]) -> None:
+        part.pos = o + 1
+        if self.mode == "at_least_once":
+            out.append(SourceRecord(part.subject, part.partition, o, -1, m.key(), m.value(), m.timestamp()[1]))
+            return
+        segs = part.segments
+        while segs and o >= segs[0][2]:
+            segs.popleft()
+        if not segs or o < segs[0][1]:
+            return
+        epoch, _s, _e, stamp = segs[0]
+        h = m.headers() if stamp is not None else None
+        if stamp is None or (h is not None and (h[0][1] == stamp or stamp_of(h) == stamp)):
+            out.append(SourceRecord(part.subject, part.partition, o, epoch, m.key(), m.value(), m.timestamp()[1]))
+
     def _stop_at_bound(self, part: _Part) -> None:
         # Unassign rather than pause + seek: librdkafka delays the first fetch after a seek on a
-        # paused partition by about a second; a fresh assignment at the bound fetches at once.
+        # paused partition by about a second; a fresh assignment fetches at once. Records that
+        # came with the crossing batch are stashed, not fetched again.
         if not part.paused:
             self._consumer.incremental_unassign([TopicPartition(part.topic, part.partition)])
             part.paused = True
+            part.fetch_at = part.bound
         part.pos = part.bound
+
+    def _resume(self, part: _Part, out: list[SourceRecord]) -> None:
+        """The bound moved: serve the stash first, then fetch again after it."""
+        while part.stash and part.stash[0].offset() < part.bound:
+            m = part.stash.popleft()
+            self._accept(part, m, m.offset(), out)
+        if part.stash:
+            part.pos = part.bound  # the next record lies past the new bound too
+            return
+        part.pos = min(max(part.pos or 0, part.fetch_at), part.bound)
+        if part.pos < part.bound:
+            self._consumer.incremental_assign([TopicPartition(part.topic, part.partition, part.fetch_at)])
+            part.paused = False
 
     def _settle(self, touched: set[tuple[str, int]]) -> None:
         """Advance positions over offsets that hold no record (commit markers, aborted data)."""

@@ -79,3 +79,56 @@ def test_batch_read_errors_at_planning(spark, stack, root, ledger, subject_name)
         spark.read.format("aligned").options(**_opts(stack, root, "nope")).option("epoch", "0").load().collect()
     with pytest.raises(Exception, match="exactly one of the options epoch"):
         spark.read.format("aligned").options(**_opts(stack, root, subject_name)).load().collect()
+
+
+def test_batch_read_by_lineage_of_a_job_epoch(spark, stack, root, ledger, subject_name):
+    from aligner.jobs import JobLedger
+    from aligner.models import JobNode, Span
+
+    source, target, other = subject_name, "y" + subject_name, "z" + subject_name
+    for name in (source, target, other):
+        create_subject(ledger, stack.kafka, name, 2, value_format="bytes")
+    with SinkProducer(ledger, stack.kafka, source, "up", 0, [0, 1]) as p:
+        for e in range(4):
+            p.begin()
+            for j in range(10):
+                p.send(f"{e}:{j}".encode(), key=str(j).encode())
+            p.commit()
+    jobs = JobLedger(ledger)
+    jobs.register(JobNode(job="j1", inputs=(source,), output=target, parallelism=1))
+    jobs.fix_job_epoch("j1", 0, {source: Span(first=1, last=2)}, {source: 3})
+    with SinkProducer(ledger, stack.kafka, target, "j1", 0, [0, 1]) as p:
+        p.begin()
+        for j in range(5):
+            p.send(f"out{j}".encode())
+        p.commit()
+
+    def read(subject, **kw):
+        return spark.read.format("aligned").options(**_opts(stack, root, subject), **kw).load()
+
+    by_cut = sorted((r.epoch, r.partition, r.offset) for r in read(source, lineage="j1:0").collect())
+    by_span = sorted((r.epoch, r.partition, r.offset) for r in read(source, epochs="1:2").collect())
+    assert by_cut == by_span and len(by_cut) == 20
+    assert sorted(bytes(r.value) for r in read(target, lineage="j1:0").collect()) == [f"out{j}".encode()
+                                                                                     for j in range(5)]
+    with pytest.raises(Exception, match=r"consistent cut of j1:0 holds subjects .*, not 'z"):
+        read(other, lineage="j1:0").collect()
+    with pytest.raises(Exception, match=r"must be 'JOB:EPOCH'"):
+        read(source, lineage="j1").collect()
+    with pytest.raises(Exception, match="neither a registered job nor a Spark sink id"):
+        read(source, lineage="nope:0").collect()
+
+
+def test_lineage_nodes_are_validated(ledger):
+    from aligner.errors import MalformedNodeError
+    from connectors.spark.lineage import LineageError, record_source_batch, source_batch, source_batch_path
+
+    ledger.zk.ensure_path(ledger.layout.subjects)
+    record_source_batch(ledger, "q1", 3, "s", 4, 5)
+    record_source_batch(ledger, "q1", 3, "s", 4, 5)  # a re-run of the batch: same span, fine
+    assert {k: (v.first, v.last) for k, v in source_batch(ledger, "q1", 3).items()} == {"s": (4, 5)}
+    with pytest.raises(LineageError, match=r"recorded reading epochs 4\.\.5 of 's', now it plans 4\.\.6"):
+        record_source_batch(ledger, "q1", 3, "s", 4, 6)
+    ledger.zk.set(source_batch_path(ledger, "q1", 3, "s"), b'{"schema_version": 1, "first": "x"}')
+    with pytest.raises(MalformedNodeError, match="SparkSourceBatchNode"):
+        source_batch(ledger, "q1", 3)

@@ -2,8 +2,9 @@
 
 Options: ``zk``, ``kafka``, ``root``, ``subject`` (the target), ``sinkId`` (the sink's id in the
 ledger, stable across restarts of the query) and ``producers`` (default: the subject's partition
-count). Testing aid: ``failFirstAttemptAfter`` = N makes every task's first attempt flush its first
-N records (or more: whole Arrow batches) to Kafka and then fail.
+count). Testing aids: ``failFirstAttemptAfter`` = N makes every task's first attempt flush its first
+N records (or more: whole Arrow batches) to Kafka and then fail; ``pauseAfterCommit`` = B makes the
+driver hang right after batch B's ZooKeeper commit, before Spark's commit log records it (to be killed).
 
 Input: a ``value`` column (binary or string) and optionally ``key``; without a ``value`` column
 every row is written as a JSON object of its columns (timestamps as epoch milliseconds,
@@ -30,8 +31,9 @@ one epoch, by exactly one *successful* task attempt, and every task attempt must
 * The driver's ``commit`` writes the epoch in ZooKeeper in **one multi-op**: for every slot the
   producer node (compare-and-set on its version: zombies are fenced) and its contribution (the
   reported attempt and ranges; an empty range for a slot without a task), plus the sink's Spark
-  progress node ``(query id, batch id) -> epoch``, compare-and-set as well. Either the whole batch
-  is one committed epoch or nothing is.
+  progress node (last query id, batch id, epoch), compare-and-set as well, and the epoch's lineage
+  node ``spark/epochs/{epoch}`` -> (query id, batch id). Either the whole batch is one committed epoch
+  or nothing is.
 * A batch that Spark runs again after a restart (its epoch committed in ZooKeeper but not yet in
   Spark's commit log) finds its (query id, batch id) in the progress node: the driver commits
   nothing, and the re-run's records, stamped for the next epoch with attempts nobody names, are
@@ -48,6 +50,7 @@ import base64
 import contextlib
 import json
 import secrets
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -104,6 +107,7 @@ class SinkSpec:
     sink: str
     producers: int
     fail_first_attempt_after: int | None = None
+    pause_after_commit: int | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, str]) -> SinkSpec:
@@ -113,7 +117,8 @@ class SinkSpec:
             raise AlignedOptionError("writeStream.format('aligned') needs option sinkId (stable across restarts)")
         producers = int_option(options, "producers", 0, minimum=1) if opt(options, "producers") else 0
         fault = int_option(options, "failFirstAttemptAfter", None, minimum=1)
-        return cls(conn, sink, producers or 0, fault)
+        pause = int_option(options, "pauseAfterCommit", None)
+        return cls(conn, sink, producers or 0, fault, pause)
 
 
 def load_slots(ledger: Ledger, subject: str, sink: str, slots: range | list[int]) -> list[Lease]:
@@ -294,7 +299,9 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         conn = self.spec.conn
-        commit_batch(ledger_for(conn.zk, conn.root), self.spec, self.producers, list(messages), batchId)
+        epoch = commit_batch(ledger_for(conn.zk, conn.root), self.spec, self.producers, list(messages), batchId)
+        if epoch is not None and batchId == self.spec.pause_after_commit:
+            time.sleep(3600)  # testing aid: committed in ZooKeeper, not in Spark's commit log; kill me now
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to undo: records of an uncommitted batch carry attempts ZooKeeper never names."""

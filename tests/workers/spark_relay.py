@@ -4,6 +4,8 @@ Every Y record is {"src_epoch", "src_partition", "src_offset", "j"} of the X rec
 test can check each X record's result reaches Y exactly once. Runs ``Trigger.AvailableNow`` from
 ``--checkpoint`` and prints ``jvm PID`` (the Spark driver JVM, to be SIGKILLed with this process)
 once the session is up, then ``done`` when every X epoch committed at start is written.
+``--pause-after-commit B`` hangs the driver right after batch B's ZooKeeper commit, before Spark's
+commit log records it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     for name in ("zk", "kafka", "root", "source", "target", "sink", "checkpoint"):
         ap.add_argument(f"--{name}", required=True)
+    ap.add_argument("--pause-after-commit", default=None, help="hang after this batch's ZooKeeper commit")
     args = ap.parse_args()
 
     from pyspark.sql import functions as F
@@ -36,8 +39,10 @@ def main() -> None:
                                              F.col("partition").alias("src_partition"),
                                              F.col("offset").alias("src_offset"),
                                              j_of("value").alias("j"))).alias("value")))
-    query = (out.writeStream.format("aligned").options(**conn, subject=args.target, sinkId=args.sink)
-             .option("checkpointLocation", args.checkpoint).trigger(availableNow=True).start())
+    writer = out.writeStream.format("aligned").options(**conn, subject=args.target, sinkId=args.sink)
+    if args.pause_after_commit is not None:
+        writer = writer.option("pauseAfterCommit", args.pause_after_commit)
+    query = writer.option("checkpointLocation", args.checkpoint).trigger(availableNow=True).start()
     say(f"query {query.id}")
     query.awaitTermination()
     if query.exception() is not None:
