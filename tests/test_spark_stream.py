@@ -40,7 +40,7 @@ def _write_epochs(producer: SinkProducer, epochs: range, records: int, abort_at:
         producer.commit()
 
 
-def _run_available_now(spark, stack, root, subject, checkpoint, seen: list) -> None:
+def _run_available_now(spark, stack, root, subject, checkpoint, seen: list) -> str:
     def collect(df, batch_id):
         rows = df.select("epoch", "partition", "offset", "value").collect()
         seen.append((batch_id, [(r.epoch, r.partition, r.offset, bytes(r.value)) for r in rows]))
@@ -50,6 +50,7 @@ def _run_available_now(spark, stack, root, subject, checkpoint, seen: list) -> N
              .trigger(availableNow=True).start())
     assert query.awaitTermination(180), "availableNow query did not finish"
     assert query.exception() is None, query.exception()
+    return query.id
 
 
 def test_stream_reads_every_epoch_once_and_resumes_from_checkpoint(spark, stack, root, ledger, subject_name,
@@ -68,7 +69,7 @@ def test_stream_reads_every_epoch_once_and_resumes_from_checkpoint(spark, stack,
         producer.begin()
         producer.commit()  # epoch 6: empty
         second: list = []
-        _run_available_now(spark, stack, root, subject_name, tmp_path / "cp", second)
+        query_id = _run_available_now(spark, stack, root, subject_name, tmp_path / "cp", second)
     finally:
         producer.close()
     assert [b for b, _ in second] == [4, 5, 6]
@@ -77,6 +78,11 @@ def test_stream_reads_every_epoch_once_and_resumes_from_checkpoint(spark, stack,
     with EpochReader(ledger, stack.kafka) as reader:
         exact = Counter((r.epoch, r.partition, r.offset, r.value) for r in reader.read(subject_name, 0, 6))
     assert streamed == exact and len(exact) == 180 and max(streamed.values()) == 1
+    # Lineage in ZooKeeper: batch b of the query (same id across the restart) read epoch b, empty ones too.
+    from connectors.spark.lineage import source_batch
+
+    for b in range(7):
+        assert {s: (n.first, n.last) for s, n in source_batch(ledger, query_id, b).items()} == {subject_name: (b, b)}
 
     # epochsPerBatch = 2 under the default trigger: admission control caps each batch at two epochs.
     pairs: list = []
