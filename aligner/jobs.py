@@ -21,6 +21,7 @@ from aligner.models import (
     JobEpochNode,
     JobNode,
     Span,
+    SwapNode,
     WorkerEpochNode,
 )
 
@@ -140,6 +141,22 @@ class JobLedger:
     def clear_decision(self, job: str) -> None:
         with contextlib.suppress(NoNodeError):
             self.zk.delete(self.layout.decision(job))
+
+    # ---- hot-swap -----------------------------------------------------------------------------
+
+    def swap(self, old_job: str) -> tuple[SwapNode | None, int]:
+        try:
+            return self.ledger.read(SwapNode, self.layout.swap(old_job))
+        except NoNodeError:
+            return None, -1
+
+    def write_swap(self, node: SwapNode, version: int) -> int:
+        """Create or compare-and-set the swap node; written before the jobs act on it."""
+        path = self.layout.swap(node.old)
+        if version < 0:
+            self.zk.create(path, node.dump())
+            return 0
+        return self.zk.set(path, node.dump(), version=version).version
 
     # ---- epochs -------------------------------------------------------------------------------
 

@@ -101,6 +101,9 @@ class Layout:
     def consumer(self, job: str, subject: str, worker: int) -> str:
         return f"{self.consumers(job, subject)}/{worker}"
 
+    def swap(self, old_job: str) -> str:
+        return f"{self.job(old_job)}/swap"
+
     def decision(self, job: str) -> str:
         return f"{self.job(job)}/decision"
 

@@ -193,6 +193,10 @@ class JobNode(Node):
     """False for jobs with async I/O or cycles (thesis 4.6): they cannot be hot-swapped exactly-once."""
     per_key_order: bool = False
     mode: Mode = "exactly_once"
+    follows: Ident | None = None
+    """A new version running beside ``follows``: it reads that job's aligned epochs and voids its
+    output until a hot-swap hands the target over to it."""
+    output_partitions: tuple[int, ...] | None = None
     created_at: int = Field(default_factory=now_ms)
 
     def same_shape(self, other: JobNode) -> bool:
@@ -254,6 +258,8 @@ class ConsumerNode(Node):
     """Last subject epoch fully consumed."""
     rejected_seq: int = 0
     """Seq of an Align command that came too late for this consumer; the coordinator re-issues it."""
+    swap_seen: tuple[int, int] | None = None
+    """(swap epoch S, job epoch at whose start the worker first saw the pre-commit of S)."""
     updated_at: int = Field(default_factory=now_ms)
 
 
@@ -271,4 +277,21 @@ class AlignmentDecision(Node):
     seq: int
     subject_epochs: dict[str, int] = {}
     job_epoch: int | None = None
+    updated_at: int = Field(default_factory=now_ms)
+
+
+class SwapNode(Node):
+    """A hot-swap of ``old`` by ``new`` on ``target`` at epoch S, committed in two phases.
+
+    precommit: both jobs learn S before either starts epoch S+1 (they acknowledge it);
+    commit: the old job's sink finishes after S, the new job writes from S+1 on;
+    aborted: before commit only; the old job goes on writing as if nothing happened.
+    """
+
+    old: Ident
+    new: Ident
+    target: Ident
+    epoch: int = Field(ge=0)
+    phase: Literal["precommit", "commit", "done", "aborted"]
+    seq: int = 1
     updated_at: int = Field(default_factory=now_ms)

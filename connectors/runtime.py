@@ -31,7 +31,7 @@ from aligner.alignment import Command, ConsumerAlignment, State
 from aligner.errors import AlignerError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
-from aligner.models import CommandNode, ConsumerNode, JobNode, Mode, Span, WorkerEpochNode, parse
+from aligner.models import CommandNode, ConsumerNode, JobNode, Mode, Span, SwapNode, WorkerEpochNode, parse
 from connectors.sink import FaultHook, SinkProducer, partitions_for
 from connectors.source import SourceRecord, SubjectSource
 
@@ -95,11 +95,17 @@ class JobSpec:
     """Aligned mode: subject epochs per job epoch (thesis 8.2.5 variable intervals)."""
     deterministic: bool = True
     per_key_order: bool = False
+    follows: str | None = None
+    """Run as the new version of this (aligned) job: same epochs, output voided until a hot-swap."""
+    output_partitions: tuple[int, ...] | None = None
+    """The output partitions this job's producers share (default: all); a new version beside an old
+    one writes other partitions of the same target."""
 
     def node(self) -> JobNode:
         return JobNode(job=self.job, version=self.version, inputs=self.inputs, output=self.output,
                        parallelism=self.parallelism, deterministic=self.deterministic,
-                       per_key_order=self.per_key_order, mode=self.mode)
+                       per_key_order=self.per_key_order, mode=self.mode, follows=self.follows,
+                       output_partitions=self.output_partitions)
 
 
 class JobWorker:
@@ -119,15 +125,20 @@ class JobWorker:
         self._wake = threading.Event()
         self.records_in = 0
         self.records_out = 0
+        self._voiding = False
+        self._swap_seen: tuple[int, int] | None = None
 
     # ---- set-up -------------------------------------------------------------------------------
 
     def open(self) -> JobWorker:
         spec = self.spec
         self.jobs.register(spec.node())
-        out_parts = self.ledger.subject(spec.output).partitions
-        self.sink = SinkProducer(self.ledger, self.bootstrap, spec.output, spec.job, self.worker,
-                                 partitions_for(self.worker, spec.parallelism, out_parts), fault=self.fault).open()
+        out_parts = spec.output_partitions or tuple(range(self.ledger.subject(spec.output).partitions))
+        mine = [out_parts[i] for i in partitions_for(self.worker, spec.parallelism, len(out_parts))]
+        self.sink = SinkProducer(self.ledger, self.bootstrap, spec.output, spec.job, self.worker, mine,
+                                 fault=self.fault).open()
+        self._epochs_of = spec.follows or spec.job
+        """Whose aligned job epoch nodes this job uses: its own, or the old version's it follows."""
         assignment = {s: list(range(self.worker, self.ledger.subject(s).partitions, spec.parallelism))
                       for s in spec.inputs}
         self.source = SubjectSource(self.ledger, self.bootstrap, assignment,
@@ -144,9 +155,24 @@ class JobWorker:
                 self.source.restore(committed.offsets, committed.load_from)
                 self.state = KeyedState.restore(committed.state)
                 self.alignment.update(committed.alignment)
+        if spec.follows is not None and last is None:
+            # A new version is aligned from its first epoch: it follows the old version's epochs.
+            first = self.sink.next_epoch
+            self.alignment = {s: ConsumerAlignment(state=State.ALIGNED, job_epoch=first) for s in spec.inputs}
         for subject in spec.inputs:
             self.ledger.zk.DataWatch(self.ledger.layout.command(spec.job, subject), self._command_watch(subject))
+        self._swap: SwapNode | None = None
+        swap_path = self.ledger.layout.swap(spec.follows or spec.job)
+        self.ledger.zk.ensure_path(self.ledger.layout.job(spec.follows or spec.job))
+        self.ledger.zk.DataWatch(swap_path, self._swap_watch(swap_path))
         return self
+
+    def _swap_watch(self, path: str) -> Callable[[bytes | None, Any], None]:
+        def watch(data: bytes | None, _stat: Any) -> None:
+            self._swap = parse(SwapNode, path, data) if data else None
+            self._wake.set()
+
+        return watch
 
     def _command_watch(self, subject: str) -> Callable[[bytes | None, Any], None]:
         # kazoo passes a third argument to callbacks that accept one; this takes exactly two.
@@ -191,7 +217,8 @@ class JobWorker:
     def _report(self, subject: str, rejected: int = 0) -> None:
         node = ConsumerNode(alignment=self.alignment[subject], mode=self.mode_of(subject),
                             job_epoch=self.sink.lease.node.committed_epoch,
-                            subject_epoch=self.source.consumed(subject), rejected_seq=rejected)
+                            subject_epoch=self.source.consumed(subject), rejected_seq=rejected,
+                            swap_seen=self._swap_seen)
         self.jobs.report(self.spec.job, subject, self.worker, node)
 
     def mode_of(self, subject: str) -> Mode:
@@ -207,11 +234,51 @@ class JobWorker:
 
     def _process(self, records: list[SourceRecord]) -> None:
         fn, state, send = self.fn, self.state, self.sink.send
-        for r in records:
-            for key, value in fn(r, state):
-                send(value, key)
-                self.records_out += 1
+        if self._voiding:
+            for r in records:
+                for _ in fn(r, state):  # state advances; the output is voided
+                    pass
+        else:
+            for r in records:
+                for key, value in fn(r, state):
+                    send(value, key)
+                    self.records_out += 1
         self.records_in += len(records)
+
+    # ---- hot-swap -----------------------------------------------------------------------------
+
+    def _swap_gate(self, epoch: int, stop: threading.Event) -> str:
+        """Apply a hot-swap at the start of ``epoch``: "write", "void" or "stop" (old job done).
+
+        A worker that sees the pre-commit of S at an epoch <= S acknowledges it; at S+1 it waits
+        for the commit (or abort), so neither job can act on S+1 before the decision is final.
+        """
+        new_version = self.spec.follows is not None
+        swap = self._swap
+        if swap is None or swap.phase == "aborted":
+            return "void" if new_version else "write"
+        self._report_swap(swap, epoch)
+        deadline = time.monotonic() + self.wait_timeout
+        while epoch > swap.epoch and swap.phase == "precommit":
+            if stop.is_set():
+                return "void" if new_version else "write"
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.spec.job}: hot-swap at {swap.epoch} neither committed nor aborted")
+            self._wake.wait(0.2)
+            self._wake.clear()
+            swap = self._swap or swap
+        if swap.phase == "aborted":
+            return "void" if new_version else "write"
+        if epoch <= swap.epoch:
+            return "void" if new_version else "write"
+        return "write" if new_version else "stop"
+
+    def _report_swap(self, swap: SwapNode, epoch: int) -> None:
+        seen = self._swap_seen
+        if seen is None or seen[0] != swap.epoch:
+            self._swap_seen = (swap.epoch, epoch)
+            for subject in self.spec.inputs:
+                self._report(subject)
 
     def _drain_until(self, done: Callable[[], bool], stop: threading.Event, open_epoch: int) -> bool:
         """Read and process loaded epochs until ``done``; returns False when stopped or finished."""
@@ -258,15 +325,19 @@ class JobWorker:
 
     def _covered(self, epoch: int) -> dict[str, Span | None]:
         """The subject epochs aligned job epoch ``epoch`` covers: fixed once, by the first worker."""
-        existing = self.jobs.job_epoch(self.spec.job, epoch)
+        existing = self.jobs.job_epoch(self._epochs_of, epoch)
         if existing is not None:
             return existing.covered
-        if all(a.job_epoch == epoch for a in self.alignment.values()):
+        if self.spec.follows is not None and not self._old_finished(epoch):
+            followed = self._await_followed(epoch)
+            if followed is not None:
+                return followed
+        if all(a.job_epoch == epoch for a in self.alignment.values()) and self.spec.follows is None:
             starts = {s: a.subject_epoch or 0 for s, a in self.alignment.items()}
         else:
-            prev = self.jobs.job_epoch(self.spec.job, epoch - 1)
+            prev = self.jobs.job_epoch(self._epochs_of, epoch - 1)
             if prev is None:
-                raise AlignerError(f"job {self.spec.job}: aligned epoch {epoch - 1} has no record in ZooKeeper")
+                raise AlignerError(f"job {self._epochs_of}: aligned epoch {epoch - 1} has no record in ZooKeeper")
             starts = dict(prev.next)
         per = self.spec.epochs_per_checkpoint
         deadline = time.monotonic() + self.wait_timeout
@@ -284,7 +355,30 @@ class JobWorker:
             fired.wait(1.0)
         covered = {s: (Span(first=starts[s], last=starts[s] + n - 1) if n else None) for s, n in ready.items()}
         nxt = {s: starts[s] + n for s, n in ready.items()}
-        return self.jobs.fix_job_epoch(self.spec.job, epoch, covered, nxt).covered
+        return self.jobs.fix_job_epoch(self._epochs_of, epoch, covered, nxt).covered
+
+    def _old_finished(self, epoch: int) -> bool:
+        """After a committed swap the old version decides no epoch past S: the new one does."""
+        swap = self._swap
+        return swap is not None and swap.phase in ("commit", "done") and epoch > swap.epoch
+
+    def _await_followed(self, epoch: int) -> dict[str, Span | None] | None:
+        """A new version waits for the old one to decide the job epoch (watch on its node).
+
+        None when the old version will not decide it (swapped out, or its inputs finished)."""
+        deadline = time.monotonic() + self.wait_timeout
+        path = self.ledger.layout.job_epoch(self._epochs_of, epoch)
+        while True:
+            fired = threading.Event()
+            if self.ledger.zk.exists(path, watch=lambda _e, fired=fired: fired.set()) is not None:
+                node = self.jobs.job_epoch(self._epochs_of, epoch)
+                assert node is not None
+                return node.covered
+            if self._old_finished(epoch) or self._inputs_finished():
+                return None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.spec.job}: {self._epochs_of} never decided job epoch {epoch}")
+            fired.wait(0.5)
 
     def _remaining(self, subject: str, start: int, per: int) -> int:
         """How many of the next ``per`` epochs a subject will still have (fewer once it finished)."""
@@ -314,6 +408,11 @@ class JobWorker:
         """Run one job epoch; returns False once every input finished and was consumed."""
         epoch = self.sink.next_epoch
         self._apply_commands(epoch, boundary=True)
+        gate = self._swap_gate(epoch, stop)
+        if gate == "stop":
+            self.sink.finish()  # the old version wrote its last epoch, S; the new one writes S+1 on
+            return False
+        self._voiding = gate == "void"
         self.alignment = {s: a.started(epoch) for s, a in self.alignment.items()}
         self.sink.begin()
         covered = self._run_aligned(epoch, stop) if self.aligned else None
@@ -325,6 +424,13 @@ class JobWorker:
         node = WorkerEpochNode(epoch=epoch, mode="aligned" if covered is not None else self.spec.mode,
                                offsets=self.source.offsets(), load_from=self.source.load_from(), covered=covered,
                                state=self.state.snapshot(), alignment=self.alignment)
+        swap = self._swap
+        if not self._voiding and swap is not None and self.spec.follows is not None and epoch == swap.epoch + 1:
+            # The new version never commits S+1 before S is committed at the target.
+            while not self.ledger.wait_committed(self.spec.output, swap.epoch, timeout=1.0, stop=stop):
+                if stop.is_set():
+                    self.sink.abort()
+                    return False
         self.sink.commit(extra=[self.jobs.worker_epoch_op(self.spec.job, self.worker, node)])
         self.fault("after_epoch")
         ahead = self.source.second_last_ahead()

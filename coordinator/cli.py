@@ -350,6 +350,66 @@ def lineage(
             out.print(f"{s}: epochs {epochs_}")
 
 
+@app.command()
+def hotswap(
+    old: Annotated[str, typer.Option("--old", help="The running job")],
+    new: Annotated[str, typer.Option("--new", help="Its new version, started with follows=OLD")],
+    subject: Annotated[str, typer.Option("--subject", help="The target subject both write")],
+    at_epoch: Annotated[int | None, typer.Option(min=0, help="Swap at this target epoch at the earliest")] = None,
+    abort_swap: Annotated[bool, typer.Option("--abort", help="Abort a swap that is not committed yet")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each phase")] = 300.0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Swap OLD for NEW on SUBJECT at a future epoch S, exactly once: OLD writes <= S, NEW writes > S."""
+    from coordinator.alignment import leadership
+    from coordinator.hotswap import HotSwap
+
+    with ledger() as led, leadership(led, timeout=timeout):
+        swapper = HotSwap(led)
+        if abort_swap:
+            node = swapper.abort(old)
+        else:
+            def progress(what: str, info: dict[str, Any]) -> None:
+                if not as_json:
+                    err.print(f"[dim]{what}[/] {info.get('phase', '')} S={info.get('epoch', '?')}", end="\r")
+
+            node = swapper.run(old, new, subject, at_epoch, timeout=timeout, progress=progress)
+    if not emit(node.model_dump(), as_json):
+        verb = "aborted" if node.phase == "aborted" else "swapped"
+        out.print(f"[green]{verb}[/] {old} -> {new} on {subject}: {old} wrote epochs <= {node.epoch}, "
+                  f"{new} writes from {node.epoch + 1}")
+
+
+@app.command()
+def verify(
+    job: Annotated[list[str] | None, typer.Option("--job", help="Two jobs whose outputs to compare")] = None,
+    subject: Annotated[list[str] | None, typer.Option("--subject", help="Or two subjects")] = None,
+    epochs_: Annotated[str, typer.Option("--epochs", help="Inclusive span A:B")] = "0:0",
+    as_json: JsonFlag = False,
+) -> None:
+    """Diff two jobs' (or subjects') outputs epoch by epoch as multisets; report the first difference."""
+    from coordinator.verify import verify_outputs
+
+    names = list(job or []) + list(subject or [])
+    if len(names) != 2 or (job and subject):
+        raise typer.BadParameter("give exactly two --job or two --subject")
+    try:
+        first, last = parse_epoch_span(epochs_)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    with ledger() as led:
+        report = verify_outputs(led, state.settings.kafka, names, first, last, by_job=bool(job))
+    if not emit(report, as_json):
+        if report["first_difference"] is None:
+            out.print(f"[green]identical[/] {names[0]} and {names[1]} over epochs {first}..{last}")
+        else:
+            d = report["first_difference"]
+            out.print(f"[red]differ[/] first at epoch {d['epoch']}: {d['only_first']} only in {names[0]}, "
+                      f"{d['only_second']} only in {names[1]}")
+    if report["first_difference"] is not None:
+        raise typer.Exit(3)
+
+
 def main() -> None:
     try:
         app()

@@ -1,0 +1,149 @@
+"""Hot-swap a running job for a new version with exactly-once output (thesis 2.3.1, 4.2).
+
+The new version runs beside the old one, following its aligned epochs and voiding its output.
+The coordinator picks a swap epoch S in the future of both and commits it in two phases on the
+swap node: ``precommit`` (each worker of both jobs acknowledges S at the start of an epoch <= S,
+and waits at S+1 for the outcome) and ``commit`` (the old sink finishes after S, the new one
+writes from S+1 and never commits S+1 before S is committed at the target). Every step is
+recorded before it takes effect, so the coordinator or either job can be killed and restarted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aligner.alignment import State
+from aligner.errors import AlignerError
+from aligner.jobs import JobLedger
+from aligner.layout import split_writer
+from aligner.ledger import Ledger
+from aligner.models import JobNode, SwapNode, now_ms
+from coordinator.alignment import Coordinator
+
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+class HotSwapRefused(AlignerError):
+    """The swap could not be exactly-once; nothing was changed."""
+
+
+class HotSwap:
+    def __init__(self, ledger: Ledger, margin: int = 2, poll: float = 0.05) -> None:
+        self.ledger = ledger
+        self.jobs = JobLedger(ledger)
+        self.coordinator = Coordinator(ledger)
+        self.margin = margin
+        self.poll = poll
+
+    def check(self, old: str, new: str, target: str) -> tuple[JobNode, JobNode]:
+        o, n = self.jobs.job(old), self.jobs.job(new)
+        problems = []
+        if o.output != target or n.output != target:
+            problems.append(f"both jobs must write {target!r} (old writes {o.output!r}, new writes {n.output!r})")
+        if set(o.inputs) != set(n.inputs):
+            problems.append(f"inputs differ: {sorted(o.inputs)} vs {sorted(n.inputs)}")
+        for job in (o, n):
+            if job.mode == "at_least_once":
+                problems.append(f"{job.job} runs at-least-once; a swap needs exactly-once or aligned jobs")
+            if not job.deterministic:
+                problems.append(f"{job.job} declares itself nondeterministic (async I/O or cycles, thesis 4.6)")
+        if n.follows != old:
+            problems.append(f"{new} must run as the new version of {old} (JobSpec(follows={old!r}))")
+        doc, _ = self.ledger.writers(target)
+        others = sorted({split_writer(w)[0] for w, e in doc.writers.items() if e.finished_after is None}
+                        - {old, new})
+        if others:
+            problems.append(f"target {target!r} has other producers {others}; their output would not be swapped")
+        if problems:
+            raise HotSwapRefused("hot-swap refused: " + "; ".join(problems))
+        return o, n
+
+    def _committed(self, job: str, subjects: tuple[str, ...]) -> int:
+        epochs = [c.job_epoch for s in subjects for c in self.jobs.consumers(job, s).values()
+                  if c.job_epoch is not None]
+        return max(epochs, default=-1)
+
+    def _wait(self, what: str, cond: Callable[[], bool], timeout: float, progress: Progress | None,
+              info: Callable[[], dict[str, Any]]) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if progress:
+                progress(what, info())
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"hot-swap: {what} did not happen within {timeout:.0f}s")
+            time.sleep(self.poll)
+
+    def status(self, old: str) -> dict[str, Any]:
+        swap, _ = self.jobs.swap(old)
+        return {} if swap is None else swap.model_dump()
+
+    def run(self, old: str, new: str, target: str, at_epoch: int | None = None, timeout: float = 300.0,
+            progress: Progress | None = None) -> SwapNode:
+        o, n = self.check(old, new, target)
+        swap, version = self.jobs.swap(old)
+        if swap is not None and swap.phase == "done":
+            return swap
+        if swap is None or swap.phase == "aborted":
+            if any(self.jobs.source_state(old, s).state is not State.ALIGNED for s in o.inputs):
+                self.coordinator.align(old, timeout=timeout, progress=progress)
+            self._wait("the new version to follow", lambda: all(
+                c.alignment.state is State.ALIGNED and c.job_epoch is not None
+                for s in n.inputs for c in self.jobs.consumers(new, s).values()
+            ) and len(self.jobs.consumers(new, n.inputs[0])) == n.parallelism, timeout, progress,
+                lambda: {"new": new})
+            swap, version = self._precommit(o, n, swap, version, at_epoch)
+        info = lambda: self.status(old)  # noqa: E731
+        while swap.phase == "precommit":
+            acks = self._acks(o, n, swap)
+            if acks == "late":  # a worker passed S before it saw S: choose a later S
+                swap, version = self._precommit(o, n, swap, version, at_epoch)
+                continue
+            if acks == "all":
+                swap = swap.model_copy(update={"phase": "commit", "updated_at": now_ms()})
+                version = self.jobs.write_swap(swap, version)
+                break
+            if progress:
+                progress("waiting for both jobs to acknowledge S", info())
+            time.sleep(self.poll)
+        if swap.phase == "commit":
+            self._wait(f"{target} epoch {swap.epoch + 1} from {new}",
+                       lambda: self.ledger.frontier(target) is not None and self.ledger.frontier(target) > swap.epoch,
+                       timeout, progress, info)
+            swap = swap.model_copy(update={"phase": "done", "updated_at": now_ms()})
+            self.jobs.write_swap(swap, version)
+        return swap
+
+    def _precommit(self, o: JobNode, n: JobNode, swap: SwapNode | None, version: int,
+                   at_epoch: int | None) -> tuple[SwapNode, int]:
+        now = max(self._committed(o.job, o.inputs), self._committed(n.job, n.inputs),
+                  self.ledger.frontier(o.output) or 0)
+        s = max(now + self.margin, at_epoch or 0)
+        node = SwapNode(old=o.job, new=n.job, target=o.output, epoch=s, phase="precommit",
+                        seq=(swap.seq + 1) if swap else 1)
+        return node, self.jobs.write_swap(node, version)
+
+    def _acks(self, o: JobNode, n: JobNode, swap: SwapNode) -> str:
+        seen = []
+        for job in (o, n):
+            consumers = self.jobs.consumers(job.job, job.inputs[0])
+            if len(consumers) < job.parallelism:
+                return "waiting"
+            seen.extend(c.swap_seen for c in consumers.values())
+        # Seen at the start of S+1 is still in time: the gate stops both jobs there before any output.
+        if any(s is not None and s[0] == swap.epoch and s[1] > swap.epoch + 1 for s in seen):
+            return "late"
+        if all(s is not None and s[0] == swap.epoch for s in seen):
+            return "all"
+        return "waiting"
+
+    def abort(self, old: str) -> SwapNode:
+        swap, version = self.jobs.swap(old)
+        if swap is None:
+            raise AlignerError(f"no hot-swap of {old!r} to abort")
+        if swap.phase in ("commit", "done"):
+            raise AlignerError(f"the hot-swap of {old!r} at epoch {swap.epoch} is committed; it cannot be aborted")
+        swap = swap.model_copy(update={"phase": "aborted", "updated_at": now_ms()})
+        self.jobs.write_swap(swap, version)
+        return swap

@@ -1,0 +1,101 @@
+"""Hot-swap v1 -> v2 of a running job under continuous input: every result exactly once."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from aligner.models import ContributionNode
+from connectors.runtime import JobSpec
+from connectors.subjects import create_subject
+from coordinator.alignment import Coordinator
+from coordinator.hotswap import HotSwap, HotSwapRefused
+from coordinator.stack import wait_for
+from tests.helpers import Worker
+from tests.jobs import tag_v1, tag_v2
+from tests.streams import Generator, JobThread, assert_exactly_once, read_all
+
+
+def _setup(stack, root, ledger, raw):
+    target = f"{raw}-t"
+    create_subject(ledger, stack.kafka, raw, 2)
+    create_subject(ledger, stack.kafka, target, 4)
+    more = threading.Event()
+    gen = Generator(stack, root, raw, epochs=5000, pace=0.04, until=more).start()
+    old = JobSpec(job=f"{raw}-v1", inputs=(raw,), output=target, interval=0.2, output_partitions=(0, 1))
+    new = JobSpec(job=f"{raw}-v2", inputs=(raw,), output=target, interval=0.2, output_partitions=(2, 3),
+                  version="2", follows=old.job)
+    v1 = JobThread(stack, root, old, tag_v1)
+    Coordinator(ledger).align(old.job, timeout=60)
+    v2 = JobThread(stack, root, new, tag_v2)
+    return target, more, gen, old, new, v1, v2
+
+
+def _verify(ledger, stack, target, gen, swap_epoch):
+    outputs = read_all(ledger, stack.kafka, target)
+    assert_exactly_once(outputs, gen.sent)
+    for epoch, value in outputs:
+        assert value["v"] == (1 if epoch <= swap_epoch else 2), f"epoch {epoch} has a v{value['v']} result"
+    epochs = ledger.epoch_numbers(target)
+    assert ledger.frontier(target) == epochs[-1]
+    assert any(e > swap_epoch for e, _ in outputs) and any(e <= swap_epoch for e, _ in outputs)
+    times = []
+    for e in (swap_epoch, swap_epoch + 1):
+        path = ledger.layout.epoch(target, e)
+        times.append(max(ledger.read(ContributionNode, f"{path}/{c}")[0].committed_at
+                         for c in ledger.zk.get_children(path)))
+    return (times[1] - times[0]) / 1000
+
+
+def test_hotswap_under_continuous_input_is_exactly_once(stack, root, ledger, subject_name):
+    target, more, gen, old, new, v1, v2 = _setup(stack, root, ledger, subject_name)
+    before = ledger.frontier(target)
+    swap = HotSwap(ledger).run(old.job, new.job, target, timeout=90)
+    assert swap.phase == "done"
+    assert swap.epoch <= (before or 0) + 8, f"swap at {swap.epoch}, {before} when accepted"
+    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 5, 60, "v2 output after the swap")
+    more.set()
+    assert gen.done.wait(60) and not gen.error
+    v1.join(60)
+    v2.join(90)
+    gap = _verify(ledger, stack, target, gen, swap.epoch)
+    assert gap < 2.0, f"target epochs S and S+1 committed {gap:.2f}s apart"
+
+
+def test_coordinator_killed_after_precommit_resumes_the_swap(stack, root, ledger, subject_name, cli_env):
+    target, more, gen, old, new, v1, v2 = _setup(stack, root, ledger, subject_name)
+    wait_for(lambda: all(c.job_epoch is not None for c in HotSwap(ledger).jobs.consumers(new.job, subject_name)
+                         .values()) and HotSwap(ledger).jobs.consumers(new.job, subject_name), 60, "v2 following")
+    first = Worker("coordinator", "hotswap", "--old", old.job, "--new", new.job, "--subject", target, "--json",
+                   env=cli_env)
+    wait_for(lambda: HotSwap(ledger).jobs.swap(old.job)[0] is not None, 60, "the pre-commit to be recorded")
+    first.kill()
+    assert HotSwap(ledger).jobs.swap(old.job)[0].phase in ("precommit", "commit", "done")
+    second = Worker("coordinator", "hotswap", "--old", old.job, "--new", new.job, "--subject", target, "--json",
+                    env=cli_env)
+    assert second.proc.wait(120) == 0, "".join(second._stderr)
+    swap = HotSwap(ledger).jobs.swap(old.job)[0]
+    assert swap.phase == "done"
+    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, 60, "v2 output after the swap")
+    more.set()
+    assert gen.done.wait(60)
+    v1.join(60)
+    v2.join(90)
+    _verify(ledger, stack, target, gen, swap.epoch)
+
+
+def test_hotswap_refuses_what_cannot_be_exactly_once(stack, root, ledger, subject_name):
+    raw, other, target = subject_name, f"{subject_name}-o", f"{subject_name}-t"
+    for name, parts in ((raw, 1), (other, 1), (target, 4)):
+        create_subject(ledger, stack.kafka, name, parts)
+    jobs = HotSwap(ledger).jobs
+    jobs.register(JobSpec(job=f"{raw}-a", inputs=(raw,), output=target).node())
+    jobs.register(JobSpec(job=f"{raw}-b", inputs=(other,), output=target, follows=f"{raw}-a",
+                          deterministic=False).node())
+    jobs.register(JobSpec(job=f"{raw}-c", inputs=(raw,), output=target, mode="at_least_once").node())
+    with pytest.raises(HotSwapRefused) as err:
+        HotSwap(ledger).check(f"{raw}-a", f"{raw}-b", target)
+    assert "inputs differ" in str(err.value) and "nondeterministic" in str(err.value)
+    with pytest.raises(HotSwapRefused, match="at-least-once.*must run as the new version"):
+        HotSwap(ledger).check(f"{raw}-a", f"{raw}-c", target)
