@@ -476,10 +476,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--epochs-per-checkpoint", type=int, default=1)
     ap.add_argument("--nondeterministic", action="store_true")
     ap.add_argument("--max-epochs", type=int, default=None)
+    ap.add_argument("--follows", default=None, help="run as the new version of this job (hot-swap)")
+    ap.add_argument("--output-partitions", default=None, help="comma-separated output partitions to use")
     args = ap.parse_args(argv)
     spec = JobSpec(job=args.job, inputs=tuple(args.input), output=args.output, parallelism=args.parallelism,
                    version=args.version, interval=args.interval, mode=args.mode,
-                   epochs_per_checkpoint=args.epochs_per_checkpoint, deterministic=not args.nondeterministic)
+                   epochs_per_checkpoint=args.epochs_per_checkpoint, deterministic=not args.nondeterministic,
+                   follows=args.follows,
+                   output_partitions=tuple(int(p) for p in args.output_partitions.split(","))
+                   if args.output_partitions else None)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     ledger = Ledger.connect(args.zk, args.root)

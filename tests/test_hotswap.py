@@ -97,5 +97,50 @@ def test_hotswap_refuses_what_cannot_be_exactly_once(stack, root, ledger, subjec
     with pytest.raises(HotSwapRefused) as err:
         HotSwap(ledger).check(f"{raw}-a", f"{raw}-b", target)
     assert "inputs differ" in str(err.value) and "nondeterministic" in str(err.value)
-    with pytest.raises(HotSwapRefused, match="at-least-once.*must run as the new version"):
+    with pytest.raises(HotSwapRefused, match=r"at-least-once.*must run as the new version"):
         HotSwap(ledger).check(f"{raw}-a", f"{raw}-c", target)
+
+
+@pytest.mark.parametrize("who", ["old", "new"])
+@pytest.mark.parametrize("step", ["precommit", "commit"])
+def test_job_killed_at_a_swap_step_still_swaps_exactly_once(stack, root, ledger, subject_name, who, step):
+    raw, target = subject_name, f"{subject_name}-t"
+    create_subject(ledger, stack.kafka, raw, 2)
+    create_subject(ledger, stack.kafka, target, 4)
+    more = threading.Event()
+    gen = Generator(stack, root, raw, epochs=5000, pace=0.04, until=more).start()
+    common = ["--zk", stack.zk, "--kafka", stack.kafka, "--root", root, "--input", raw, "--output", target,
+              "--interval", "0.2"]
+    args = {"old": [*common, "--job", f"{raw}-v1", "--function", "tests.jobs:tag_v1", "--output-partitions", "0,1"],
+            "new": [*common, "--job", f"{raw}-v2", "--function", "tests.jobs:tag_v2", "--output-partitions", "2,3",
+                    "--version", "2", "--follows", f"{raw}-v1"]}
+    procs = {"old": Worker("connectors.runtime", *args["old"])}
+    procs["old"].wait_line(lambda line: line.startswith("committed"))
+    Coordinator(ledger).align(f"{raw}-v1", timeout=60)
+    procs["new"] = Worker("connectors.runtime", *args["new"])
+    procs["new"].wait_line(lambda line: line.startswith("open"))
+    swapper = HotSwap(ledger)
+    jobs = swapper.jobs
+    o, n = swapper.check(f"{raw}-v1", f"{raw}-v2", target)
+    try:
+        wait_for(lambda: all(c.job_epoch is not None for c in jobs.consumers(n.job, raw).values())
+                 and jobs.consumers(n.job, raw), 60, "v2 following")
+        swap, version = swapper._precommit(o, n, None, -1, None)
+        wait_for(lambda: swapper._acks(o, n, swap) == "all", 60, "both jobs to acknowledge S")
+        if step == "commit":
+            swap = swap.model_copy(update={"phase": "commit"})
+            jobs.write_swap(swap, version)
+        procs[who].kill()
+        procs[who] = Worker("connectors.runtime", *args[who])
+        procs[who].wait_line(lambda line: line.startswith("open"))
+        done = swapper.run(o.job, n.job, target, timeout=90)
+        assert done.phase == "done" and done.epoch == swap.epoch
+        wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, 60, "v2 output after the swap")
+        more.set()
+        assert gen.done.wait(60)
+        procs["old"].finish(timeout=60)
+        procs["new"].finish(timeout=90)
+    finally:
+        for p in procs.values():
+            p.stop()
+    _verify(ledger, stack, target, gen, swap.epoch)
