@@ -48,6 +48,17 @@ class EpochOutOfRetentionError(AlignerError):
         self.epoch = epoch
 
 
+class EpochCollectedError(EpochOutOfRetentionError):
+    """The epoch's ZooKeeper record was removed by ``aligner gc`` under the retention policy."""
+
+    def __init__(self, subject: str, epoch: int, first_retained: int) -> None:
+        AlignerError.__init__(
+            self, f"epoch {epoch} of subject {subject!r} is out of retention: garbage-collected, "
+                  f"the earliest retained epoch is {first_retained}"
+        )
+        self.epoch = epoch
+
+
 class FencedError(AlignerError):
     """A newer incarnation of the same producer took over; this one must stop writing."""
 

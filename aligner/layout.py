@@ -59,6 +59,9 @@ class Layout:
     def producer(self, subject: str, sink: str, producer: str) -> str:
         return f"{self.producers(subject, sink)}/{producer}"
 
+    def retention(self, subject: str) -> str:
+        return f"{self.subject(subject)}/retention"
+
     def epochs(self, subject: str) -> str:
         return f"{self.subject(subject)}/epochs"
 

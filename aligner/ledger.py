@@ -28,6 +28,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from aligner.epochs import CommittedEpoch, assemble, missing_writers
 from aligner.errors import (
     AlignerError,
+    EpochCollectedError,
     EpochNotCommittedError,
     FencedError,
     MalformedNodeError,
@@ -454,8 +455,25 @@ class Ledger:
         try:
             return self.read(EpochNode, self.layout.epoch(subject, epoch))[0]
         except NoNodeError:
-            self.subject(subject)
-            raise EpochNotCommittedError(subject, epoch, "no such epoch") from None
+            raise self._missing(subject, epoch) from None
+
+    def first_retained(self, subject: str) -> int:
+        """The oldest epoch ``aligner gc`` kept (0 when nothing was collected)."""
+        try:
+            raw, _ = self.zk.get(self.layout.retention(subject))
+        except NoNodeError:
+            return 0
+        try:
+            return int(raw)
+        except ValueError:
+            raise MalformedNodeError(self.layout.retention(subject), f"not an epoch number: {raw[:40]!r}") from None
+
+    def _missing(self, subject: str, epoch: int) -> AlignerError:
+        self.subject(subject)
+        floor = self.first_retained(subject)
+        if epoch < floor:
+            return EpochCollectedError(subject, epoch, floor)
+        return EpochNotCommittedError(subject, epoch, "no such epoch")
 
     def is_committed(self, subject: str, epoch: int) -> bool:
         if (subject, epoch) in self._committed:
@@ -527,7 +545,7 @@ class Ledger:
             node = nodes[e]
             if isinstance(node, NoNodeError):
                 self.subject(subject)  # raises UnknownSubjectError when that is the cause
-                raise EpochNotCommittedError(subject, e, "no such epoch")
+                raise self._missing(subject, e)
             if isinstance(node, BaseException):
                 raise node
             contributions = {w: parse(ContributionNode, p, req.get()[0]) for w, (p, req) in pending[e].items()}

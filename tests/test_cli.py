@@ -86,3 +86,21 @@ def test_embedded_stack_processes_die_with_their_owner(stack):
     for pid in (stack.zk_pid, stack.kafka_pid):
         assert _alive(pid) and os.getpgid(pid) == pid
     assert signal.SIGKILL  # the teardown path is exercised by test_stack_up_env_down_leaves_no_process
+
+
+def test_gc_keeps_the_last_epochs_and_collected_reads_are_clear_errors(stack, cli_env, subject_name):
+    assert run_cli(cli_env, "subjects", "create", subject_name, "--partitions", "2").returncode == 0
+    for i in range(6):
+        _outside_writes(stack.kafka, subject_name, i * 4, 4)
+        assert run_cli(cli_env, "markers", subject_name, "--count", "1").returncode == 0
+    dry = json.loads(run_cli(cli_env, "gc", "--keep-epochs", "2", "--dry-run", "--json").stdout)
+    assert dry["subjects"][subject_name] == {"first_retained": 4, "deleted_epochs": 4}
+    assert run_cli(cli_env, "read", subject_name, "--epoch", "1").returncode == 0  # nothing deleted yet
+    r = run_cli(cli_env, "gc", "--keep-epochs", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    r = run_cli(cli_env, "read", subject_name, "--epoch", "1")
+    assert r.returncode == 1 and "out of retention" in r.stderr and "earliest retained epoch is 4" in r.stderr
+    kept = json.loads(run_cli(cli_env, "read", subject_name, "--epochs", "4:5", "--json").stdout)
+    assert sorted(x["value"]["n"] for x in kept["records"]) == list(range(16, 24))
+    epochs = json.loads(run_cli(cli_env, "epochs", subject_name, "--json").stdout)
+    assert [e["epoch"] for e in epochs["epochs"]] == [4, 5]

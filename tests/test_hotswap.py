@@ -10,6 +10,7 @@ from aligner.models import ContributionNode
 from connectors.runtime import JobSpec
 from connectors.subjects import create_subject
 from coordinator.alignment import Coordinator
+from coordinator.gc import collect
 from coordinator.hotswap import HotSwap, HotSwapRefused
 from coordinator.stack import wait_for
 from tests.helpers import Worker
@@ -61,6 +62,11 @@ def test_hotswap_under_continuous_input_is_exactly_once(stack, root, ledger, sub
     v2.join(90)
     gap = _verify(ledger, stack, target, gen, swap.epoch)
     assert gap < 2.0, f"target epochs S and S+1 committed {gap:.2f}s apart"
+    # The swapped-out job's state goes; the epoch history lineage needs stays.
+    report = collect(ledger, keep_epochs=1000)
+    assert report["jobs"][old.job]["swapped_out"] and not report["jobs"][new.job]["swapped_out"]
+    assert not ledger.zk.exists(f"{ledger.layout.job(old.job)}/workers")
+    assert HotSwap(ledger).jobs.job_epoch_numbers(old.job)
 
 
 def test_coordinator_killed_after_precommit_resumes_the_swap(stack, root, ledger, subject_name, cli_env):
