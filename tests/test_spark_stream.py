@@ -13,12 +13,14 @@ from connectors.subjects import create_subject
 
 pytest.importorskip("pyspark")
 
+TEST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # the first session of the run starts the JVM
+
 
 @pytest.fixture(scope="module")
 def spark():
     from connectors.spark.session import local_session
 
-    session = local_session("local[2,2]", "test-spark-stream")
+    session = local_session("local[2,2]", "test-spark-stream", **{"spark.driver.extraJavaOptions": TEST_JVM})
     yield session
     session.stop()
 

@@ -15,6 +15,8 @@ from connectors.subjects import create_subject
 
 pytest.importorskip("pyspark")
 
+TEST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # the first session of the run starts the JVM
+
 RECORDS = 200
 
 
@@ -23,7 +25,8 @@ def spark():
     from connectors.spark.session import local_session
 
     # local[2,2]: a failed task is retried once. Small Arrow batches let the injected fault hit mid-task.
-    session = local_session("local[2,2]", "test-spark-write", **{"spark.sql.execution.arrow.maxRecordsPerBatch": "4"})
+    session = local_session("local[2,2]", "test-spark-write", **{"spark.driver.extraJavaOptions": TEST_JVM,
+                                                                 "spark.sql.execution.arrow.maxRecordsPerBatch": "4"})
     yield session
     session.stop()
 

@@ -5,7 +5,9 @@ Batch::
     spark.read.format("aligned").option("zk", ZK).option("kafka", KAFKA).option("subject", "orders")
          .option("epochs", "3:7").load()
 
-Exactly one of ``epoch`` (N), ``epochs`` ("A:B", inclusive) or ``asOf`` (every committed epoch up to N).
+Exactly one of ``epoch`` (N), ``epochs`` ("A:B", inclusive), ``asOf`` (every committed epoch up to N)
+or ``lineage`` ("JOB:EPOCH": the subject's epochs in the consistent cut named by an epoch of a
+downstream job, a coordinator job or a Spark sink id; see :mod:`connectors.spark.lineage`).
 The epochs are resolved in ZooKeeper while Spark plans the query, so an unknown subject, an epoch
 that is not committed or an epoch whose first offset the log no longer holds fails before any
 task runs. A committed epoch never changes, so the same options return the same rows forever.

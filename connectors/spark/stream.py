@@ -17,6 +17,13 @@ a .. b-1 and nothing else. Batches are therefore aligned with the subject: with 
 
 Each batch is planned like a batch read (:func:`connectors.spark.common.plan_partitions`): one input
 partition per Kafka partition with records in the batch's epochs, stamps filtered.
+
+Lineage: every read task of micro-batch B of query Q creates-if-absent
+``{root}/spark/queries/{Q}/batches/{B:012d}/{subject}`` = the epochs [first, last] it covers
+(:class:`connectors.spark.models.SparkSourceBatchNode`; a batch of empty epochs gets one empty task
+for it). The query id survives restarts from the checkpoint and a batch re-run plans the same span, so
+the record is written once; together with the aligned sink's per-epoch lineage it maps every epoch a
+Spark query writes onto the subject epochs it read.
 """
 
 from __future__ import annotations
