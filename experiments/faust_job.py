@@ -13,6 +13,10 @@ Environment:
     FAUST_JOB_VERSION   ``1`` or ``2`` (2 marks its output ``"v": 2``; for hot-swap demos)
     FAUST_JOB_INTERVAL  own checkpoint interval in seconds before alignment (default 1.0)
     FAUST_JOB_PARALLELISM  workers of the job (default 1); start one process per ALIGNER_WORKER index
+    FAUST_JOB_FOLLOWS   run as the new version of this job (hot-swap): follow its aligned epochs, void output
+                        until ``aligner hotswap --old FOLLOWS --new FAUST_JOB_ID`` commits the swap
+    FAUST_JOB_OUTPUT_PARTITIONS  comma-separated output partitions this job writes (default: all); the old
+                        and the new version of a hot-swap write different partitions of the same target
     FAUST_JOB_ASYNC     ``1``: the same function as an ``async def`` generator (agent style)
     FAUST_JOB_PAUSE     ``EPOCH:POINT`` park the worker at a commit point (crash tests), e.g.
                         ``3:after_kafka_commit``; it prints ``paused EPOCH POINT`` and waits to be killed
@@ -20,7 +24,15 @@ Environment:
     ALIGNER_ZK, ALIGNER_KAFKA, ALIGNER_ROOT, ALIGNER_HOME  connection settings, Faust datadir under home
 
 The worker prints one line per event to stdout: ``open ...``, ``committed E aligned=...``,
-``finished ...``.
+``finished ... last=E`` (input finished, or for the old version of a hot-swap: E is the swap epoch S).
+
+Hot-swap v1 -> v2 of this job (two Faust workers writing one target)::
+
+    FAUST_JOB_ID=tagger-v1 FAUST_JOB_OUTPUT_PARTITIONS=0,1 ... python -m experiments.faust_job worker --without-web
+    aligner align tagger-v1
+    FAUST_JOB_ID=tagger-v2 FAUST_JOB_VERSION=2 FAUST_JOB_FOLLOWS=tagger-v1 FAUST_JOB_OUTPUT_PARTITIONS=2,3 ... \
+        python -m experiments.faust_job worker --without-web
+    aligner hotswap --old tagger-v1 --new tagger-v2 --subject tagged
 
 Each output value is ``{"in": input value, "src": [subject, partition, offset, epoch], "seen": n, "v": version}``
 where ``seen`` counts inputs per key in the job's keyed state (restored from the last committed epoch).
@@ -45,6 +57,9 @@ VERSION = os.environ.get("FAUST_JOB_VERSION", "1")
 INTERVAL = float(os.environ.get("FAUST_JOB_INTERVAL", "1.0"))
 PARALLELISM = int(os.environ.get("FAUST_JOB_PARALLELISM", "1"))
 PAUSE = os.environ.get("FAUST_JOB_PAUSE", "")
+FOLLOWS = os.environ.get("FAUST_JOB_FOLLOWS") or None
+OUTPUT_PARTITIONS = tuple(int(p) for p in os.environ.get("FAUST_JOB_OUTPUT_PARTITIONS", "").split(",") if p.strip()) \
+    or None
 
 
 def say(line: str) -> None:
@@ -87,7 +102,8 @@ def pause_at(spec: str):
 
 app = aligned.faust_app(f"aligned-{JOB_ID}-{os.environ.get('ALIGNER_WORKER', '0')}")
 job = aligned.job(app, job_id=JOB_ID, inputs=INPUTS, output=OUTPUT, version=VERSION, interval=INTERVAL,
-                  parallelism=PARALLELISM, fault=pause_at(PAUSE),
+                  parallelism=PARALLELISM, follows=FOLLOWS, output_partitions=OUTPUT_PARTITIONS,
+                  fault=pause_at(PAUSE),
                   report=say)(tag_async if os.environ.get("FAUST_JOB_ASYNC") == "1" else tag)
 
 

@@ -24,6 +24,8 @@ from connectors.sink import SinkProducer
 from connectors.source import SourceRecord
 from connectors.subjects import create_subject
 from coordinator.alignment import Coordinator
+from coordinator.hotswap import HotSwap
+from coordinator.stack import wait_for
 from tests.helpers import Worker
 
 RECORDS = 20
@@ -60,10 +62,10 @@ class Feeder(threading.Thread):
             ledger.close()
 
 
-def _start(stack, root: str, home: str, job: str, src: str, out: str, pause: str = "") -> Worker:
+def _start(stack, root: str, home: str, job: str, src: str, out: str, pause: str = "", **extra: str) -> Worker:
     env = {"ALIGNER_ZK": stack.zk, "ALIGNER_KAFKA": stack.kafka, "ALIGNER_ROOT": root, "ALIGNER_HOME": home,
            "FAUST_JOB_ID": job, "FAUST_JOB_INPUT": src, "FAUST_JOB_OUTPUT": out, "FAUST_JOB_INTERVAL": "0.3",
-           "FAUST_JOB_PAUSE": pause}
+           "FAUST_JOB_PAUSE": pause, **{f"FAUST_JOB_{k.upper()}": v for k, v in extra.items()}}
     return Worker("experiments.faust_job", "worker", "-l", "warn", "--without-web", env=env)
 
 
@@ -176,6 +178,90 @@ def test_faust_worker_killed_restarted_and_aligned_exactly_once(stack, root, led
         got = Counter(v["src"][3] for v in by_epoch[e])
         assert got == {i: RECORDS for i in range(span.first, span.last + 1)}, f"job epoch {e}: {got} vs {span}"
     assert expected_first == in_epochs[-1] + 1
+
+
+def _terminate(worker: Worker) -> None:
+    """Faust stops cleanly on SIGTERM once its aligned job finished."""
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.proc.wait(60) == 0, "".join(worker._stderr)[-3000:]
+
+
+def test_faust_workers_hot_swapped_v1_to_v2_exactly_once(stack, root, ledger, subject_name, tmp_path):
+    """Two real Faust workers, v1 aligned and v2 following it, swapped under continuous input."""
+    home = str(tmp_path / "home")
+    src, target = f"{subject_name}-in", f"{subject_name}-t"
+    v1, v2 = f"faust-{subject_name}-v1", f"faust-{subject_name}-v2"
+    create_subject(ledger, stack.kafka, src, 4)
+    create_subject(ledger, stack.kafka, target, 4)
+    feeder = Feeder(stack.zk, root, stack.kafka, src)
+    feeder.start()
+    old = _start(stack, root, home, v1, src, target, output_partitions="0,1")
+    new: Worker | None = None
+    try:
+        old.wait_line(lambda line: _committed(line) is not None, timeout=60)
+        Coordinator(ledger).align(v1, timeout=60)
+        new = _start(stack, root, home, v2, src, target, version="2", follows=v1, output_partitions="2,3")
+        new.wait_line(lambda line: line.startswith("open"), timeout=60)
+        # v2 follows v1's aligned epochs with its output voided: nothing of it reaches the target yet.
+        line = new.wait_line(lambda line: _committed(line) is not None, timeout=60)
+        assert "aligned=True" in line, line
+
+        fed_before, frontier_before = feeder.last, ledger.frontier(target)
+        accepted = max(c.job_epoch or 0 for j in (v1, v2) for c in JobLedger(ledger).consumers(j, src).values())
+        swap = HotSwap(ledger).run(v1, v2, target, timeout=60)
+        fed_after = feeder.last
+        assert swap.phase == "done" and swap.old == v1 and swap.new == v2
+        # S is picked a margin (2) ahead of both jobs, a few epochs more if they moved on meanwhile.
+        assert accepted < swap.epoch <= accepted + 6, f"swap at {swap.epoch}, job epoch {accepted} when accepted"
+        # v1 writes its last epoch S and finishes; the input kept flowing during the swap.
+        done = old.wait_line(lambda line: line.startswith("finished"), timeout=60)
+        assert done.endswith(f"last={swap.epoch}"), done
+        assert fed_after > fed_before, "no input epoch was written during the swap"
+        _terminate(old)
+        wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, 60, "v2 output after the swap")
+
+        # Finite input: v2 drains the last input epoch and finishes the target.
+        feeder.finish.set()
+        feeder.join(30)
+        assert feeder.error is None, feeder.error
+        new.wait_line(lambda line: line.startswith("finished"), timeout=60)
+        _terminate(new)
+    finally:
+        feeder.finish.set()
+        old.stop()
+        if new is not None:
+            new.stop()
+
+    in_epochs = ledger.epoch_numbers(src)
+    out_epochs = ledger.epoch_numbers(target)
+    assert ledger.finished(src) == in_epochs[-1] == feeder.last
+    assert ledger.finished(target) == out_epochs[-1] == ledger.frontier(target)
+    with EpochReader(ledger, stack.kafka) as reader:
+        inputs = {(r.partition, r.offset): r for r in reader.read(src, 0, in_epochs[-1])}
+        outputs = [(e, r.partition, json.loads(r.value)) for e in out_epochs for r in reader.read(target, e)]
+
+    # Every input's result exactly once at the target.
+    results = Counter((v["src"][1], v["src"][2]) for _, _, v in outputs)
+    assert len(inputs) == len(in_epochs) * RECORDS
+    assert set(results) == set(inputs), "lost or invented results"
+    assert max(results.values()) == 1, [k for k, n in results.items() if n > 1][:5]
+    # Target epochs <= S hold v1's results (in v1's partitions), later ones v2's (in v2's partitions).
+    for epoch, partition, v in outputs:
+        assert json.loads(inputs[(v["src"][1], v["src"][2])].value) == v["in"]
+        version = 1 if epoch <= swap.epoch else 2
+        assert v["v"] == version, f"target epoch {epoch} (S = {swap.epoch}) has a v{v['v']} result"
+        assert partition in ((0, 1) if version == 1 else (2, 3)), (epoch, partition, v)
+    assert any(e <= swap.epoch for e, _, _ in outputs) and any(e > swap.epoch for e, _, _ in outputs)
+    # v2's keyed state advanced through its voided epochs before S: per key, "seen" goes on from there
+    # without gaps or repeats (and not from 1).
+    seen = defaultdict(list)
+    for _, _, v in outputs:
+        if v["v"] == 2:
+            seen[f"k{v['in']['j'] % 7}"].append(v["seen"])
+    for key, counts in seen.items():
+        assert min(counts) > 1 and sorted(counts) == list(range(min(counts), min(counts) + len(counts))), key
+    print(f"faust hot-swap: accepted at job epoch {accepted} (target frontier {frontier_before}), S = {swap.epoch}, "
+          f"{fed_after - fed_before} input epochs written meanwhile")
 
 
 def test_async_generator_job_functions_run_on_the_faust_loop():

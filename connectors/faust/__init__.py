@@ -28,7 +28,10 @@ epoch together with the input offsets, the keyed state snapshot (``state``, a
 :class:`connectors.runtime.KeyedState`, replaces Faust tables) and the alignment state in one
 ZooKeeper multi-op. A worker killed anywhere restarts from its last committed epoch with the state
 of that epoch. The job registers in ZooKeeper like any other job, so the coordinator aligns it
-(``aligner align JOB``) and hot-swaps it like any other job.
+(``aligner align JOB``) and hot-swaps it like any other job: ``job(..., follows="old-job",
+output_partitions=(2, 3))`` runs a new version beside the old one (the old one declared with other
+partitions of the same output), and ``aligner hotswap --old old-job --new new-job --subject OUT``
+swaps them; the old worker's loop ends after the swap epoch, the new one writes from the next.
 
 Honest limits: the job function runs in the worker thread (sync functions) or is awaited on the
 Faust event loop one record at a time (async generator functions), so async jobs are slower;

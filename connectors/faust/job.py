@@ -104,6 +104,7 @@ class AlignedJob:
             return {"job": self.spec.job, "running": False}
         return {"job": self.spec.job, "worker": w.worker, "running": not self.finished.is_set(),
                 "committed_epoch": w.sink.lease.node.committed_epoch, "aligned": w.aligned,
+                "follows": self.spec.follows, "swap": w._swap.model_dump() if w._swap is not None else None,
                 "modes": {s: w.mode_of(s) for s in self.spec.inputs}, "records_in": w.records_in,
                 "records_out": w.records_out}
 
@@ -183,9 +184,9 @@ class _JobService(Service):
 
 def job(app: faust.App, *, job_id: str, inputs: Sequence[str], output: str, parallelism: int = 1,
         version: str = "1", interval: float = 1.0, mode: Mode = "exactly_once", epochs_per_checkpoint: int = 1,
-        deterministic: bool = True, worker: int | None = None, settings: Settings | None = None,
-        fault: FaultHook | None = None, report: Report | None = None,
-        wait_timeout: float = 120.0) -> Callable[[Callable[..., Any]], AlignedJob]:
+        deterministic: bool = True, follows: str | None = None, output_partitions: Sequence[int] | None = None,
+        worker: int | None = None, settings: Settings | None = None, fault: FaultHook | None = None,
+        report: Report | None = None, wait_timeout: float = 120.0) -> Callable[[Callable[..., Any]], AlignedJob]:
     """Declare an epoch job of ``app``: aligned-capable sources ``inputs``, stamped sink ``output``.
 
     The decorated function takes ``(record, state)`` (a :class:`SourceRecord` and the job's
@@ -194,10 +195,17 @@ def job(app: faust.App, *, job_id: str, inputs: Sequence[str], output: str, para
     ``interval`` seconds) and the coordinator aligns it on its inputs. Connection settings come from
     ``settings`` or the ``ALIGNER_*`` environment at worker start, the worker index from ``worker``
     or ``ALIGNER_WORKER``.
+
+    Hot-swap: ``follows=OLD_JOB`` runs this app as the new version of ``OLD_JOB`` (it follows the old
+    job's aligned epochs and voids its output until ``aligner hotswap`` commits the swap), and
+    ``output_partitions`` restricts the job's producers to some partitions of ``output``, so the old
+    and the new version write different partitions of the same target subject. The old version's
+    step loop ends (``finished``) after the swap epoch S; the new one writes from S+1 on.
     """
     spec = JobSpec(job=job_id, inputs=tuple(inputs), output=output, parallelism=parallelism, version=version,
                    interval=interval, mode=mode, epochs_per_checkpoint=epochs_per_checkpoint,
-                   deterministic=deterministic)
+                   deterministic=deterministic, follows=follows,
+                   output_partitions=tuple(output_partitions) if output_partitions is not None else None)
 
     def decorate(fn: Callable[..., Any]) -> AlignedJob:
         return AlignedJob(app, fn, spec, worker=worker, settings=settings, fault=fault, report=report,
