@@ -177,11 +177,14 @@ def test_verify_reports_the_first_differing_epoch(stack, root, ledger, subject_n
     raw, a, b = subject_name, f"{subject_name}-a", f"{subject_name}-b"
     for name in (raw, a, b):
         create_subject(ledger, stack.kafka, name, 2)
-    gen = Generator(stack, root, raw, epochs=30, pace=0.02).start()
+    more = threading.Event()
+    gen = Generator(stack, root, raw, epochs=5000, pace=0.02, until=more).start()
     ja = JobThread(stack, root, JobSpec(job=f"{raw}-ja", inputs=(raw,), output=a, interval=0.1), tag_v1)
     jb = JobThread(stack, root, JobSpec(job=f"{raw}-jb", inputs=(raw,), output=b, interval=0.1), tag_v1)
     coord = Coordinator(ledger)
     da, db = coord.align(f"{raw}-ja", timeout=60), coord.align(f"{raw}-jb", timeout=60)
+    wait_for(lambda: (ledger.frontier(a) or 0) >= da.job_epoch + 5, 60, "aligned output")
+    more.set()
     assert gen.done.wait(60)
     ja.join(60)
     jb.join(60)
