@@ -29,6 +29,8 @@ class Generator:
     pace: float = 0.03
     until: threading.Event | None = None
     """When given, keep writing (up to ``epochs``) until it is set, then finish."""
+    hold: threading.Event | None = None
+    """When given, write ``epochs`` epochs and more until it is set (a test's alignment is done)."""
     sent: int = 0
     done: threading.Event = field(default_factory=threading.Event)
     error: list[BaseException] = field(default_factory=list)
@@ -43,9 +45,11 @@ class Generator:
             parts = list(range(led.subject(self.subject).partitions))
             stop = threading.Event()
             with SinkProducer(led, self.stack.kafka, self.subject, "gen", 0, parts) as p:
-                for i in range(self.epochs):
+                i = 0
+                while i < self.epochs or (self.hold is not None and not self.hold.is_set()):
                     if self.until is not None and self.until.is_set() and i > 0:
                         break
+                    i += 1
                     p.begin()
                     for _ in range(self.per_epoch):
                         p.send(json.dumps({"n": self.sent}).encode(), key=str(self.sent).encode())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 
 import pytest
 
@@ -40,13 +41,15 @@ def _aligned_epochs(jobs: JobLedger, job: str) -> dict[int, int]:
 def test_two_independent_jobs_align_on_identical_epochs(stack, root, ledger, subject_name):
     raw, x1, x2 = subject_name, f"{subject_name}-x1", f"{subject_name}-x2"
     _subjects(ledger, stack, raw, x1, x2)
-    gen = Generator(stack, root, raw, epochs=90, pace=0.04).start()
+    aligned = threading.Event()
+    gen = Generator(stack, root, raw, epochs=90, pace=0.04, hold=aligned).start()
     a = JobThread(stack, root, JobSpec(job=f"{raw}-a", inputs=(raw,), output=x1, interval=0.15), tag_v1)
     wait_for(lambda: (ledger.frontier(raw) or 0) >= 5, 30, "upstream epochs before the second job starts")
     b = JobThread(stack, root, JobSpec(job=f"{raw}-b", inputs=(raw,), output=x2, interval=0.35), tag_v1)
     coord = Coordinator(ledger)
     coord.align(f"{raw}-a", timeout=60)
     coord.align(f"{raw}-b", timeout=60)
+    aligned.set()
     gen.done.wait(60)
     assert not gen.error
     a.join(60)
@@ -69,12 +72,14 @@ def test_two_independent_jobs_align_on_identical_epochs(stack, root, ledger, sub
 def test_chain_lineage_reads_a_consistent_cut(stack, root, ledger, subject_name):
     raw, x, y = subject_name, f"{subject_name}-x", f"{subject_name}-y"
     _subjects(ledger, stack, raw, x, y)
-    gen = Generator(stack, root, raw, epochs=60, pace=0.04).start()
+    aligned = threading.Event()
+    gen = Generator(stack, root, raw, epochs=60, pace=0.04, hold=aligned).start()
     a = JobThread(stack, root, JobSpec(job=f"{raw}-A", inputs=(raw,), output=x, interval=0.2), tag_v1)
     b = JobThread(stack, root, JobSpec(job=f"{raw}-B", inputs=(x,), output=y, interval=0.3), tag_v1)
     coord = Coordinator(ledger)
     coord.align(f"{raw}-A", timeout=60)
     coord.align(f"{raw}-B", timeout=60)
+    aligned.set()
     gen.done.wait(60)
     a.join(90)
     b.join(90)
@@ -93,8 +98,9 @@ def test_chain_lineage_reads_a_consistent_cut(stack, root, ledger, subject_name)
             continue  # B covered an X epoch written before A was aligned: lineage stops at offsets
         records = [v for e, v in outputs if e == epoch]
         assert all(v["src"][0] == x and v["src"][3] in x_epochs for v in records)
-        assert all(v["in"]["src"][0] == raw and v["in"]["src"][3] in cut[raw] for v in records)
-        raw_records = sum(1 for e, _ in read_all_epochs(ledger, stack.kafka, raw, cut[raw]))
+        raw_cut = cut.get(raw, [])  # empty for the drained end of a finished input
+        assert all(v["in"]["src"][0] == raw and v["in"]["src"][3] in raw_cut for v in records)
+        raw_records = sum(1 for e, _ in read_all_epochs(ledger, stack.kafka, raw, raw_cut))
         assert raw_records == len(records), f"B epoch {epoch}: cut holds {raw_records} raw records"
         checked += 1
     assert checked >= 10, f"only {checked} fully aligned B epochs"
@@ -112,7 +118,8 @@ def test_abort_in_every_state_loses_and_duplicates_nothing(stack, root, ledger, 
     raw, x = subject_name, f"{subject_name}-x"
     _subjects(ledger, stack, raw, x)
     job = f"{raw}-j"
-    gen = Generator(stack, root, raw, epochs=120, pace=0.04).start()
+    walked = threading.Event()
+    gen = Generator(stack, root, raw, epochs=40, pace=0.04, hold=walked).start()
     t = JobThread(stack, root, JobSpec(job=job, inputs=(raw,), output=x, interval=0.15), tag_v1)
     jobs, coord = JobLedger(ledger), Coordinator(ledger)
 
@@ -144,6 +151,7 @@ def test_abort_in_every_state_loses_and_duplicates_nothing(stack, root, ledger, 
     assert state() is State.ALIGNED
     coord.abort(job, timeout=30)
     assert state() is State.UNALIGNED
+    walked.set()
     gen.done.wait(60)
     t.join(90)
     assert_exactly_once(read_all(ledger, stack.kafka, x), gen.sent)
@@ -165,10 +173,12 @@ def test_variable_interval_spans_k_subject_epochs(stack, root, ledger, subject_n
     raw, x = subject_name, f"{subject_name}-x"
     _subjects(ledger, stack, raw, x)
     job = f"{raw}-k3"
-    gen = Generator(stack, root, raw, epochs=80, pace=0.03).start()
+    aligned = threading.Event()
+    gen = Generator(stack, root, raw, epochs=80, pace=0.03, hold=aligned).start()
     t = JobThread(stack, root, JobSpec(job=job, inputs=(raw,), output=x, interval=0.2, epochs_per_checkpoint=3),
                   tag_v1)
     Coordinator(ledger).align(job, timeout=60)
+    aligned.set()
     gen.done.wait(60)
     t.join(90)
     jobs = JobLedger(ledger)
@@ -183,11 +193,13 @@ def test_multi_subject_job_aligns_on_an_epoch_vector(stack, root, ledger, subjec
     left, right, x = f"{subject_name}-l", f"{subject_name}-r", f"{subject_name}-x"
     _subjects(ledger, stack, left, right, x)
     job = f"{subject_name}-m"
-    gl = Generator(stack, root, left, epochs=60, pace=0.03).start()
-    gr = Generator(stack, root, right, epochs=25, pace=0.09).start()
+    aligned = threading.Event()
+    gl = Generator(stack, root, left, epochs=60, pace=0.03, hold=aligned).start()
+    gr = Generator(stack, root, right, epochs=25, pace=0.09, hold=aligned).start()
     t = JobThread(stack, root, JobSpec(job=job, inputs=(left, right), output=x, interval=0.2), tag_v1)
     decision = Coordinator(ledger).align(job, timeout=60)
     assert set(decision.subject_epochs) == {left, right}
+    aligned.set()
     gl.done.wait(60)
     gr.done.wait(60)
     t.join(90)

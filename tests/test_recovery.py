@@ -49,7 +49,8 @@ def test_coordinator_killed_between_catch_up_and_aligned_resumes(stack, root, le
     for n in (raw, x):
         create_subject(ledger, stack.kafka, n, 2)
     job = f"{raw}-c"
-    gen = Generator(stack, root, raw, epochs=150, pace=0.04).start()
+    resumed = threading.Event()
+    gen = Generator(stack, root, raw, epochs=60, pace=0.04, hold=resumed).start()
     t = JobThread(stack, root, JobSpec(job=job, inputs=(raw,), output=x, interval=0.5), tag_v1)
     jobs = JobLedger(ledger)
     wait_for(lambda: jobs.consumers(job, raw), 30, "the consumer to report")
@@ -65,6 +66,7 @@ def test_coordinator_killed_between_catch_up_and_aligned_resumes(stack, root, le
     assert second.proc.wait(120) == 0, "".join(second._stderr)
     assert jobs.decision(job)[0].phase == "aligned"
     assert jobs.source_state(job, raw).state is State.ALIGNED
+    resumed.set()
     gen.done.wait(60)
     t.join(120)
     assert_exactly_once(read_all(ledger, stack.kafka, x), gen.sent)
