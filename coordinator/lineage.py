@@ -17,7 +17,7 @@ from aligner.ledger import Ledger
 def job_epoch_lineage(ledger: Ledger, job: str, epoch: int, depth: int = 16) -> dict[str, Any]:
     jobs = JobLedger(ledger)
     node = jobs.job(job)
-    covered = jobs.job_epoch(job, epoch)
+    covered = jobs.job_epoch(node.follows or job, epoch)  # a new version uses the old one's epochs
     entry: dict[str, Any] = {"job": job, "epoch": epoch, "output": node.output}
     if covered is None:
         entry["aligned"] = False

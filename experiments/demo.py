@@ -4,7 +4,8 @@
         --> job `enrich` (2 workers)  --> subject `enriched`
         --> job `totals` (1 worker)   --> subject `totals`
 
-Both jobs start unaligned on their own timers; the coordinator aligns them while data flows.
+Both jobs start unaligned on their own timers; the coordinator aligns them while data flows, then
+hot-swaps `enrich` for `enrich-v2` (which ran beside it, following its epochs) without stopping.
 Spark then reads `totals` by aligned epoch when PySpark is installed. The demo ends with a
 verification line and exits non-zero if anything was lost or duplicated.
 """
@@ -30,6 +31,7 @@ from connectors.runtime import JobFunction, JobSpec, JobWorker, KeyedState
 from connectors.source import SourceRecord
 from connectors.subjects import create_subject
 from coordinator.alignment import Coordinator
+from coordinator.hotswap import HotSwap
 from coordinator.lineage import flatten, job_epoch_lineage
 from coordinator.stack import EmbeddedStack, wait_for
 
@@ -43,7 +45,13 @@ def enrich(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | No
     user = event["user"]
     seen = state.get(user, 0) + 1
     state.put(user, seen)
-    yield user.encode(), json.dumps({**event, "nth_for_user": seen, "events_epoch": record.epoch}).encode()
+    yield user.encode(), json.dumps({**event, "nth_for_user": seen, "events_epoch": record.epoch, "v": 1}).encode()
+
+
+def enrich_v2(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
+    """Version 2: the same enrichment, marked, so the output shows which version produced it."""
+    for key, value in enrich(record, state):
+        yield key, json.dumps({**json.loads(value), "v": 2}).encode()
 
 
 def totals(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
@@ -51,7 +59,7 @@ def totals(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | No
     total = state.get(event["user"], 0) + event["amount"]
     state.put(event["user"], total)
     yield record.key, json.dumps({"n": event["n"], "user": event["user"], "total": total,
-                                  "enriched_epoch": record.epoch}).encode()
+                                  "enriched_epoch": record.epoch, "enrich_version": event["v"]}).encode()
 
 
 def outside_producer(bootstrap: str, stop: threading.Event) -> None:
@@ -120,7 +128,10 @@ def main() -> int:
         marker_thread = threading.Thread(target=marker.run, args=(0.25, marker_stop), daemon=True)
         marker_thread.start()
 
-        enrich_spec = JobSpec(job="enrich", inputs=("events",), output="enriched", parallelism=2, interval=0.3)
+        enrich_spec = JobSpec(job="enrich", inputs=("events",), output="enriched", parallelism=2, interval=0.3,
+                              output_partitions=(0, 1))
+        enrich_v2_spec = JobSpec(job="enrich-v2", version="2", inputs=("events",), output="enriched",
+                                 parallelism=2, interval=0.3, output_partitions=(2, 3), follows="enrich")
         totals_spec = JobSpec(job="totals", inputs=("enriched",), output="totals", interval=0.45)
         threads = [run_job(info.zk, info.kafka, enrich_spec, i, enrich, stop, errors) for i in range(2)]
         threads.append(run_job(info.zk, info.kafka, totals_spec, 0, totals, stop, errors))
@@ -134,6 +145,13 @@ def main() -> int:
         console.print(f"  enrich aligned: job epoch {d1.job_epoch} starts at events epoch {d1.subject_epochs}")
         d2 = coord.align("totals", timeout=120)
         console.print(f"  totals aligned: job epoch {d2.job_epoch} starts at enriched epoch {d2.subject_epochs}")
+        console.print("starting enrich v2 beside v1 (it follows v1's epochs, output voided), hot-swapping ...")
+        threads += [run_job(info.zk, info.kafka, enrich_v2_spec, i, enrich_v2, stop, errors) for i in range(2)]
+        wait_for(lambda: "enrich-v2" in jobs.job_names() and len(jobs.consumers("enrich-v2", "events")) == 2
+                 and all(c.job_epoch is not None for c in jobs.consumers("enrich-v2", "events").values()),
+                 60, "enrich v2 to follow")
+        swap = HotSwap(led).run("enrich", "enrich-v2", "enriched", timeout=120)
+        console.print(f"  swapped: enrich v1 wrote enriched epochs <= {swap.epoch}, v2 writes from {swap.epoch + 1}")
 
         producer_done.wait(120)
         marker_stop.set()
@@ -169,7 +187,8 @@ def main() -> int:
         marker_led.close()
         led.close()
 
-    ok = lost == 0 and dup == 0 and totals_ok and len(out) == EVENTS
+    by_version = Counter(o["enrich_version"] for o in out)
+    ok = lost == 0 and dup == 0 and totals_ok and len(out) == EVENTS and by_version[1] > 0 and by_version[2] > 0
     console.print(f"lineage of totals epoch {tree['epoch']}: " + ", ".join(f"{s} {e}" for s, e in cut.items()))
     if spark_rows is not None:
         console.print(f"Spark read of totals epochs {first}:{last}: {spark_rows} rows")
@@ -178,6 +197,7 @@ def main() -> int:
     console.print(
         f"[bold {style}]verification: records in {EVENTS}, records out {len(out)}, lost {lost}, "
         f"duplicated {dup}, per-user totals {'match' if totals_ok else 'DIFFER'}, "
+        f"enriched by v1 {by_version[1]} / v2 {by_version[2]}, "
         f"{len(aligned_epochs)} aligned epochs of totals[/] ({time.monotonic() - t0:.0f}s)"
     )
     return 0 if ok else 1
