@@ -208,3 +208,25 @@ def test_verify_reports_the_first_differing_epoch(stack, root, ledger, subject_n
     r = run_cli(cli_env, "verify", "--subject", a, "--subject", raw, "--epochs", f"{first}:{first + 3}", "--json")
     report = json.loads(r.stdout)
     assert r.returncode == 3 and report["first_difference"]["epoch"] == first
+
+
+def test_coordinator_lost_after_commit_is_resumed_by_the_next(stack, root, ledger, subject_name, cli_env):
+    """The commit phase written, then the coordinator gone: `aligner hotswap` again finishes it."""
+    target, more, gen, old, new, v1, v2 = _setup(stack, root, ledger, subject_name)
+    swapper = HotSwap(ledger)
+    o, n = swapper.check(old.job, new.job, target)
+    wait_for(lambda: swapper._committed(new.job, new.inputs) >= 0, 60, "v2 following")
+    swap, version = swapper._precommit(o, n, None, -1, None)
+    wait_for(lambda: swapper._acks(o, n, swap) == "all", 60, "both jobs to acknowledge S")
+    swapper.jobs.write_swap(swap.model_copy(update={"phase": "commit"}), version)  # ... and the coordinator dies
+    resumed = Worker("coordinator", "hotswap", "--old", old.job, "--new", new.job, "--subject", target, "--json",
+                     env=cli_env)
+    assert resumed.proc.wait(120) == 0, "".join(resumed._stderr)
+    done = swapper.jobs.swap(old.job)[0]
+    assert done.phase == "done" and done.epoch == swap.epoch
+    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, 60, "v2 output after the swap")
+    more.set()
+    assert gen.done.wait(60)
+    v1.join(60)
+    v2.join(90)
+    _verify(ledger, stack, target, gen, swap.epoch)
