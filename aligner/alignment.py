@@ -14,7 +14,7 @@ job's epochs map to the same subject epochs whichever consumer is asked.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Literal
 
@@ -119,7 +119,3 @@ def aggregate(states: Iterable[ConsumerAlignment]) -> ConsumerAlignment:
             raise AlignerError(f"consumers disagree on the alignment point: {sorted(keys, key=str)}")
     return slowest
 
-
-def ahead_of(positions: Mapping[int, int], second_last_ends: Mapping[int, int]) -> bool:
-    """Ready test: the consumer's position is at or past the second-last committed epoch on every partition."""
-    return all(positions.get(p, -1) >= end for p, end in second_last_ends.items())

@@ -6,7 +6,6 @@ epoch fixes the subject epochs it covers; every other worker reads that decision
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -80,9 +79,6 @@ class JobLedger:
         except NoNodeError:
             return []
 
-    def jobs_writing(self, subject: str) -> list[JobNode]:
-        return [j for j in (self.job(n) for n in self.job_names()) if j.output == subject]
-
     # ---- alignment commands and states ----------------------------------------------------------
 
     def command(self, job: str, subject: str) -> tuple[Command, int]:
@@ -137,10 +133,6 @@ class JobLedger:
             self.zk.create(path, decision.dump())
             return 0
         return self.zk.set(path, decision.dump(), version=version).version
-
-    def clear_decision(self, job: str) -> None:
-        with contextlib.suppress(NoNodeError):
-            self.zk.delete(self.layout.decision(job))
 
     # ---- hot-swap -----------------------------------------------------------------------------
 

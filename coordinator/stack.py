@@ -16,7 +16,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -212,12 +212,6 @@ class EmbeddedStack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-@contextlib.contextmanager
-def embedded_stack() -> Iterator[StackInfo]:
-    with EmbeddedStack() as info:
-        yield info
 
 
 # ---- detached stack for `aligner stack up|down|env` -------------------------------------------

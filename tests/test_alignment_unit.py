@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aligner.alignment import Command, ConsumerAlignment, IllegalTransition, State, aggregate, ahead_of
+from aligner.alignment import Command, ConsumerAlignment, IllegalTransition, State, aggregate
 from aligner.errors import AlignerError
 
 CATCH_UP = Command(seq=1, kind="catch_up")
@@ -77,8 +77,3 @@ def test_aggregate_is_the_slowest_consumer():
     with pytest.raises(AlignerError, match="disagree"):
         aggregate([ready().apply(ALIGN).started(7), other])
 
-
-def test_ahead_of_second_last_epoch():
-    assert ahead_of({0: 10, 1: 5}, {0: 10, 1: 5})
-    assert not ahead_of({0: 9, 1: 5}, {0: 10, 1: 5})
-    assert not ahead_of({0: 10}, {0: 10, 1: 0})
