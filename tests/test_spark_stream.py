@@ -97,3 +97,53 @@ def test_stream_reads_every_epoch_once_and_resumes_from_checkpoint(spark, stack,
     finally:
         query.stop()
     assert pairs == [[0, 1], [2, 3], [4, 5], []]
+
+
+def test_multi_subject_stream_follows_epoch_vectors_and_resumes(spark, stack, root, ledger, subject_name, tmp_path):
+    from connectors.spark.lineage import source_batch
+
+    fast, slow = f"{subject_name}-f", f"{subject_name}-s"
+    create_subject(ledger, stack.kafka, fast, 2)
+    create_subject(ledger, stack.kafka, slow, 3)
+    pf = SinkProducer(ledger, stack.kafka, fast, "k", 0, [0, 1]).open()
+    ps = SinkProducer(ledger, stack.kafka, slow, "k", 0, [0, 1, 2]).open()
+    seen: list = []
+
+    def run() -> str:
+        def collect(df, batch_id):
+            rows = df.select("subject", "epoch", "partition", "offset", "value").collect()
+            seen.append((batch_id, [(r.subject, r.epoch, r.partition, r.offset, bytes(r.value)) for r in rows]))
+
+        opts = {"zk": stack.zk, "kafka": stack.kafka, "root": root, "subjects": f"{fast},{slow}"}
+        query = (spark.readStream.format("aligned").options(**opts).load()
+                 .writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "cp"))
+                 .trigger(availableNow=True).start())
+        assert query.awaitTermination(180), "availableNow query did not finish"
+        assert query.exception() is None, query.exception()
+        return query.id
+
+    try:
+        _write_epochs(pf, range(4), 20, abort_at=2)
+        _write_epochs(ps, range(2), 7)
+        query_id = run()
+        assert len(seen) == 4
+        _write_epochs(pf, range(4, 5), 20)
+        _write_epochs(ps, range(2, 4), 7)
+        assert run() == query_id
+    finally:
+        pf.close()
+        ps.close()
+    # Per batch, per subject: its next committed epoch (epochsPerBatch = 1), none for a subject without one.
+    per_batch = [{(r[0], r[1]) for r in rows} for _, rows in seen]
+    assert [b for b, _ in seen] == list(range(6))
+    assert per_batch == [{(fast, 0), (slow, 0)}, {(fast, 1), (slow, 1)}, {(fast, 2)}, {(fast, 3)},
+                         {(fast, 4), (slow, 2)}, {(slow, 3)}]
+    streamed = Counter(r for _, rows in seen for r in rows)
+    assert max(streamed.values()) == 1
+    with EpochReader(ledger, stack.kafka) as reader:
+        exact = Counter((s, r.epoch, r.partition, r.offset, r.value)
+                        for s, last in ((fast, 4), (slow, 3)) for r in reader.read(s, 0, last))
+    assert streamed == exact and len(exact) == 5 * 20 + 4 * 7
+    lineage = [{s: (n.first, n.last) for s, n in source_batch(ledger, query_id, b).items()} for b in range(6)]
+    assert lineage == [{fast: (0, 0), slow: (0, 0)}, {fast: (1, 1), slow: (1, 1)}, {fast: (2, 2)}, {fast: (3, 3)},
+                       {fast: (4, 4), slow: (2, 2)}, {slow: (3, 3)}]

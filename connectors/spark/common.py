@@ -40,6 +40,8 @@ from connectors.kafka import end_offsets
 from connectors.reader import Segment, segments_by_partition
 
 RAW_COLUMNS = ("key", "value", "partition", "offset", "epoch", "timestamp")
+SUBJECT_COLUMN = "subject"
+"""Last column of multi-subject streaming reads only: the subject a row was read from."""
 ARROW_BATCH_ROWS = 65536
 
 _SPARK_TYPES: dict[str, DataType] = {
@@ -72,20 +74,36 @@ class Connection:
     kafka: str
     root: str
     subject: str
+    subjects: tuple[str, ...] = ()
+    """Multi-subject streaming reads (option ``subjects`` = "a,b"): the subjects; ``subject`` is then ""."""
 
     @classmethod
-    def from_options(cls, options: Mapping[str, str]) -> Connection:
+    def from_options(cls, options: Mapping[str, str], multi: bool = False) -> Connection:
+        """Connection options; ``multi`` accepts ``subjects`` (several subjects) instead of ``subject``."""
         zk = opt(options, "zk") or os.environ.get("ALIGNER_ZK")
         kafka = opt(options, "kafka") or os.environ.get("ALIGNER_KAFKA")
         root = opt(options, "root") or os.environ.get("ALIGNER_ROOT") or "/aligner"
         subject = opt(options, "subject")
-        missing = [n for n, v in (("zk", zk), ("kafka", kafka), ("subject", subject)) if not v]
+        listed = opt(options, "subjects")
+        subjects: tuple[str, ...] = ()
+        if listed is not None:
+            if not multi:
+                raise AlignedOptionError("option subjects is only for spark.readStream.format('aligned'); "
+                                         "use option subject")
+            if subject:
+                raise AlignedOptionError("format('aligned') takes option subject or subjects, not both")
+            subjects = tuple(dict.fromkeys(s.strip() for s in listed.split(",") if s.strip()))
+            if not subjects:
+                raise AlignedOptionError(f"option subjects={listed!r} names no subject")
+            subject = ""
+        need = [("zk", zk), ("kafka", kafka)] + ([] if subjects else [("subject", subject)])
+        missing = [n for n, v in need if not v]
         if missing:
             raise AlignedOptionError(
                 f"format('aligned') needs option(s) {', '.join(missing)} (zk and kafka may also come from "
                 "ALIGNER_ZK / ALIGNER_KAFKA)"
             )
-        return cls(zk=str(zk), kafka=str(kafka), root=root, subject=str(subject))
+        return cls(zk=str(zk), kafka=str(kafka), root=root, subject=str(subject), subjects=subjects)
 
 
 def int_option(options: Mapping[str, str], name: str, default: int | None, minimum: int = 0) -> int | None:
@@ -150,21 +168,33 @@ def batch_epochs(options: Mapping[str, str], ledger: Ledger, subject: str) -> li
 # ---- schema -------------------------------------------------------------------------------------
 
 
-def field_columns(subject: SubjectNode) -> tuple[FieldSpec, ...]:
+def field_columns(subject: SubjectNode, subject_column: bool = False) -> tuple[FieldSpec, ...]:
     """Registered fields that become columns: only JSON subjects are parsed."""
     if subject.value_format != "json":
         return ()
-    clash = [f.name for f in subject.fields if f.name in RAW_COLUMNS]
+    raw = (*RAW_COLUMNS, SUBJECT_COLUMN) if subject_column else RAW_COLUMNS
+    clash = [f.name for f in subject.fields if f.name in raw]
     if clash:
         raise AlignerError(
             f"subject {subject.name!r} registers field(s) {clash} whose names clash with the raw columns "
-            f"{list(RAW_COLUMNS)} of format('aligned')"
+            f"{list(raw)} of format('aligned')"
         )
     return subject.fields
 
 
-def read_schema(subject: SubjectNode) -> StructType:
-    fields = [StructField(f.name, _SPARK_TYPES[f.type], True) for f in field_columns(subject)]
+def read_schema(subject: SubjectNode | Sequence[SubjectNode]) -> StructType:
+    """Registered fields, then the raw columns. Several subjects (multi-subject streaming reads): the
+    union of their fields (a name registered twice must have one type), raw columns, then ``subject``."""
+    multi = not isinstance(subject, SubjectNode)
+    subjects = list(subject) if not isinstance(subject, SubjectNode) else [subject]
+    types: dict[str, str] = {}
+    for s in subjects:
+        for f in field_columns(s, subject_column=multi):
+            if types.setdefault(f.name, f.type) != f.type:
+                raise AlignerError(f"field {f.name!r} has type {types[f.name]} in one subject and {f.type} in "
+                                   f"subject {s.name!r}; format('aligned') cannot read them as one stream")
+    fields = [StructField(name, _SPARK_TYPES[kind], True) for name, kind in types.items()]
+    extra = [StructField(SUBJECT_COLUMN, StringType(), False)] if multi else []
     return StructType([
         *fields,
         StructField("key", BinaryType(), True),
@@ -173,6 +203,7 @@ def read_schema(subject: SubjectNode) -> StructType:
         StructField("offset", LongType(), False),
         StructField("epoch", LongType(), False),
         StructField("timestamp", TimestampType(), True),
+        *extra,
     ])
 
 
@@ -192,6 +223,8 @@ class ReadPlan:
     root: str = ""
     span: tuple[int, int] | None = None
     """Streaming reads: the micro-batch's epochs [first, last], recorded as lineage by its tasks."""
+    subject_column: bool = False
+    """Multi-subject streaming reads: rows end with the ``subject`` column."""
 
 
 class AlignedPartition(InputPartition):
@@ -209,7 +242,8 @@ class AlignedPartition(InputPartition):
 
 
 def plan_partitions(ledger: Ledger, kafka: str, subject: SubjectNode, epochs: Sequence[int],
-                    stall_timeout: float, zk: str = "", lineage: bool = False) -> list[AlignedPartition]:
+                    stall_timeout: float, zk: str = "", lineage: bool = False,
+                    subject_column: bool = False) -> list[AlignedPartition]:
     """Resolve committed epochs and split them into input partitions; every error surfaces here.
 
     Raises UnknownSubjectError, EpochNotCommittedError or EpochOutOfRetentionError before any task runs.
@@ -225,7 +259,7 @@ def plan_partitions(ledger: Ledger, kafka: str, subject: SubjectNode, epochs: Se
     span = (min(epochs), max(epochs)) if lineage and epochs else None
     plan = ReadPlan(kafka=kafka, subject=subject.name, topic=subject.topic,
                     fields=tuple((f.name, f.type) for f in field_columns(subject)), stall_timeout=stall_timeout,
-                    zk=zk, root=ledger.layout.root, span=span)
+                    zk=zk, root=ledger.layout.root, span=span, subject_column=subject_column)
     parts = [AlignedPartition(plan, p, by_partition[p]) for p in sorted(by_partition)]
     if span is not None and not parts:
         parts = [AlignedPartition(plan, 0, [])]
@@ -293,25 +327,35 @@ def _convert(kind: str, v: Any) -> Any:
 
 
 def messages_to_batches(messages: list[Any], epoch: int, partition: int, fields: Sequence[tuple[str, str]],
-                        pa_schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """Kept confluent messages of one epoch as Arrow record batches in ``pa_schema``."""
+                        pa_schema: pa.Schema, subject: str | None = None) -> Iterator[pa.RecordBatch]:
+    """Kept confluent messages of one epoch as Arrow record batches in ``pa_schema``.
+
+    ``pa_schema`` starts with field columns (those not in ``fields``, registered by another subject of
+    a multi-subject read, are null), then the raw columns, then ``subject`` when it is given."""
+    kinds = dict(fields)
+    tail = len(RAW_COLUMNS) + (1 if subject is not None else 0)
+    columns = [pa_schema.field(i) for i in range(len(pa_schema) - tail)]
     for lo in range(0, len(messages), ARROW_BATCH_ROWS):
         chunk = messages[lo:lo + ARROW_BATCH_ROWS]
         n = len(chunk)
         values = [m.value() for m in chunk]
         arrays: list[pa.Array] = []
-        if fields:
-            docs: list[Any] = []
+        docs: list[Any] = []
+        if kinds:
             for v in values:
                 try:
                     d = json.loads(v) if v is not None else None
                 except ValueError:
                     d = None
                 docs.append(d if isinstance(d, dict) else None)
-            for i, (name, kind) in enumerate(fields):
-                col = [None if d is None else _convert(kind, d.get(name)) for d in docs]
-                arrays.append(pa.array(col, type=pa_schema.field(i).type))
-        base = len(fields)
+        for column in columns:
+            kind = kinds.get(column.name)
+            if kind is None:
+                arrays.append(pa.nulls(n, type=column.type))
+                continue
+            col = [None if d is None else _convert(kind, d.get(column.name)) for d in docs]
+            arrays.append(pa.array(col, type=column.type))
+        base = len(columns)
         arrays.append(pa.array([m.key() for m in chunk], type=pa.binary()))
         arrays.append(pa.array(values, type=pa.binary()))
         arrays.append(pa.array([partition] * n, type=pa.int32()))
@@ -319,6 +363,8 @@ def messages_to_batches(messages: list[Any], epoch: int, partition: int, fields:
         arrays.append(pa.array([epoch] * n, type=pa.int64()))
         ts = pa.array([m.timestamp()[1] for m in chunk], type=pa.int64())
         arrays.append(ts.cast(pa.timestamp("ms", tz="UTC")).cast(pa_schema.field(base + 5).type))
+        if subject is not None:
+            arrays.append(pa.array([subject] * n, type=pa.string()))
         yield pa.RecordBatch.from_arrays(arrays, schema=pa_schema)
 
 
@@ -355,6 +401,7 @@ def read_aligned_partition(partition: AlignedPartition, schema: StructType) -> I
         for epoch, kept, _dropped in read_partition(consumer, plan.topic, partition.partition, partition.segments,
                                                     plan.stall_timeout):
             if kept:
-                yield from messages_to_batches(kept, epoch, partition.partition, plan.fields, pa_schema)
+                yield from messages_to_batches(kept, epoch, partition.partition, plan.fields, pa_schema,
+                                               plan.subject if plan.subject_column else None)
     finally:
         consumer.close()

@@ -55,8 +55,11 @@ class AlignedDataSource(DataSource):
         return SHORT_NAME
 
     def schema(self) -> StructType:
-        conn = Connection.from_options(self.options)
-        return read_schema(ledger_for(conn.zk, conn.root).subject(conn.subject))
+        conn = Connection.from_options(self.options, multi=True)  # subjects: streaming reads only
+        ledger = ledger_for(conn.zk, conn.root)
+        if conn.subjects:
+            return read_schema([ledger.subject(s) for s in conn.subjects])
+        return read_schema(ledger.subject(conn.subject))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return AlignedBatchReader(self.options, schema)

@@ -15,8 +15,16 @@ a .. b-1 and nothing else. Batches are therefore aligned with the subject: with 
 - Restarting from a checkpoint resumes at the checkpointed epoch: offsets are plain epoch numbers
   and committed epochs never change, so a re-planned batch reads the same records again.
 
+Several subjects: option ``subjects`` = "a,b" (``subject`` stays for one). Offsets are then epoch
+vectors ``{"epochs": {"a": Na, "b": Nb}}``: every epoch before N_s of subject s has been read (the
+epoch-vector rules of the alignment protocol). ``latestOffset`` advances each subject to one past its
+last committed epoch, capped per subject by the read limit, so a batch covers each subject's newly
+committed epochs and none of a slower subject that committed nothing new (marker merging). Rows then
+end with a ``subject`` column; field columns are the union of the subjects' registered fields (null
+where a row's subject does not register one). Lineage records one node per subject the batch covers.
+
 Each batch is planned like a batch read (:func:`connectors.spark.common.plan_partitions`): one input
-partition per Kafka partition with records in the batch's epochs, stamps filtered.
+partition per (subject,) Kafka partition with records in the batch's epochs, stamps filtered.
 
 Lineage: every read task of micro-batch B of query Q creates-if-absent
 ``{root}/spark/queries/{Q}/batches/{B:012d}/{subject}`` = the epochs [first, last] it covers
@@ -60,31 +68,58 @@ def _epoch_of(offset: dict) -> int:
         raise AlignerError(f"offset {offset!r} of format('aligned') is not {{'epoch': N}}") from None
 
 
+def _vector_of(offset: dict, subjects: Sequence[str]) -> dict[str, int]:
+    try:
+        epochs = offset["epochs"]
+        return {s: int(epochs[s]) for s in subjects}
+    except (KeyError, TypeError, ValueError):
+        raise AlignerError(f"offset {offset!r} of format('aligned') is not an epoch vector "
+                           f"{{'epochs': {{subject: N}}}} over the subjects {list(subjects)}") from None
+
+
 class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
-        self.conn = Connection.from_options(options)
+        self.conn = Connection.from_options(options, multi=True)
         self.schema = schema
         self.starting = int_option(options, "startingEpoch", None)
         self.per_batch = int_option(options, "epochsPerBatch", 1, minimum=1)
         self.stall_timeout = float_option(options, "stallTimeout", 30.0)
-        self._target: int | None = None
+        self._target: dict[str, int] | None = None
 
     @property
     def _ledger(self):  # type: ignore[no-untyped-def]
         return ledger_for(self.conn.zk, self.conn.root)
 
-    def _next_uncommitted(self) -> int:
-        """One past the frontier: the first epoch not yet committed."""
-        frontier = self._ledger.frontier(self.conn.subject)
-        if frontier is not None:
-            return frontier + 1
-        return self.initialOffset()["epoch"]
+    @property
+    def _subjects(self) -> tuple[str, ...]:
+        return self.conn.subjects or (self.conn.subject,)
+
+    def _first_epoch(self, subject: str) -> int:
+        if self.starting is not None:
+            return self.starting
+        numbers = self._ledger.epoch_numbers(subject)  # raises UnknownSubjectError
+        return numbers[0] if numbers else 0
+
+    def _next_uncommitted(self) -> dict[str, int]:
+        """Per subject, one past its frontier: the first epoch not yet committed."""
+        out = {}
+        for s in self._subjects:
+            frontier = self._ledger.frontier(s)
+            out[s] = frontier + 1 if frontier is not None else self._first_epoch(s)
+        return out
+
+    def _offset(self, vector: dict[str, int]) -> dict:
+        if self.conn.subjects:
+            return {"epochs": dict(vector)}
+        return {"epoch": vector[self.conn.subject]}
+
+    def _vector(self, offset: dict) -> dict[str, int]:
+        if self.conn.subjects:
+            return _vector_of(offset, self.conn.subjects)
+        return {self.conn.subject: _epoch_of(offset)}
 
     def initialOffset(self) -> dict:
-        if self.starting is not None:
-            return {"epoch": self.starting}
-        numbers = self._ledger.epoch_numbers(self.conn.subject)  # raises UnknownSubjectError
-        return {"epoch": numbers[0] if numbers else 0}
+        return self._offset({s: self._first_epoch(s) for s in self._subjects})
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxFiles(self.per_batch)  # type: ignore[arg-type]
@@ -93,27 +128,38 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = self._next_uncommitted()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        first = _epoch_of(start)
-        end = self._target if self._target is not None else self._next_uncommitted()
+        """Per subject: one past its last committed epoch, capped by the limit per subject (marker
+        merging: a batch covers each subject's newly committed epochs, none for a subject with none)."""
+        firsts = self._vector(start)
+        target = self._target if self._target is not None else self._next_uncommitted()
+        cap: int | None = None
         if isinstance(limit, ReadMaxFiles):
-            end = min(end, first + max(1, limit.max_files))
+            cap = max(1, limit.max_files)
         elif isinstance(limit, ReadMaxRows):
-            end = min(end, first + max(1, limit.max_rows))
+            cap = max(1, limit.max_rows)
         elif not isinstance(limit, ReadAllAvailable):
-            end = min(end, first + self.per_batch)
-        return {"epoch": max(first, end)}
+            cap = self.per_batch
+        ends = {}
+        for s, first in firsts.items():
+            end = target[s] if cap is None else min(target[s], first + cap)
+            ends[s] = max(first, end)
+        return self._offset(ends)
 
     def reportLatestOffset(self) -> dict | None:
-        return {"epoch": self._next_uncommitted()}
+        return self._offset(self._next_uncommitted())
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        first, stop = _epoch_of(start), _epoch_of(end)
-        if stop <= first:
-            return []
+        firsts, stops = self._vector(start), self._vector(end)
         ledger = self._ledger
-        subject = ledger.subject(self.conn.subject)
-        return plan_partitions(ledger, self.conn.kafka, subject, range(first, stop), self.stall_timeout,
-                               zk=self.conn.zk, lineage=True)
+        parts: list[InputPartition] = []
+        for s in self._subjects:
+            first, stop = firsts[s], stops[s]
+            if stop <= first:
+                continue
+            subject = ledger.subject(s)
+            parts += plan_partitions(ledger, self.conn.kafka, subject, range(first, stop), self.stall_timeout,
+                                     zk=self.conn.zk, lineage=True, subject_column=bool(self.conn.subjects))
+        return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, AlignedPartition):
