@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from aligner.alignment import Command, ConsumerAlignment, State
+from aligner.alignment import Command, ConsumerAlignment, IllegalTransition, State
 from aligner.errors import AlignerError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
@@ -126,6 +126,7 @@ class JobWorker:
         self.records_in = 0
         self.records_out = 0
         self._voiding = False
+        self._rejected: dict[str, int] = {}
         self._swap_seen: tuple[int, int] | None = None
 
     # ---- set-up -------------------------------------------------------------------------------
@@ -203,21 +204,28 @@ class JobWorker:
                 late = not cur.accepts(cmd, open_epoch) or self.source.past(subject, cmd.subject_epoch or 0)
                 if cur.state is not State.READY or late:
                     new = cur.reject(cmd)
-                    self._report(subject, rejected=cmd.seq)
+                    self._rejected[subject] = cmd.seq  # reported until a later command; the coordinator retries
                 else:
                     new = cur.apply(cmd)
                     self.source.set_limit(subject, (cmd.subject_epoch or 0) - 1)
             else:
-                new = cur.apply(cmd)
+                try:
+                    new = cur.apply(cmd)
+                except IllegalTransition as exc:
+                    # A command that does not fit this state (e.g. CatchUp while aligned) is skipped,
+                    # not fatal: the coordinator sees the state it left the consumer in.
+                    log.warning("%s worker %s: %s; skipped", self.spec.job, self.worker, exc)
+                    new = cur.reject(cmd)
                 if cmd.kind == "abort":
                     self.source.set_limit(subject, None)
             self.alignment[subject] = new
             self._report(subject)
 
-    def _report(self, subject: str, rejected: int = 0) -> None:
+    def _report(self, subject: str) -> None:
         node = ConsumerNode(alignment=self.alignment[subject], mode=self.mode_of(subject),
                             job_epoch=self.sink.lease.node.committed_epoch,
-                            subject_epoch=self.source.consumed(subject), rejected_seq=rejected,
+                            subject_epoch=self.source.consumed(subject),
+                            rejected_seq=self._rejected.get(subject, 0),
                             swap_seen=self._swap_seen)
         self.jobs.report(self.spec.job, subject, self.worker, node)
 
