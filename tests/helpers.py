@@ -64,3 +64,26 @@ class Worker:
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.kill()
+
+
+def raw_records(bootstrap: str, topic: str, partitions: int) -> list:
+    """Everything the broker shows a read_committed consumer, stamps ignored (leaked attempts too)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from connectors.kafka import consumer_config
+
+    c = Consumer(consumer_config(bootstrap))
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    out, eof = [], set()
+    while len(eof) < partitions:
+        for m in c.consume(10000, timeout=1):
+            if m.error():
+                eof.add(m.partition())
+            else:
+                out.append(m)
+    c.close()
+    return out
+
+
+def raw_count(bootstrap: str, topic: str, partitions: int) -> int:
+    return len(raw_records(bootstrap, topic, partitions))

@@ -7,7 +7,7 @@ import json
 from collections import Counter
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer
 
 from aligner.errors import EpochNotCommittedError, FencedError
 from aligner.models import Range
@@ -16,25 +16,10 @@ from connectors.kafka import consumer_config
 from connectors.reader import EpochReader, read_partition, segments_by_partition
 from connectors.sink import SinkProducer, partitions_for
 from connectors.subjects import create_subject
-from tests.helpers import Worker
+from tests.helpers import Worker, raw_records
 
 EPOCHS = 20
 RECORDS = 40
-
-
-def _raw_records(bootstrap: str, topic: str, partitions: int) -> list:
-    """Everything the broker shows a read_committed consumer, stamps and all."""
-    c = Consumer(consumer_config(bootstrap))
-    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    out, eof = [], set()
-    while len(eof) < partitions:
-        for m in c.consume(10000, timeout=1):
-            if m.error():
-                eof.add(m.partition())
-            else:
-                out.append(m)
-    c.close()
-    return out
 
 
 def _expected(ledger, subject: str, epoch: int) -> Counter:
@@ -84,7 +69,7 @@ def test_two_sinks_two_producers_with_kills_read_exactly_once(stack, root, ledge
         first_a0 = min(e for e in range(EPOCHS) if "A:0" in ledger.epoch_node(subject_name, e).writers)
 
     # The broker does show the killed attempts' records: the reader dropped them by stamp.
-    raw = _raw_records(stack.kafka, subject_name, 8)
+    raw = raw_records(stack.kafka, subject_name, 8)
     stale = Counter()
     for m in raw:
         sink, epoch, attempt = Stamp.decode(stamp_of(m.headers()))

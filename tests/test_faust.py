@@ -12,12 +12,9 @@ import signal
 import threading
 from collections import Counter, defaultdict
 
-from confluent_kafka import Consumer, TopicPartition
-
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from connectors.faust.job import _sync_function
-from connectors.kafka import consumer_config
 from connectors.reader import EpochReader
 from connectors.runtime import KeyedState
 from connectors.sink import SinkProducer
@@ -26,7 +23,7 @@ from connectors.subjects import create_subject
 from coordinator.alignment import Coordinator
 from coordinator.hotswap import HotSwap
 from coordinator.stack import wait_for
-from tests.helpers import Worker
+from tests.helpers import Worker, raw_count
 
 RECORDS = 20
 """Input records per input epoch."""
@@ -67,21 +64,6 @@ def _start(stack, root: str, home: str, job: str, src: str, out: str, pause: str
            "FAUST_JOB_ID": job, "FAUST_JOB_INPUT": src, "FAUST_JOB_OUTPUT": out, "FAUST_JOB_INTERVAL": "0.3",
            "FAUST_JOB_PAUSE": pause, **{f"FAUST_JOB_{k.upper()}": v for k, v in extra.items()}}
     return Worker("experiments.faust_job", "worker", "-l", "warn", "--without-web", env=env)
-
-
-def _raw_count(bootstrap: str, topic: str, partitions: int) -> int:
-    """Records a read_committed consumer sees in the topic, stamps ignored."""
-    c = Consumer(consumer_config(bootstrap))
-    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    n, eof = 0, set()
-    while len(eof) < partitions:
-        for m in c.consume(10000, timeout=1):
-            if m.error():
-                eof.add(m.partition())
-            else:
-                n += 1
-    c.close()
-    return n
 
 
 def _committed(line: str) -> int | None:
@@ -153,7 +135,7 @@ def test_faust_worker_killed_restarted_and_aligned_exactly_once(stack, root, led
             assert json.loads(inputs[(v["src"][1], v["src"][2])].value) == v["in"]
 
     # The broker holds more than that (the attempt killed after its Kafka commit); the stamps drop it.
-    assert _raw_count(stack.kafka, ledger.subject(out).topic, 4) > len(results)
+    assert raw_count(stack.kafka, ledger.subject(out).topic, 4) > len(results)
 
     # Keyed state consistent with the last committed epoch after every crash: per key, "seen" is 1..n.
     seen = defaultdict(list)

@@ -15,33 +15,17 @@ import time
 from collections import Counter, defaultdict
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
-from connectors.kafka import consumer_config
 from connectors.reader import EpochReader
 from connectors.sink import SinkProducer
 from connectors.subjects import create_subject
-from tests.helpers import Worker
+from tests.helpers import Worker, raw_count
 
 pytest.importorskip("pyspark")
 
 EPOCHS = 6
 RECORDS = 60
 SINK = "relay"
-
-
-def _raw_count(bootstrap: str, topic: str, partitions: int) -> int:
-    c = Consumer(consumer_config(bootstrap))
-    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    n, eof = 0, set()
-    while len(eof) < partitions:
-        for m in c.consume(10000, timeout=1):
-            if m.error():
-                eof.add(m.partition())
-            else:
-                n += 1
-    c.close()
-    return n
 
 
 def _start(stack, root, source, target, checkpoint, *extra: str) -> tuple[Worker, int]:
@@ -134,6 +118,6 @@ def test_killed_driver_restarts_from_checkpoint_exactly_once(stack, root, ledger
             per_epoch[r.epoch].add(v["src_epoch"])
     assert len(src) == EPOCHS * RECORDS
     # Batch 1 really ran twice: its second run's records are in Kafka, stamped with attempts nobody names.
-    assert _raw_count(stack.kafka, target, 2) > EPOCHS * RECORDS
+    assert raw_count(stack.kafka, target, 2) > EPOCHS * RECORDS
     assert got == Counter({(*k, j): 1 for k, j in src.items()}), "Y does not hold every X result exactly once"
     assert dict(per_epoch) == {y: {x} for y, x in y_to_x.items()}

@@ -6,12 +6,11 @@ import json
 from collections import Counter, defaultdict
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
-from connectors.kafka import consumer_config
 from connectors.reader import EpochReader
 from connectors.sink import SinkProducer
 from connectors.subjects import create_subject
+from tests.helpers import raw_count
 
 pytest.importorskip("pyspark")
 
@@ -29,20 +28,6 @@ def spark():
                                                                  "spark.sql.execution.arrow.maxRecordsPerBatch": "4"})
     yield session
     session.stop()
-
-
-def _raw_count(bootstrap: str, topic: str, partitions: int) -> int:
-    c = Consumer(consumer_config(bootstrap))
-    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    n, eof = 0, set()
-    while len(eof) < partitions:
-        for m in c.consume(10000, timeout=1):
-            if m.error():
-                eof.add(m.partition())
-            else:
-                n += 1
-    c.close()
-    return n
 
 
 def _run(spark, stack, root, source, target, checkpoint) -> None:
@@ -102,7 +87,7 @@ def test_task_retries_write_each_result_once(spark, stack, root, ledger, tmp_pat
             producer.commit()
         _run(spark, stack, root, source, target, tmp_path / "cp")
         _check_target(ledger, stack, source, target, 3)
-        leaked = _raw_count(stack.kafka, target, 2) - 3 * RECORDS
+        leaked = raw_count(stack.kafka, target, 2) - 3 * RECORDS
         assert leaked > 0, "the failed first attempts should have left records that readers must drop"
     finally:
         producer.close()
