@@ -19,6 +19,7 @@ from aligner.errors import AlignerError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import AlignmentDecision, now_ms
+from coordinator.stack import wait_for
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -99,13 +100,11 @@ class Coordinator:
 
     def _wait(self, what: str, cond: Callable[[], bool], timeout: float, progress: Progress | None,
               job: str, subjects: Sequence[str]) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
+        def show() -> None:
             if progress:
                 progress(what, {s: self.source_status(job, s) for s in subjects})
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"job {job}: {what} did not happen within {timeout:.0f}s")
-            time.sleep(self.poll)
+
+        wait_for(cond, timeout, f"job {job}: {what}", self.poll, show)
 
     def align(self, job: str, subjects: Sequence[str] | None = None, at_epoch: int | None = None,
               timeout: float = 300.0, progress: Progress | None = None) -> AlignmentDecision:

@@ -21,6 +21,7 @@ from aligner.layout import split_writer
 from aligner.ledger import Ledger
 from aligner.models import JobNode, SwapNode, now_ms
 from coordinator.alignment import Coordinator
+from coordinator.stack import wait_for
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -67,13 +68,11 @@ class HotSwap:
 
     def _wait(self, what: str, cond: Callable[[], bool], timeout: float, progress: Progress | None,
               info: Callable[[], dict[str, Any]]) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
+        def show() -> None:
             if progress:
                 progress(what, info())
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"hot-swap: {what} did not happen within {timeout:.0f}s")
-            time.sleep(self.poll)
+
+        wait_for(cond, timeout, f"hot-swap: {what}", self.poll, show)
 
     def status(self, old: str) -> dict[str, Any]:
         swap, _ = self.jobs.swap(old)

@@ -48,12 +48,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
-    """Poll ``condition`` until it holds; raise naming ``what`` when ``timeout`` passes."""
+def wait_for(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.05,
+             on_wait: Callable[[], None] | None = None) -> None:
+    """Poll ``condition`` until it holds; raise naming ``what`` when ``timeout`` passes.
+
+    ``on_wait`` runs before each pause (the coordinator's progress view)."""
     deadline = time.monotonic() + timeout
     while True:
         if condition():
             return
+        if on_wait is not None:
+            on_wait()
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
