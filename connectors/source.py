@@ -71,7 +71,10 @@ class SubjectSource:
         self._consumer = Consumer(
             # A small prefetch: records past an epoch's end are fetched again after the bound moves.
             consumer_config(bootstrap, {"fetch.queue.backoff.ms": 5, "fetch.error.backoff.ms": 10,
-                                        "queued.min.messages": 20000, "max.partition.fetch.bytes": 1 << 20})
+                                        "queued.min.messages": 20000, "max.partition.fetch.bytes": 1 << 20,
+                                        # at-least-once does not wait for any commit (thesis 6.3)
+                                        **({"isolation.level": "read_uncommitted"}
+                                           if mode == "at_least_once" else {})})
         )
         self.inputs: dict[str, _Input] = {}
         self.parts: dict[tuple[str, int], _Part] = {}

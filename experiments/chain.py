@@ -1,0 +1,291 @@
+"""One run of the two-job hotness chain on the job runtime, instrumented per operator and epoch.
+
+    generator --> issues, issue-comments, pull-requests, pr-comments   (one subject epoch per interval)
+    issues + issue-comments --(job 1, hot issues)--> hot-issues
+    hot-issues + pr-comments --(job 2, PR hotness)--> pr-hotness
+
+Everything runs on threads of this process against one stack (embedded, or the one named by
+``ALIGNER_ZK``/``ALIGNER_KAFKA``). Subjects have ``parallelism`` partitions (thesis 6.1: one per
+parallel instance); hot-issues has twice as many so a second version of job 1 can write the other
+half during a hot-swap. The run ends by finishing the generator's subjects: the jobs drain and stop,
+and the outputs of both jobs are checked record by record against the workload's expected result.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from aligner.jobs import JobLedger
+from aligner.ledger import Ledger
+from connectors.latency import EpochLatency, LatencyLog, LatencyProbe, json_field
+from connectors.reader import EpochReader
+from connectors.runtime import JobFunction, JobSpec, JobWorker
+from connectors.sink import SinkProducer
+from connectors.subjects import create_subject
+from coordinator.alignment import Coordinator
+from coordinator.hotswap import HotSwap
+from coordinator.stack import StackInfo, wait_for
+from experiments.hotness import hot_issues, pr_hotness
+from experiments.workload import (
+    HOT_ISSUES,
+    ISSUE_COMMENTS,
+    ISSUES,
+    PR_COMMENTS,
+    PR_HOTNESS,
+    PULL_REQUESTS,
+    STREAMS,
+    Pacer,
+    Workload,
+)
+
+log = logging.getLogger("experiments.chain")
+RunMode = Literal["at_least_once", "exactly_once", "aligned"]
+JOB1, JOB2 = "job1", "job2"
+
+
+class Generator(threading.Thread):
+    """Writes the four workload streams at their rates; commits one epoch of each per ``interval``."""
+
+    def __init__(self, info: StackInfo, root: str, names: dict[str, str], workload: Workload,
+                 interval: float) -> None:
+        super().__init__(daemon=True, name="generator")
+        self.info, self.root, self.names, self.workload, self.interval = info, root, names, workload, interval
+        self.stop = threading.Event()
+        self.sent: Counter[str] = Counter()
+        self.error: list[BaseException] = []
+
+    def run(self) -> None:
+        led = Ledger.connect(self.info.zk, self.root)
+        sinks: dict[str, SinkProducer] = {}
+        try:
+            for stream in STREAMS:
+                subject = self.names[stream]
+                parts = list(range(led.subject(subject).partitions))
+                sinks[stream] = SinkProducer(led, self.info.kafka, subject, "generator", 0, parts).open()
+            pacers = {s: Pacer(self.workload.rate(s)) for s in STREAMS}
+            boundary = time.time()
+            while not self.stop.is_set():
+                boundary += self.interval
+                for sink in sinks.values():
+                    sink.begin()
+                while (now := time.time()) < boundary:
+                    for stream, sink in sinks.items():
+                        due = pacers[stream].due(now)
+                        while self.sent[stream] < due:
+                            key, value = self.workload.record(stream, self.sent[stream])
+                            sink.send(json.dumps({**value, "ts": time.time()}).encode(), key.encode())
+                            self.sent[stream] += 1
+                    time.sleep(min(0.002, max(0.0, boundary - now)))
+                for sink in sinks.values():
+                    sink.commit()
+            for sink in sinks.values():
+                sink.finish()
+        except BaseException as exc:
+            self.error.append(exc)
+        finally:
+            for sink in sinks.values():
+                sink.close()
+            led.close()
+
+
+class Worker(threading.Thread):
+    """One job worker, its function measured by a latency probe, on its own ZooKeeper session."""
+
+    def __init__(self, info: StackInfo, root: str, spec: JobSpec, index: int, fn: JobFunction,
+                 latency: LatencyLog, operator: str) -> None:
+        super().__init__(daemon=True, name=f"{spec.job}-{index}")
+        self.ledger = Ledger.connect(info.zk, root)
+        probe = LatencyProbe(operator, index, json_field("ts"), latency)
+        self.worker = JobWorker(self.ledger, info.kafka, spec, index, probe.wrap(fn),
+                                on_commit=probe.checkpoint).open()
+        self.stop = threading.Event()
+        self.error: list[BaseException] = []
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.worker.run(self.stop)
+        except BaseException as exc:
+            self.error.append(exc)
+
+    def close(self, timeout: float) -> None:
+        self.join(timeout)
+        if self.is_alive():
+            self.stop.set()
+            self.join(30)
+        self.worker.close()
+        self.ledger.close()
+
+
+@dataclass
+class ChainConfig:
+    mode: RunMode = "aligned"
+    """``aligned`` starts exactly-once and is aligned by the coordinator at ``align_at``."""
+    interval: float = 1.0
+    parallelism: int = 1
+    duration: float = 30.0
+    """Seconds of generated input."""
+    align_at: float = 5.0
+    """Seconds into the run when the coordinator aligns job 1, then job 2 (mode ``aligned``)."""
+    swap_at: float | None = None
+    """Seconds into the run when job 1 is hot-swapped for version 2 (implies ``aligned``)."""
+    workload: Workload = field(default_factory=Workload)
+
+
+@dataclass
+class ChainResult:
+    config: ChainConfig
+    tag: str
+    started: float
+    latency: list[EpochLatency]
+    sent: dict[str, int]
+    events: dict[str, float]
+    """Wall-clock times: align/swap requested and decided."""
+    check: dict[str, int]
+    swap_epoch: int | None = None
+    job_epochs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def operator(self, name: str) -> list[EpochLatency]:
+        return [r for r in self.latency if r.operator == name]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tag": self.tag, "mode": self.config.mode, "interval": self.config.interval,
+                "parallelism": self.config.parallelism, "duration": self.config.duration,
+                "started": self.started, "sent": self.sent, "events": self.events, "check": self.check,
+                "swap_epoch": self.swap_epoch, "latency": [r.model_dump() for r in self.latency]}
+
+
+def run_chain(info: StackInfo, root: str, config: ChainConfig, tag: str,
+              progress: Callable[[str], None] = lambda _m: None, latency_file: Any = None) -> ChainResult:
+    """Run the chain once on fresh subjects named ``<stream>-<tag>``; returns its measurements."""
+    led = Ledger.connect(info.zk, root)
+    p, w = config.parallelism, config.workload
+    names = {s: f"{s}-{tag}" for s in (*STREAMS, HOT_ISSUES, PR_HOTNESS)}
+    for s in STREAMS:
+        create_subject(led, info.kafka, names[s], p)
+    create_subject(led, info.kafka, names[HOT_ISSUES], 2 * p)
+    create_subject(led, info.kafka, names[PR_HOTNESS], p)
+    mode = "at_least_once" if config.mode == "at_least_once" else "exactly_once"
+    job1, job2 = f"{JOB1}-{tag}", f"{JOB2}-{tag}"
+    spec1 = JobSpec(job=job1, inputs=(names[ISSUES], names[ISSUE_COMMENTS]), output=names[HOT_ISSUES],
+                    parallelism=p, interval=config.interval, mode=mode, output_partitions=tuple(range(p)))
+    spec2 = JobSpec(job=job2, inputs=(names[HOT_ISSUES], names[PR_COMMENTS]), output=names[PR_HOTNESS],
+                    parallelism=p, interval=config.interval, mode=mode)
+    latency = LatencyLog(latency_file)
+    gen = Generator(info, root, names, w, config.interval)
+    started = time.time()
+    gen.start()
+    workers = [Worker(info, root, spec1, i, hot_issues(w), latency, JOB1) for i in range(p)]
+    workers += [Worker(info, root, spec2, i, pr_hotness, latency, JOB2) for i in range(p)]
+    events: dict[str, float] = {}
+    swap_epoch = None
+    try:
+        jobs = JobLedger(led)
+        coord = Coordinator(led)
+        plan: list[tuple[float, str]] = []
+        if config.mode == "aligned" or config.swap_at is not None:
+            plan.append((config.align_at, "align"))
+        if config.swap_at is not None:
+            plan.append((config.swap_at, "swap"))
+        for at, action in plan:
+            _sleep_until(started + at, gen)
+            if action == "align":
+                for job in (job1, job2):
+                    events[f"align {job.split('-')[0]} requested"] = time.time()
+                    decision = coord.align(job, timeout=120)
+                    events[f"align {job.split('-')[0]} decided"] = time.time()
+                    progress(f"{job} aligned from job epoch {decision.job_epoch}")
+            else:
+                spec1v2 = JobSpec(job=f"{job1}-v2", version="2", inputs=spec1.inputs, output=spec1.output,
+                                  parallelism=p, interval=config.interval, follows=job1,
+                                  output_partitions=tuple(range(p, 2 * p)))
+                workers += [Worker(info, root, spec1v2, i, hot_issues(w, version=2), latency, f"{JOB1}-v2")
+                            for i in range(p)]
+                wait_for(lambda: all(c.job_epoch is not None for c in jobs.consumers(f"{job1}-v2", names[ISSUES])
+                                     .values()) and len(jobs.consumers(f"{job1}-v2", names[ISSUES])) == p,
+                         120, "job 1 v2 to follow v1")
+                events["swap requested"] = time.time()
+                swap = HotSwap(led).run(job1, f"{job1}-v2", names[HOT_ISSUES], timeout=120)
+                events["swap decided"] = time.time()
+                swap_epoch = swap.epoch
+                progress(f"{job1} swapped for v2 at hot-issues epoch {swap.epoch}")
+        _sleep_until(started + config.duration, gen)
+    finally:
+        gen.stop.set()
+        gen.join(60)
+        for wk in workers:
+            wk.close(120)
+        latency.close()
+    errors = gen.error + [e for wk in workers for e in wk.error]
+    if errors:
+        led.close()
+        raise errors[0]
+    sent = {s: gen.sent[s] for s in STREAMS}
+    check = verify(led, info.kafka, names, w, sent)
+    result = ChainResult(config, tag, started, sorted(latency.records, key=lambda r: r.committed_at), sent, events,
+                         check, swap_epoch)
+    if swap_epoch is not None:
+        result.job_epochs = {"hot-issues": _commit_times(led, names[HOT_ISSUES])}
+    led.close()
+    return result
+
+
+def _sleep_until(t: float, gen: Generator) -> None:
+    while (left := t - time.time()) > 0:
+        if gen.error or not gen.is_alive():
+            raise RuntimeError(f"generator stopped: {gen.error[0] if gen.error else 'no error'}")
+        time.sleep(min(left, 0.2))
+
+
+def _commit_times(led: Ledger, subject: str) -> list[dict[str, Any]]:
+    out = []
+    for e in led.epoch_numbers(subject):
+        if led.is_committed(subject, e):
+            ce = led.committed(subject, e)
+            out.append({"epoch": e, "committed_at": ce.committed_at / 1000,
+                        "offsets": sum(s.end - s.start for s in ce.slices.values())})
+    return out
+
+
+def verify(led: Ledger, kafka: str, names: dict[str, str], workload: Workload, sent: dict[str, int]) -> dict[str, int]:
+    """Record-by-record check of both jobs' committed output against the workload's expected result."""
+    expected_hot = workload.hot_comments(sent[ISSUE_COMMENTS])
+    with EpochReader(led, kafka) as reader:
+        hot = _read_all(led, reader, names[HOT_ISSUES])
+        out = _read_all(led, reader, names[PR_HOTNESS])
+    got_hot = Counter(v["comment"] for v in hot)
+    expected_src = Counter({("h", c): 1 for c in expected_hot} | {("c", n): 1 for n in range(sent[PR_COMMENTS])})
+    got_src = Counter(tuple(v["src"]) for v in out)
+    return {
+        "job1_expected": len(expected_hot), "job1_out": len(hot),
+        "job1_lost": sum(1 for c in expected_hot if c not in got_hot),
+        "job1_duplicated": sum(n - 1 for n in got_hot.values() if n > 1) + sum(
+            n for c, n in got_hot.items() if c not in expected_hot),
+        "job1_v2": sum(1 for v in hot if v.get("v") == 2),
+        "job2_expected": sum(expected_src.values()), "job2_out": len(out),
+        "job2_lost": sum(1 for k in expected_src if k not in got_src),
+        "job2_duplicated": sum(n - 1 for n in got_src.values() if n > 1) + sum(
+            n for k, n in got_src.items() if k not in expected_src),
+    }
+
+
+def _read_all(led: Ledger, reader: EpochReader, subject: str) -> list[dict[str, Any]]:
+    numbers = led.epoch_numbers(subject)
+    last = led.frontier(subject)
+    if not numbers or last is None:
+        return []
+    return [json.loads(r.value) for r in reader.read(subject, numbers[0], last)]
+
+
+def exactly_once(check: dict[str, int]) -> bool:
+    return not any(check[k] for k in ("job1_lost", "job1_duplicated", "job2_lost", "job2_duplicated"))
+
+
+__all__ = ["JOB1", "JOB2", "PULL_REQUESTS", "ChainConfig", "ChainResult", "exactly_once", "run_chain"]
