@@ -260,20 +260,18 @@ def verify(led: Ledger, kafka: str, names: dict[str, str], workload: Workload, s
     with EpochReader(led, kafka) as reader:
         hot = _read_all(led, reader, names[HOT_ISSUES])
         out = _read_all(led, reader, names[PR_HOTNESS])
-    got_hot = Counter(v["comment"] for v in hot)
-    expected_src = Counter({("h", c): 1 for c in expected_hot} | {("c", n): 1 for n in range(sent[PR_COMMENTS])})
-    got_src = Counter(tuple(v["src"]) for v in out)
-    return {
-        "job1_expected": len(expected_hot), "job1_out": len(hot),
-        "job1_lost": sum(1 for c in expected_hot if c not in got_hot),
-        "job1_duplicated": sum(n - 1 for n in got_hot.values() if n > 1) + sum(
-            n for c, n in got_hot.items() if c not in expected_hot),
-        "job1_v2": sum(1 for v in hot if v.get("v") == 2),
-        "job2_expected": sum(expected_src.values()), "job2_out": len(out),
-        "job2_lost": sum(1 for k in expected_src if k not in got_src),
-        "job2_duplicated": sum(n - 1 for n in got_src.values() if n > 1) + sum(
-            n for k, n in got_src.items() if k not in expected_src),
-    }
+    c1 = exactly_once_counts(Counter(v["comment"] for v in hot), set(expected_hot))
+    expected_src = {("h", c) for c in expected_hot} | {("c", n) for n in range(sent[PR_COMMENTS])}
+    c2 = exactly_once_counts(Counter(tuple(v["src"]) for v in out), expected_src)
+    return {**{f"job1_{k}": v for k, v in c1.items()}, "job1_v2": sum(1 for v in hot if v.get("v") == 2),
+            **{f"job2_{k}": v for k, v in c2.items()}}
+
+
+def exactly_once_counts(got: Counter[Any], expected: set[Any]) -> dict[str, int]:
+    """Each expected id once: how many are missing, and how many copies are extra or unexpected."""
+    return {"expected": len(expected), "out": sum(got.values()),
+            "lost": sum(1 for k in expected if k not in got),
+            "duplicated": sum(n - 1 if k in expected else n for k, n in got.items())}
 
 
 def _read_all(led: Ledger, reader: EpochReader, subject: str) -> list[dict[str, Any]]:
@@ -288,4 +286,5 @@ def exactly_once(check: dict[str, int]) -> bool:
     return not any(check[k] for k in ("job1_lost", "job1_duplicated", "job2_lost", "job2_duplicated"))
 
 
-__all__ = ["JOB1", "JOB2", "PULL_REQUESTS", "ChainConfig", "ChainResult", "exactly_once", "run_chain"]
+__all__ = ["JOB1", "JOB2", "PULL_REQUESTS", "ChainConfig", "ChainResult", "exactly_once", "exactly_once_counts",
+           "run_chain"]

@@ -147,3 +147,48 @@ def test_multi_subject_stream_follows_epoch_vectors_and_resumes(spark, stack, ro
     lineage = [{s: (n.first, n.last) for s, n in source_batch(ledger, query_id, b).items()} for b in range(6)]
     assert lineage == [{fast: (0, 0), slow: (0, 0)}, {fast: (1, 1), slow: (1, 1)}, {fast: (2, 2)}, {fast: (3, 3)},
                        {fast: (4, 4), slow: (2, 2)}, {slow: (3, 3)}]
+
+
+def test_pr_hotness_job_on_spark_reduces_both_subjects_exactly_once(spark, stack, root, ledger, subject_name,
+                                                                    tmp_path):
+    """Job 2 of the hotness chain: the multi-subject aligned source, a stateful reduce, the aligned sink."""
+    from experiments.hotness import pr_hotness_query
+
+    hot, comments, out = f"{subject_name}-hot", f"{subject_name}-prc", f"{subject_name}-out"
+    for s, parts in ((hot, 2), (comments, 2), (out, 2)):
+        create_subject(ledger, stack.kafka, s, parts)
+    expected: Counter = Counter()
+    with SinkProducer(ledger, stack.kafka, hot, "job1", 0, [0, 1]) as ph, \
+            SinkProducer(ledger, stack.kafka, comments, "gen", 0, [0, 1]) as pc:
+        for e in range(4):
+            ph.begin()
+            pc.begin()
+            for n in range(10):
+                pr = (e + n) % 3
+                ph.send(json.dumps({"comment": 10 * e + n, "pr": pr, "ts": 1.0}).encode(), str(pr).encode())
+                expected[(pr, "hot")] += 1
+                if n % 2:
+                    pc.send(json.dumps({"id": 10 * e + n, "pr": pr, "ts": 2.0}).encode(), str(pr).encode())
+                    expected[(pr, "comments")] += 1
+            if e == 2:
+                ph.abort()  # an aborted attempt of job 1's epoch: its records must not count
+                ph.begin()
+                for n in range(10):
+                    pr = (e + n) % 3
+                    ph.send(json.dumps({"comment": 10 * e + n, "pr": pr, "ts": 1.0}).encode(), str(pr).encode())
+            ph.commit()
+            pc.commit()
+    conn = {"zk": stack.zk, "kafka": stack.kafka, "root": root}
+    query = (pr_hotness_query(spark, conn, hot, comments, epochs_per_batch=2)
+             .writeStream.format("aligned").options(**conn, subject=out, sinkId="hotness").outputMode("update")
+             .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
+    assert query.awaitTermination(180), "availableNow query did not finish"
+    assert query.exception() is None, query.exception()
+    with EpochReader(ledger, stack.kafka) as reader:
+        rows = [json.loads(r.value) for r in reader.read(out, 0, ledger.frontier(out))]
+    final: dict = {}
+    for r in rows:
+        final[r["pr"]] = max(final.get(r["pr"], (0, 0, 0)), (r["hotness"], r["comments"], r["hot"]))
+    assert {pr: (c, h) for pr, (_t, c, h) in final.items()} == {
+        pr: (expected[(pr, "comments")], expected[(pr, "hot")]) for pr in range(3)}
+    assert all(t == c + h for t, c, h in final.values())
