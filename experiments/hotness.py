@@ -80,10 +80,13 @@ def pr_hotness_query(spark: Any, conn: dict[str, str], hot_issues_subject: str, 
                      epochs_per_batch: int = 1) -> Any:
     """Job 2 on Spark Structured Streaming: the aligned multi-subject source, a stateful reduce.
 
-    Each micro-batch covers whole committed epochs of both subjects (epoch-vector offsets), and the
-    running aggregate is written in update mode: one row per pull request changed by the batch.
+    Each micro-batch covers whole committed epochs of both subjects (epoch-vector offsets). The
+    running totals per pull request live in Spark's state store (``applyInPandasWithState``), and
+    each batch appends one row per pull request it changed, so the query runs in append mode,
+    which the aligned sink takes.
     """
     from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
 
     rows = (spark.readStream.format("aligned").options(**conn)
             .option("subjects", f"{hot_issues_subject},{pr_comments_subject}")
@@ -94,9 +97,21 @@ def pr_hotness_query(spark: Any, conn: dict[str, str], hot_issues_subject: str, 
         F.get_json_object(v, "$.ts").cast("double").alias("ts"),
         (F.col("subject") == F.lit(pr_comments_subject)).cast("long").alias("is_comment"),
     )
-    return (parsed.groupBy("pr")
-            .agg(F.sum("is_comment").alias("comments"), F.sum(1 - F.col("is_comment")).alias("hot"),
-                 F.max("ts").alias("ts"))
-            .select(F.col("pr").cast("string").alias("key"),
-                    F.to_json(F.struct("pr", "comments", "hot", (F.col("comments") + F.col("hot")).alias("hotness"),
-                                       "ts")).alias("value")))
+    return parsed.groupBy("pr").applyInPandasWithState(
+        _reduce_pr, outputStructType="key string, value string", stateStructType="comments long, hot long",
+        outputMode="append", timeoutConf=GroupStateTimeout.NoTimeout)
+
+
+def _reduce_pr(key: tuple[Any, ...], batches: Iterable[Any], state: Any) -> Iterable[Any]:
+    import pandas as pd
+
+    comments, hot = state.get if state.exists else (0, 0)
+    newest = None
+    for b in batches:
+        n = int(b["is_comment"].sum())
+        comments, hot = comments + n, hot + len(b) - n
+        newest = max(newest or 0.0, float(b["ts"].max()))
+    state.update((comments, hot))
+    pr = int(key[0])
+    value = {"pr": pr, "comments": comments, "hot": hot, "hotness": comments + hot, "ts": newest}
+    yield pd.DataFrame({"key": [str(pr)], "value": [json.dumps(value)]})

@@ -180,7 +180,7 @@ def test_pr_hotness_job_on_spark_reduces_both_subjects_exactly_once(spark, stack
             pc.commit()
     conn = {"zk": stack.zk, "kafka": stack.kafka, "root": root}
     query = (pr_hotness_query(spark, conn, hot, comments, epochs_per_batch=2)
-             .writeStream.format("aligned").options(**conn, subject=out, sinkId="hotness").outputMode("update")
+             .writeStream.format("aligned").options(**conn, subject=out, sinkId="hotness")
              .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
     assert query.awaitTermination(180), "availableNow query did not finish"
     assert query.exception() is None, query.exception()
