@@ -13,12 +13,13 @@ and the outputs of both jobs are checked record by record against the workload's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -31,7 +32,7 @@ from connectors.sink import SinkProducer
 from connectors.subjects import create_subject
 from coordinator.alignment import Coordinator
 from coordinator.hotswap import HotSwap
-from coordinator.stack import StackInfo, wait_for
+from coordinator.stack import EmbeddedStack, StackInfo, wait_for
 from experiments.hotness import hot_issues, pr_hotness
 from experiments.workload import (
     HOT_ISSUES,
@@ -48,6 +49,20 @@ from experiments.workload import (
 log = logging.getLogger("experiments.chain")
 RunMode = Literal["at_least_once", "exactly_once", "aligned"]
 JOB1, JOB2 = "job1", "job2"
+
+
+@contextlib.contextmanager
+def open_stack(external: bool) -> Iterator[StackInfo]:
+    """A fresh embedded stack, or (``external``) the one named by ``ALIGNER_ZK``/``ALIGNER_KAFKA``."""
+    logging.getLogger("kazoo").setLevel(logging.ERROR)
+    if external:
+        from aligner.settings import Settings
+
+        s = Settings()
+        yield StackInfo(zk=s.zk, kafka=s.kafka, workdir="", zk_pid=0, kafka_pid=0)
+        return
+    with EmbeddedStack() as info:
+        yield info
 
 
 class Generator(threading.Thread):

@@ -14,8 +14,10 @@ path of its plot.
 
 from __future__ import annotations
 
+import argparse
 import json
-import logging
+import os
+import socket
 import sys
 import tempfile
 import threading
@@ -35,8 +37,8 @@ from connectors.spark.lineage import sink_lineage, source_batch
 from connectors.subjects import create_subject
 from coordinator.alignment import Coordinator
 from coordinator.hotswap import HotSwap
-from coordinator.stack import EmbeddedStack, StackInfo, wait_for
-from experiments.chain import Generator, Worker, exactly_once_counts
+from coordinator.stack import StackInfo, wait_for
+from experiments.chain import Generator, Worker, exactly_once_counts, open_stack
 from experiments.hotness import hot_issues, pr_hotness_query
 from experiments.workload import (
     HOT_ISSUES,
@@ -56,11 +58,16 @@ SINK = "pr-hotness-spark"
 GENERATE_S, ALIGN_AT, SWAP_AT, INTERVAL = 40.0, 8.0, 18.0, 0.5
 
 
-def start_spark(info: StackInfo, checkpoint: str) -> tuple[Any, Any]:
+def start_spark(info: StackInfo, root: str, checkpoint: str) -> tuple[Any, Any]:
+    """Job 2 on local[2], or on the cluster of ``ALIGNER_SPARK_MASTER`` (docker-compose)."""
     from connectors.spark.session import local_session
 
-    spark = local_session(app="aligner-demo", **{"spark.ui.showConsoleProgress": "false"})
-    conn = {"zk": info.zk, "kafka": info.kafka, "root": ROOT}
+    master = os.environ.get("ALIGNER_SPARK_MASTER", "local[2]")
+    conf = {"spark.ui.showConsoleProgress": "false"}
+    if master.startswith("spark://"):  # executors in other containers must reach this driver
+        conf |= {"spark.driver.host": socket.gethostname(), "spark.driver.bindAddress": "0.0.0.0"}
+    spark = local_session(master, "aligner-demo", **conf)
+    conn = {"zk": info.zk, "kafka": info.kafka, "root": root}
     query = (pr_hotness_query(spark, conn, HOT_ISSUES, PR_COMMENTS, epochs_per_batch=8)
              .writeStream.format("aligned").options(**conn, subject=PR_HOTNESS, sinkId=SINK)
              .option("checkpointLocation", checkpoint)
@@ -77,12 +84,17 @@ def read_all(led: Ledger, kafka: str, subject: str) -> list[dict[str, Any]]:
         return [{**json.loads(r.value), "epoch": r.epoch} for r in reader.read(subject, numbers[0], last)]
 
 
-def main() -> int:
-    logging.getLogger("kazoo").setLevel(logging.ERROR)
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--external", action="store_true", help="use the stack of ALIGNER_ZK / ALIGNER_KAFKA")
+    args = ap.parse_args(argv)
     t0 = time.monotonic()
-    with EmbeddedStack() as info, tempfile.TemporaryDirectory() as tmp:
-        console.print(f"[bold]embedded stack[/] ZooKeeper {info.zk}, Kafka (Tansu) {info.kafka}")
-        led = Ledger.connect(info.zk, ROOT)
+    # External stacks outlive a run: every run gets its own root there.
+    root = f"{ROOT}-{int(time.time())}" if args.external else ROOT
+    checkpoints = os.environ.get("ALIGNER_SPARK_CHECKPOINTS")  # shared with the executors of a cluster
+    with open_stack(args.external) as info, tempfile.TemporaryDirectory(dir=checkpoints) as tmp:
+        console.print(f"[bold]stack[/] ZooKeeper {info.zk}, Kafka {info.kafka}, root {root}")
+        led = Ledger.connect(info.zk, root)
         for s in STREAMS:
             create_subject(led, info.kafka, s, 4)
         create_subject(led, info.kafka, HOT_ISSUES, 4)
@@ -92,13 +104,13 @@ def main() -> int:
         latency = LatencyLog(RESULTS / "demo-latency.jsonl")
 
         console.print("starting job 2 (PR hotness) on Spark Structured Streaming ...")
-        spark, query = start_spark(info, f"{tmp}/checkpoint")
-        gen = Generator(info, ROOT, {s: s for s in STREAMS}, WORKLOAD, INTERVAL)
+        spark, query = start_spark(info, root, f"{tmp}/checkpoint")
+        gen = Generator(info, root, {s: s for s in STREAMS}, WORKLOAD, INTERVAL)
         gen.start()
         started = time.time()
         spec1 = JobSpec(job="hot-issues", inputs=(ISSUES, ISSUE_COMMENTS), output=HOT_ISSUES, parallelism=2,
                         interval=0.7, output_partitions=(0, 1))
-        workers = [Worker(info, ROOT, spec1, i, hot_issues(WORKLOAD), latency, "job 1 v1") for i in range(2)]
+        workers = [Worker(info, root, spec1, i, hot_issues(WORKLOAD), latency, "job 1 v1") for i in range(2)]
         console.print("generator (0.5 s epochs) and job 1 (hot issues, 2 workers, unaligned 0.7 s epochs) running")
         events: dict[str, float] = {}
 
@@ -111,7 +123,7 @@ def main() -> int:
         wait_for(lambda: time.time() - started >= SWAP_AT, 120, "the hot-swap time")
         spec2 = JobSpec(job="hot-issues-v2", version="2", inputs=spec1.inputs, output=HOT_ISSUES, parallelism=2,
                         interval=0.7, output_partitions=(2, 3), follows="hot-issues")
-        workers += [Worker(info, ROOT, spec2, i, hot_issues(WORKLOAD, version=2), latency, "job 1 v2")
+        workers += [Worker(info, root, spec2, i, hot_issues(WORKLOAD, version=2), latency, "job 1 v2")
                     for i in range(2)]
         wait_for(lambda: len(c := jobs.consumers("hot-issues-v2", ISSUES)) == 2
                  and all(n.job_epoch is not None for n in c.values()), 120, "job 1 v2 to follow v1")

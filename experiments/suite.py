@@ -21,12 +21,9 @@ embedded stack, or the stack named by ``ALIGNER_ZK``/``ALIGNER_KAFKA`` with ``--
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import os
 import statistics
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,10 +31,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from coordinator.stack import EmbeddedStack, StackInfo
+from coordinator.stack import StackInfo
 from experiments import ForeignCpu, plots
 from experiments.analysis import before_after, epoch_series, points_json, since_start, steady, summary
-from experiments.chain import JOB2, ChainConfig, ChainResult, exactly_once, run_chain
+from experiments.chain import JOB2, ChainConfig, ChainResult, exactly_once, open_stack, run_chain
 from experiments.workload import Workload
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -51,19 +48,6 @@ console = Console(width=140)
 Rate = Annotated[float, typer.Option(help="comments per second per comment stream")]
 External = Annotated[bool, typer.Option(help="use the stack of ALIGNER_ZK / ALIGNER_KAFKA")]
 Parallelism = Annotated[int, typer.Option(help="parallel workers per job (and partitions per subject)")]
-
-
-@contextlib.contextmanager
-def stack(external: bool) -> Iterator[StackInfo]:
-    logging.getLogger("kazoo").setLevel(logging.ERROR)
-    if external:
-        from aligner.settings import Settings
-
-        s = Settings()
-        yield StackInfo(zk=s.zk, kafka=s.kafka, workdir="", zk_pid=0, kafka_pid=0)
-        return
-    with EmbeddedStack() as info:
-        yield info
 
 
 class Experiment:
@@ -133,7 +117,7 @@ def visible(mode: str, s: dict[str, float]) -> float:
 def modes(interval: float = 1.0, parallelism: Parallelism = 1, duration: float = 40.0, rate: Rate = 300.0,
           external: External = False) -> None:
     """(a) Latency by processing mode (thesis Figs 6.7, 6.8)."""
-    with stack(external) as info:
+    with open_stack(external) as info:
         ex = Experiment("modes", info, locals() | {"info": None})
         series, summaries = {}, {}
         for mode in MODES:
@@ -154,7 +138,7 @@ def interval(intervals: str = "0.25,0.5,1,2", parallelism: Parallelism = 1, rate
              external: External = False) -> None:
     """(b) Effect of the checkpoint interval (thesis Fig 6.9)."""
     values = [float(v) for v in intervals.split(",")]
-    with stack(external) as info:
+    with open_stack(external) as info:
         ex = Experiment("interval", info, locals() | {"info": None})
         results: dict[str, dict[float, dict[str, float]]] = {m: {} for m in MODES}
         for iv in values:
@@ -190,7 +174,7 @@ def transition(interval: float = 1.0, parallelism: str = "1,2", duration: float 
                external: External = False) -> None:
     """(c) The transition exactly-once -> aligned in a live run (thesis Fig 6.11)."""
     ps = [int(p) for p in parallelism.split(",")]
-    with stack(external) as info:
+    with open_stack(external) as info:
         ex = Experiment("transition", info, locals() | {"info": None})
         runs, out = {}, {}
         for p in ps:
@@ -212,7 +196,7 @@ def repeat(runs: int = 5, intervals: str = "1,2", parallelism: Parallelism = 1, 
            external: External = False) -> None:
     """(d) Repeated runs of the aligned transition: box plot (thesis Fig 6.12; 80 runs there)."""
     values = [float(v) for v in intervals.split(",")]
-    with stack(external) as info:
+    with open_stack(external) as info:
         ex = Experiment("repeat", info, locals() | {"info": None})
         out: dict[float, list[dict[str, Any]]] = {iv: [] for iv in values}
         for i in range(runs):
@@ -244,7 +228,7 @@ def repeat(runs: int = 5, intervals: str = "1,2", parallelism: Parallelism = 1, 
 def hotswap(interval: float = 1.0, parallelism: Parallelism = 1, duration: float = 40.0, rate: Rate = 300.0,
             external: External = False) -> None:
     """(e) Hot-swap job 1 v1 -> v2 under load: exactly-once verdict, output gap, latency around it."""
-    with stack(external) as info:
+    with open_stack(external) as info:
         ex = Experiment("hotswap", info, locals() | {"info": None})
         run = ex.run(chain("aligned", interval, parallelism, duration, rate, swap_at=duration / 2), "v1 -> v2")
         commits = run.job_epochs["hot-issues"]
@@ -280,7 +264,7 @@ def parallelism(values: str = "1,2,4", interval: float = 1.0, duration: float = 
                 external: External = False) -> None:
     """(f) Parallelism 1, 2, 4 in exactly-once and aligned mode: does latency become unstable?"""
     ps = [int(v) for v in values.split(",")]
-    with stack(external) as info:
+    with open_stack(external) as info:
         ex = Experiment("parallelism", info, locals() | {"info": None})
         series: dict[str, dict[int, Any]] = {"exactly_once": {}, "aligned": {}}
         for p in ps:
