@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 EXTRAS ?= test,local,plots,spark,faust
 
-.PHONY: setup zookeeper test demo bench lint clean
+.PHONY: setup zookeeper test demo experiments bench lint clean
 
 setup: $(STAMP) zookeeper
 
@@ -30,6 +30,9 @@ test: setup
 
 demo: setup
 	$(PY) -m experiments.demo
+
+experiments: setup
+	$(PY) -m experiments.suite all
 
 bench: setup
 	$(PY) -m experiments.bench_sink

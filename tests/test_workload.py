@@ -81,3 +81,15 @@ def test_expected_result_matches_a_replay_of_job1():
     assert 0 < len(expected) < 1000
     totals = w.pr_totals(1000, 300)
     assert sum(c for c, _h in totals.values()) == 300 and sum(h for _c, h in totals.values()) == len(expected)
+
+
+def test_experiment_cli_refuses_bad_arguments_before_starting_anything():
+    from typer.testing import CliRunner
+
+    from experiments.suite import app
+
+    runner = CliRunner()
+    bad = runner.invoke(app, ["modes", "--interval", "soon"])
+    assert bad.exit_code == 2 and "Invalid value" in bad.output
+    assert runner.invoke(app, ["no-such-experiment"]).exit_code == 2
+    assert runner.invoke(app, ["--help"]).exit_code == 0
