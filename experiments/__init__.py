@@ -1,4 +1,6 @@
-"""Benchmarks against raw baselines, each run as ``python -m experiments.<name>`` on its own embedded stack."""
+"""The demo (``demo``), the thesis's experiments (``suite``, on the hotness chain of ``chain``) and
+benchmarks against raw baselines (``bench_*``), each run as ``python -m experiments.<name>`` on its
+own embedded stack."""
 
 from __future__ import annotations
 

@@ -181,6 +181,14 @@ def run_chain(info: StackInfo, root: str, config: ChainConfig, tag: str,
               progress: Callable[[str], None] = lambda _m: None, latency_file: Any = None) -> ChainResult:
     """Run the chain once on fresh subjects named ``<stream>-<tag>``; returns its measurements."""
     led = Ledger.connect(info.zk, root)
+    try:
+        return _run(led, info, root, config, tag, progress, latency_file)
+    finally:
+        led.close()
+
+
+def _run(led: Ledger, info: StackInfo, root: str, config: ChainConfig, tag: str, progress: Callable[[str], None],
+         latency_file: Any) -> ChainResult:
     p, w = config.parallelism, config.workload
     names = {s: f"{s}-{tag}" for s in (*STREAMS, HOT_ISSUES, PR_HOTNESS)}
     for s in STREAMS:
@@ -240,15 +248,13 @@ def run_chain(info: StackInfo, root: str, config: ChainConfig, tag: str,
         latency.close()
     errors = gen.error + [e for wk in workers for e in wk.error]
     if errors:
-        led.close()
         raise errors[0]
     sent = {s: gen.sent[s] for s in STREAMS}
     check = verify(led, info.kafka, names, w, sent)
-    result = ChainResult(config, tag, started, sorted(latency.records, key=lambda r: r.committed_at), sent, events,
-                         check, swap_epoch)
+    result = ChainResult(config, tag, started, sorted(latency.records, key=lambda r: r.committed_at), sent,
+                         events, check, swap_epoch)
     if swap_epoch is not None:
         result.job_epochs = {"hot-issues": _commit_times(led, names[HOT_ISSUES])}
-    led.close()
     return result
 
 
