@@ -181,9 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"job 1: {c1['out']:,} hot-issue records for {c1['expected']:,} hot comments "
                   f"(v1 {versions[1]:,} / v2 {versions[2]:,}), lost {c1['lost']}, duplicated {c1['duplicated']}")
     console.print(f"job 2 (Spark, {batches} micro-batches, median {median_s:.1f}s each): hotness of "
-                  f"{len(final):,} pull requests from "
-                  f"{counted:,} inputs, {len(out):,} update rows; every micro-batch read whole committed epochs of both inputs "
-                  f"(the aligned source), lineage of {checked} pr-hotness epochs checked")
+                  f"{len(final):,} pull requests from {counted:,} inputs, {len(out):,} update rows; every "
+                  f"micro-batch read whole committed epochs of both inputs (the aligned source), lineage of "
+                  f"{checked} pr-hotness epochs checked")
     console.print(f"plot: {plot}")
     style = "green" if ok else "red"
     console.print(
