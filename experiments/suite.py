@@ -100,6 +100,17 @@ def table(title: str, rows: list[tuple[str, dict[str, float]]], interval: float 
     console.print(t)
 
 
+def numbers(text: str, kind: type[int] | type[float], option: str) -> list[Any]:
+    """A comma-separated list of positive numbers, or a usage error naming the option."""
+    try:
+        values = [kind(v) for v in text.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a comma-separated list of numbers", param_hint=option) from None
+    if not values or any(v <= 0 for v in values):
+        raise typer.BadParameter(f"{text!r}: every value must be positive", param_hint=option)
+    return values
+
+
 def chain(mode: str, interval: float, parallelism: int, duration: float, rate: float, **kw: Any) -> ChainConfig:
     return ChainConfig(mode=mode, interval=interval, parallelism=parallelism, duration=duration,  # type: ignore[arg-type]
                        align_at=kw.pop("align_at", WARMUP), workload=Workload(comment_rate=rate), **kw)
@@ -137,7 +148,7 @@ def modes(interval: float = 1.0, parallelism: Parallelism = 1, duration: float =
 def interval(intervals: str = "0.25,0.5,1,2", parallelism: Parallelism = 1, rate: Rate = 300.0,
              external: External = False) -> None:
     """(b) Effect of the checkpoint interval (thesis Fig 6.9)."""
-    values = [float(v) for v in intervals.split(",")]
+    values = numbers(intervals, float, "--intervals")
     with open_stack(external) as info:
         ex = Experiment("interval", info, locals() | {"info": None})
         results: dict[str, dict[float, dict[str, float]]] = {m: {} for m in MODES}
@@ -173,7 +184,7 @@ def transition_summary(run: ChainResult) -> dict[str, Any]:
 def transition(interval: float = 1.0, parallelism: str = "1,2", duration: float = 50.0, rate: Rate = 300.0,
                external: External = False) -> None:
     """(c) The transition exactly-once -> aligned in a live run (thesis Fig 6.11)."""
-    ps = [int(p) for p in parallelism.split(",")]
+    ps = numbers(parallelism, int, "--parallelism")
     with open_stack(external) as info:
         ex = Experiment("transition", info, locals() | {"info": None})
         runs, out = {}, {}
@@ -195,7 +206,7 @@ def transition(interval: float = 1.0, parallelism: str = "1,2", duration: float 
 def repeat(runs: int = 5, intervals: str = "1,2", parallelism: Parallelism = 1, rate: Rate = 300.0,
            external: External = False) -> None:
     """(d) Repeated runs of the aligned transition: box plot (thesis Fig 6.12; 80 runs there)."""
-    values = [float(v) for v in intervals.split(",")]
+    values = numbers(intervals, float, "--intervals")
     with open_stack(external) as info:
         ex = Experiment("repeat", info, locals() | {"info": None})
         out: dict[float, list[dict[str, Any]]] = {iv: [] for iv in values}
@@ -263,7 +274,7 @@ def hotswap(interval: float = 1.0, parallelism: Parallelism = 1, duration: float
 def parallelism(values: str = "1,2,4", interval: float = 1.0, duration: float = 35.0, rate: Rate = 300.0,
                 external: External = False) -> None:
     """(f) Parallelism 1, 2, 4 in exactly-once and aligned mode: does latency become unstable?"""
-    ps = [int(v) for v in values.split(",")]
+    ps = numbers(values, int, "--values")
     with open_stack(external) as info:
         ex = Experiment("parallelism", info, locals() | {"info": None})
         series: dict[str, dict[int, Any]] = {"exactly_once": {}, "aligned": {}}
