@@ -6,8 +6,11 @@ committed job epoch then yields one :class:`EpochLatency` record, the thesis's l
 - ``latency`` is the local time when the operator processes a record minus the record's creation
   time (``event_time``). Both the maximum and the average over the epoch are recorded.
 - ``checkpoint latency`` is the worst case if the results only become visible at the commit: the
-  local time of the commit minus the oldest creation time the epoch processed. This is what a
-  read-committed consumer waits for, so exactly-once and aligned modes are compared on it.
+  local time of the commit minus the oldest creation time the epoch processed.
+- ``visible average`` is the commit time minus the average creation time: what a read-committed
+  consumer of the output waits on average, the measure exactly-once and aligned modes are compared on.
+
+``offset`` counts the records this worker processed since it started (a restarted worker starts at 0).
 
 Clocks: all operators of an experiment run on one machine, so local clocks agree (as in the thesis).
 """
@@ -39,6 +42,8 @@ class EpochLatency(BaseModel):
 
     operator: str
     worker: int
+    run: str = ""
+    """Which run of an experiment (several runs may share one log)."""
     epoch: int
     mode: str
     committed_at: float
@@ -57,8 +62,8 @@ class LatencyProbe:
     """Measures a job function; ``checkpoint`` closes the epoch and emits its record."""
 
     def __init__(self, operator: str, worker: int, event_time: Callable[[SourceRecord], float | None],
-                 emit: Callable[[EpochLatency], None]) -> None:
-        self.operator, self.worker = operator, worker
+                 emit: Callable[[EpochLatency], None], run: str = "") -> None:
+        self.operator, self.worker, self.run = operator, worker, run
         self.event_time = event_time
         self.emit = emit
         self.offset = 0
@@ -86,8 +91,8 @@ class LatencyProbe:
         now = time.time()
         n = self.count
         record = EpochLatency(
-            operator=self.operator, worker=self.worker, epoch=node.epoch, mode=node.mode, committed_at=now,
-            offset=self.offset, count=n,
+            operator=self.operator, worker=self.worker, run=self.run, epoch=node.epoch, mode=node.mode,
+            committed_at=now, offset=self.offset, count=n,
             max_ms=1000 * self.max if n else None, avg_ms=1000 * self.total / n if n else None,
             checkpoint_ms=1000 * (now - self.oldest) if n else None,
             visible_avg_ms=1000 * (now - self.created_sum / n) if n else None,
@@ -105,7 +110,7 @@ def json_field(name: str) -> Callable[[SourceRecord], float | None]:
         try:
             value = json.loads(record.value or b"null")
             return float(value[name]) if isinstance(value, dict) and name in value else None
-        except ValueError:
+        except (ValueError, TypeError):  # not JSON, or the field is not a number: not measured
             return None
 
     return get
@@ -130,5 +135,7 @@ class LatencyLog:
                 self._file.flush()
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
+        with self._lock:  # a worker outliving its join still appends to records, not to a closed file
+            if self._file is not None:
+                self._file.close()
+                self._file = None

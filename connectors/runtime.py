@@ -446,7 +446,10 @@ class JobWorker:
                     return False
         self.sink.commit(extra=[self.jobs.worker_epoch_op(self.spec.job, self.worker, node)])
         if self.on_commit is not None:
-            self.on_commit(node)
+            try:
+                self.on_commit(node)
+            except Exception:  # instrumentation must not stop a job whose epoch is committed
+                log.exception("on_commit hook of %s worker %d failed at epoch %d", self.spec.job, self.worker, epoch)
         self.fault("after_epoch")
         ahead = self.source.second_last_ahead()
         for subject in self.spec.inputs:

@@ -16,11 +16,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import random
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from aligner.jobs import JobLedger
@@ -40,7 +42,6 @@ from experiments.workload import (
     ISSUES,
     PR_COMMENTS,
     PR_HOTNESS,
-    PULL_REQUESTS,
     STREAMS,
     Pacer,
     Workload,
@@ -114,12 +115,16 @@ class Worker(threading.Thread):
     """One job worker, its function measured by a latency probe, on its own ZooKeeper session."""
 
     def __init__(self, info: StackInfo, root: str, spec: JobSpec, index: int, fn: JobFunction,
-                 latency: LatencyLog, operator: str) -> None:
+                 latency: LatencyLog, operator: str, run: str = "") -> None:
         super().__init__(daemon=True, name=f"{spec.job}-{index}")
         self.ledger = Ledger.connect(info.zk, root)
-        probe = LatencyProbe(operator, index, json_field("ts"), latency)
-        self.worker = JobWorker(self.ledger, info.kafka, spec, index, probe.wrap(fn),
-                                on_commit=probe.checkpoint).open()
+        probe = LatencyProbe(operator, index, json_field("ts"), latency, run=run)
+        try:
+            self.worker = JobWorker(self.ledger, info.kafka, spec, index, probe.wrap(fn),
+                                    on_commit=probe.checkpoint).open()
+        except BaseException:
+            self.ledger.close()
+            raise
         self.stop = threading.Event()
         self.error: list[BaseException] = []
         self.start()
@@ -170,15 +175,9 @@ class ChainResult:
     def operator(self, name: str) -> list[EpochLatency]:
         return [r for r in self.latency if r.operator == name]
 
-    def to_json(self) -> dict[str, Any]:
-        return {"tag": self.tag, "mode": self.config.mode, "interval": self.config.interval,
-                "parallelism": self.config.parallelism, "duration": self.config.duration,
-                "started": self.started, "sent": self.sent, "events": self.events, "check": self.check,
-                "swap_epoch": self.swap_epoch, "latency": [r.model_dump() for r in self.latency]}
-
 
 def run_chain(info: StackInfo, root: str, config: ChainConfig, tag: str,
-              progress: Callable[[str], None] = lambda _m: None, latency_file: Any = None) -> ChainResult:
+              progress: Callable[[str], None] = lambda _m: None, latency_file: Path | None = None) -> ChainResult:
     """Run the chain once on fresh subjects named ``<stream>-<tag>``; returns its measurements."""
     led = Ledger.connect(info.zk, root)
     try:
@@ -188,7 +187,7 @@ def run_chain(info: StackInfo, root: str, config: ChainConfig, tag: str,
 
 
 def _run(led: Ledger, info: StackInfo, root: str, config: ChainConfig, tag: str, progress: Callable[[str], None],
-         latency_file: Any) -> ChainResult:
+         latency_file: Path | None) -> ChainResult:
     p, w = config.parallelism, config.workload
     names = {s: f"{s}-{tag}" for s in (*STREAMS, HOT_ISSUES, PR_HOTNESS)}
     for s in STREAMS:
@@ -205,11 +204,16 @@ def _run(led: Ledger, info: StackInfo, root: str, config: ChainConfig, tag: str,
     gen = Generator(info, root, names, w, config.interval)
     started = time.time()
     gen.start()
-    workers = [Worker(info, root, spec1, i, hot_issues(w), latency, JOB1) for i in range(p)]
-    workers += [Worker(info, root, spec2, i, pr_hotness, latency, JOB2) for i in range(p)]
+    workers: list[Worker] = []
     events: dict[str, float] = {}
     swap_epoch = None
+    # Random start phases: unaligned timers started in lockstep stay phase-locked to each other and
+    # to the generator, which would fix the exactly-once latency at one arbitrary value per run.
+    phase = random.Random(f"{w.seed}/{tag}")
     try:
+        for spec, fn, operator in ((spec1, hot_issues(w), JOB1), (spec2, pr_hotness, JOB2)):
+            time.sleep(phase.uniform(0, config.interval))
+            workers += [Worker(info, root, spec, i, fn, latency, operator, tag) for i in range(p)]
         jobs = JobLedger(led)
         coord = Coordinator(led)
         plan: list[tuple[float, str]] = []
@@ -229,8 +233,9 @@ def _run(led: Ledger, info: StackInfo, root: str, config: ChainConfig, tag: str,
                 spec1v2 = JobSpec(job=f"{job1}-v2", version="2", inputs=spec1.inputs, output=spec1.output,
                                   parallelism=p, interval=config.interval, follows=job1,
                                   output_partitions=tuple(range(p, 2 * p)))
-                workers += [Worker(info, root, spec1v2, i, hot_issues(w, version=2), latency, f"{JOB1}-v2")
-                            for i in range(p)]
+                for i in range(p):
+                    workers.append(Worker(info, root, spec1v2, i, hot_issues(w, version=2), latency, f"{JOB1}-v2",
+                                          tag))
                 wait_for(lambda: all(c.job_epoch is not None for c in jobs.consumers(f"{job1}-v2", names[ISSUES])
                                      .values()) and len(jobs.consumers(f"{job1}-v2", names[ISSUES])) == p,
                          120, "job 1 v2 to follow v1")
@@ -276,16 +281,39 @@ def _commit_times(led: Ledger, subject: str) -> list[dict[str, Any]]:
 
 
 def verify(led: Ledger, kafka: str, names: dict[str, str], workload: Workload, sent: dict[str, int]) -> dict[str, int]:
-    """Record-by-record check of both jobs' committed output against the workload's expected result."""
+    """Record-by-record check of both jobs' committed output against the workload's expected result.
+
+    Job 1: every hot comment once, with the expected issue, pull request, window and count. Job 2:
+    every input (hot comment or PR comment) once, and each pull request's last running totals equal
+    to the expected ones. ``*_wrong`` counts records present once but with wrong content.
+    """
     expected_hot = workload.hot_comments(sent[ISSUE_COMMENTS])
-    with EpochReader(led, kafka) as reader:
-        hot = _read_all(led, reader, names[HOT_ISSUES])
-        out = _read_all(led, reader, names[PR_HOTNESS])
-    c1 = exactly_once_counts(Counter(v["comment"] for v in hot), set(expected_hot))
+    hot = read_all(led, kafka, names[HOT_ISSUES])
+    out = read_all(led, kafka, names[PR_HOTNESS])
+    c1 = check_hot_issues(hot, expected_hot)
     expected_src = {("h", c) for c in expected_hot} | {("c", n) for n in range(sent[PR_COMMENTS])}
     c2 = exactly_once_counts(Counter(tuple(v["src"]) for v in out), expected_src)
+    final = final_totals(out)
+    expected_totals = workload.pr_totals(sent[ISSUE_COMMENTS], sent[PR_COMMENTS])
+    c2["wrong"] = sum(1 for pr in set(final) | set(expected_totals) if final.get(pr) != expected_totals.get(pr))
     return {**{f"job1_{k}": v for k, v in c1.items()}, "job1_v2": sum(1 for v in hot if v.get("v") == 2),
             **{f"job2_{k}": v for k, v in c2.items()}}
+
+
+def check_hot_issues(hot: list[dict[str, Any]], expected: dict[int, dict[str, Any]]) -> dict[str, int]:
+    """Job 1's output: each hot comment once, and with the expected issue, pull request, window, count."""
+    counts = exactly_once_counts(Counter(v["comment"] for v in hot), set(expected))
+    counts["wrong"] = sum(1 for v in hot if v["comment"] in expected
+                          and {k: v[k] for k in ("issue", "pr", "window", "count")} != expected[v["comment"]])
+    return counts
+
+
+def final_totals(rows: list[dict[str, Any]]) -> dict[int, tuple[int, int]]:
+    """Job 2's last (comments, hot) per pull request: running totals only grow, so the largest."""
+    final: dict[int, tuple[int, int]] = {}
+    for v in rows:
+        final[v["pr"]] = max(final.get(v["pr"], (0, 0)), (v["comments"], v["hot"]))
+    return final
 
 
 def exactly_once_counts(got: Counter[Any], expected: set[Any]) -> dict[str, int]:
@@ -295,17 +323,18 @@ def exactly_once_counts(got: Counter[Any], expected: set[Any]) -> dict[str, int]
             "duplicated": sum(n - 1 if k in expected else n for k, n in got.items())}
 
 
-def _read_all(led: Ledger, reader: EpochReader, subject: str) -> list[dict[str, Any]]:
-    numbers = led.epoch_numbers(subject)
-    last = led.frontier(subject)
+def read_all(led: Ledger, kafka: str, subject: str) -> list[dict[str, Any]]:
+    """Every committed record of a subject: its JSON value, with the epoch it belongs to."""
+    numbers, last = led.epoch_numbers(subject), led.frontier(subject)
     if not numbers or last is None:
         return []
-    return [json.loads(r.value) for r in reader.read(subject, numbers[0], last)]
+    with EpochReader(led, kafka) as reader:
+        return [{**json.loads(r.value), "epoch": r.epoch} for r in reader.read(subject, numbers[0], last)]
 
 
 def exactly_once(check: dict[str, int]) -> bool:
-    return not any(check[k] for k in ("job1_lost", "job1_duplicated", "job2_lost", "job2_duplicated"))
+    return not any(check[f"{job}_{k}"] for job in ("job1", "job2") for k in ("lost", "duplicated", "wrong"))
 
 
-__all__ = ["JOB1", "JOB2", "PULL_REQUESTS", "ChainConfig", "ChainResult", "exactly_once", "exactly_once_counts",
-           "run_chain"]
+__all__ = ["JOB1", "JOB2", "ChainConfig", "ChainResult", "check_hot_issues", "exactly_once", "exactly_once_counts",
+           "final_totals", "read_all", "run_chain"]

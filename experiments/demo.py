@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +32,13 @@ from rich.console import Console
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from connectors.latency import LatencyLog
-from connectors.reader import EpochReader
 from connectors.runtime import JobSpec
 from connectors.spark.lineage import sink_lineage, source_batch
 from connectors.subjects import create_subject
 from coordinator.alignment import Coordinator
 from coordinator.hotswap import HotSwap
 from coordinator.stack import StackInfo, wait_for
-from experiments.chain import Generator, Worker, exactly_once_counts, open_stack
+from experiments.chain import Generator, Worker, check_hot_issues, final_totals, open_stack, read_all
 from experiments.hotness import hot_issues, pr_hotness_query
 from experiments.workload import (
     HOT_ISSUES,
@@ -75,13 +75,18 @@ def start_spark(info: StackInfo, root: str, checkpoint: str) -> tuple[Any, Any]:
     return spark, query
 
 
-def read_all(led: Ledger, kafka: str, subject: str) -> list[dict[str, Any]]:
-    """Every committed record of a subject, its JSON value with the epoch it belongs to."""
-    numbers, last = led.epoch_numbers(subject), led.frontier(subject)
-    if not numbers or last is None:
-        return []
-    with EpochReader(led, kafka) as reader:
-        return [{**json.loads(r.value), "epoch": r.epoch} for r in reader.read(subject, numbers[0], last)]
+@dataclass
+class Run:
+    """What the pipeline did, for the verification."""
+
+    sent: dict[str, int] = field(default_factory=dict)
+    hot: list[dict[str, Any]] = field(default_factory=list)
+    out: list[dict[str, Any]] = field(default_factory=list)
+    batches: int = 0
+    batch_seconds: float = float("nan")
+    aligned: tuple[int, int] = (0, 0)
+    tiled: list[str] = field(default_factory=list)
+    plot: Path | None = None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,24 +100,35 @@ def main(argv: list[str] | None = None) -> int:
     with open_stack(args.external) as info, tempfile.TemporaryDirectory(dir=checkpoints) as tmp:
         console.print(f"[bold]stack[/] ZooKeeper {info.zk}, Kafka {info.kafka}, root {root}")
         led = Ledger.connect(info.zk, root)
-        for s in STREAMS:
-            create_subject(led, info.kafka, s, 4)
-        create_subject(led, info.kafka, HOT_ISSUES, 4)
-        create_subject(led, info.kafka, PR_HOTNESS, 2)
-        jobs, coord = JobLedger(led), Coordinator(led)
-        (RESULTS / "demo-latency.jsonl").unlink(missing_ok=True)
-        latency = LatencyLog(RESULTS / "demo-latency.jsonl")
+        try:
+            run = pipeline(info, led, root, f"{tmp}/checkpoint")
+        finally:
+            led.close()
+    return verify(run, time.monotonic() - t0)
 
-        console.print("starting job 2 (PR hotness) on Spark Structured Streaming ...")
-        spark, query = start_spark(info, root, f"{tmp}/checkpoint")
-        gen = Generator(info, root, {s: s for s in STREAMS}, WORKLOAD, INTERVAL)
+
+def pipeline(info: StackInfo, led: Ledger, root: str, checkpoint: str) -> Run:
+    for s in STREAMS:
+        create_subject(led, info.kafka, s, 4)
+    create_subject(led, info.kafka, HOT_ISSUES, 4)
+    create_subject(led, info.kafka, PR_HOTNESS, 2)
+    jobs, coord = JobLedger(led), Coordinator(led)
+    (RESULTS / "demo-latency.jsonl").unlink(missing_ok=True)
+    latency = LatencyLog(RESULTS / "demo-latency.jsonl")
+    console.print("starting job 2 (PR hotness) on Spark Structured Streaming ...")
+    spark, query = start_spark(info, root, checkpoint)
+    gen = Generator(info, root, {s: s for s in STREAMS}, WORKLOAD, INTERVAL)
+    workers: list[Worker] = []
+    events: dict[str, float] = {}
+    run = Run()
+    try:
         gen.start()
         started = time.time()
         spec1 = JobSpec(job="hot-issues", inputs=(ISSUES, ISSUE_COMMENTS), output=HOT_ISSUES, parallelism=2,
                         interval=0.7, output_partitions=(0, 1))
-        workers = [Worker(info, root, spec1, i, hot_issues(WORKLOAD), latency, "job 1 v1") for i in range(2)]
+        for i in range(2):
+            workers.append(Worker(info, root, spec1, i, hot_issues(WORKLOAD), latency, "job 1 v1"))
         console.print("generator (0.5 s epochs) and job 1 (hot issues, 2 workers, unaligned 0.7 s epochs) running")
-        events: dict[str, float] = {}
 
         wait_for(lambda: time.time() - started >= ALIGN_AT, 120, "the alignment time")
         events["align job 1"] = time.time() - started
@@ -123,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         wait_for(lambda: time.time() - started >= SWAP_AT, 120, "the hot-swap time")
         spec2 = JobSpec(job="hot-issues-v2", version="2", inputs=spec1.inputs, output=HOT_ISSUES, parallelism=2,
                         interval=0.7, output_partitions=(2, 3), follows="hot-issues")
-        workers += [Worker(info, root, spec2, i, hot_issues(WORKLOAD, version=2), latency, "job 1 v2")
-                    for i in range(2)]
+        for i in range(2):
+            workers.append(Worker(info, root, spec2, i, hot_issues(WORKLOAD, version=2), latency, "job 1 v2"))
         wait_for(lambda: len(c := jobs.consumers("hot-issues-v2", ISSUES)) == 2
                  and all(n.job_epoch is not None for n in c.values()), 120, "job 1 v2 to follow v1")
         events["hot-swap requested"] = time.time() - started
@@ -138,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         for w in workers:
             w.close(120)  # the generator finished its subjects: job 1 drains them and finishes hot-issues
         errors = gen.error + [e for w in workers for e in w.error]
+        workers = []
         if errors:
             raise errors[0]
         ends = {s: led.frontier(s) for s in (HOT_ISSUES, PR_COMMENTS)}
@@ -149,86 +166,107 @@ def main(argv: list[str] | None = None) -> int:
             progress = query.lastProgress
             end = progress and progress["sources"][0].get("endOffset")
             got = json.loads(end)["epochs"] if isinstance(end, str) else (end or {}).get("epochs", {})
-            return all(int(got.get(s, 0)) > e for s, e in ends.items())
+            return all(int(got.get(s, 0)) > (-1 if e is None else e) for s, e in ends.items())
 
         wait_for(spark_done, 300, "Spark to read every committed epoch", interval=0.5)
-        batches = query.lastProgress["batchId"] + 1
+        run.batches = query.lastProgress["batchId"] + 1
         durations = sorted(p["durationMs"].get("triggerExecution", 0) / 1000 for p in query.recentProgress
                            if p["numInputRows"])
-        median_s = durations[len(durations) // 2] if durations else float("nan")
+        run.batch_seconds = durations[len(durations) // 2] if durations else float("nan")
+    finally:
+        gen.stop.set()
+        for w in workers:  # only on a failure: stop what still runs before the stack goes
+            w.stop.set()
+            w.close(30)
         query.stop()
         spark.stop()
         latency.close()
+    run.sent = dict(gen.sent)
+    run.hot = read_all(led, info.kafka, HOT_ISSUES)
+    run.out = read_all(led, info.kafka, PR_HOTNESS)
+    run.aligned, run.tiled = lineage_check(led)
+    run.plot = write_plot(led, latency, run.out, events, started)
+    return run
 
-        hot = read_all(led, info.kafka, HOT_ISSUES)
-        out = read_all(led, info.kafka, PR_HOTNESS)
-        aligned_epochs, checked = lineage_check(led)
-        plot = write_plot(led, latency, out, events, started)
-        led.close()
 
-    sent = dict(gen.sent)
-    c1 = exactly_once_counts(Counter(v["comment"] for v in hot), set(WORKLOAD.hot_comments(sent[ISSUE_COMMENTS])))
+def verify(run: Run, seconds: float) -> int:
+    sent = run.sent
+    c1 = check_hot_issues(run.hot, WORKLOAD.hot_comments(sent[ISSUE_COMMENTS]))
     expected = WORKLOAD.pr_totals(sent[ISSUE_COMMENTS], sent[PR_COMMENTS])
-    final: dict[int, tuple[int, int]] = {}
-    for row in out:  # running totals: the largest per pull request is its final hotness
-        final[row["pr"]] = max(final.get(row["pr"], (0, 0)), (row["comments"], row["hot"]))
+    final = final_totals(run.out)
+    # Job 2 counts inputs: a lost input leaves a final total short, a duplicated one makes it long.
     lost2 = sum(max(0, e[i] - final.get(pr, (0, 0))[i]) for pr, e in expected.items() for i in (0, 1))
     dup2 = sum(max(0, f[i] - expected.get(pr, (0, 0))[i]) for pr, f in final.items() for i in (0, 1))
-    versions = Counter(v["v"] for v in hot)
-    counted = sum(e[0] + e[1] for e in expected.values())
-    ok = (c1["lost"] == c1["duplicated"] == lost2 == dup2 == 0 and versions[1] > 0 and versions[2] > 0
-          and aligned_epochs == checked > 0)
+    # A micro-batch written twice would repeat a pull request's row: each must move its totals on.
+    seen: dict[int, tuple[int, int]] = {}
+    stale_rows = 0
+    for row in sorted(run.out, key=lambda r: r["epoch"]):
+        now = (row["comments"], row["hot"])
+        stale_rows += now <= seen.get(row["pr"], (-1, -1))
+        seen[row["pr"]] = max(now, seen.get(row["pr"], now))
+    versions = Counter(v["v"] for v in run.hot)
+    aligned, checked = run.aligned
+    ok = (c1["lost"] == c1["duplicated"] == c1["wrong"] == lost2 == dup2 == stale_rows == 0 and not run.tiled
+          and versions[1] > 0 and versions[2] > 0 and aligned == checked > 0)
     console.print(f"job 1: {c1['out']:,} hot-issue records for {c1['expected']:,} hot comments "
-                  f"(v1 {versions[1]:,} / v2 {versions[2]:,}), lost {c1['lost']}, duplicated {c1['duplicated']}")
-    console.print(f"job 2 (Spark, {batches} micro-batches, median {median_s:.1f}s each): hotness of "
-                  f"{len(final):,} pull requests from {counted:,} inputs, {len(out):,} update rows; every "
-                  f"micro-batch read whole committed epochs of both inputs (the aligned source), lineage of "
-                  f"{checked} pr-hotness epochs checked")
-    console.print(f"plot: {plot}")
+                  f"(v1 {versions[1]:,} / v2 {versions[2]:,}): lost {c1['lost']}, duplicated {c1['duplicated']}, "
+                  f"wrong {c1['wrong']}")
+    console.print(f"job 2 (Spark, {run.batches} micro-batches, median {run.batch_seconds:.1f}s each): hotness of "
+                  f"{len(final):,} pull requests from {sum(e[0] + e[1] for e in expected.values()):,} inputs: lost "
+                  f"{lost2}, duplicated {dup2}; {len(run.out):,} rows, repeated {stale_rows}")
+    console.print("Spark epoch lineage: " + ("every input epoch read by exactly one micro-batch" if not run.tiled
+                                             else "; ".join(run.tiled))
+                  + f"; {checked} micro-batches after job 1's alignment read only aligned job 1 epochs: {aligned}")
+    console.print(f"plot: {run.plot}")
     style = "green" if ok else "red"
     console.print(
         f"[bold {style}]verification: records in {sum(sent.values()):,}, records out "
-        f"{c1['out'] + len(out):,} (hot issues {c1['out']:,}, PR hotness rows {len(out):,}), lost "
-        f"{c1['lost'] + lost2}, duplicated {c1['duplicated'] + dup2}, epochs aligned {aligned_epochs} of {checked}[/] "
-        f"({time.monotonic() - t0:.0f}s)"
+        f"{c1['out'] + len(run.out):,} (hot issues {c1['out']:,}, PR hotness rows {len(run.out):,}), lost "
+        f"{c1['lost'] + lost2}, duplicated {c1['duplicated'] + dup2}, epochs aligned {aligned} of {checked}[/] "
+        f"({seconds:.0f}s)"
     )
     return 0 if ok else 1
 
 
-def lineage_check(led: Ledger) -> tuple[int, int]:
-    """Spark epochs that read job 1 after its alignment, and how many of them trace, through aligned
-    job 1 epochs, to whole committed generator epochs."""
-    jobs = JobLedger(led)
-    aligned = set(jobs.job_epoch_numbers("hot-issues"))  # v2 follows v1's aligned job epochs
-    first = min(aligned)
+def lineage_check(led: Ledger) -> tuple[tuple[int, int], list[str]]:
+    """The Spark sink's lineage: do its micro-batches tile each input's committed epochs (each read by
+    exactly one batch), and how many of the batches after job 1's alignment read only aligned job 1
+    epochs (those that end exactly on generator epochs), of how many."""
+    aligned_job_epochs = set(JobLedger(led).job_epoch_numbers("hot-issues"))  # v2 follows v1's epochs
+    first_aligned = min(aligned_job_epochs, default=0)
+    spans: dict[str, list[tuple[int, int]]] = {HOT_ISSUES: [], PR_COMMENTS: []}
     ok = total = 0
     for written in sink_lineage(led, PR_HOTNESS, SINK).values():
         read = source_batch(led, written.query, written.batch) if written.query else {}
-        span = read.get(HOT_ISSUES)
-        if span is None or span.last < span.first or span.first < first:
-            continue  # this micro-batch read job 1 epochs from before its alignment
-        total += 1
-        exact = True
-        for e in range(span.first, span.last + 1):
-            node = jobs.job_epoch("hot-issues", e) if e in aligned else None
-            exact = exact and node is not None and all(s is None or all(led.is_committed(subject, k) for k in
-                                                                         range(s.first, s.last + 1))
-                                                       for subject, s in node.covered.items())
-        ok += exact
-    return ok, total
+        for subject, node in read.items():
+            if node.last >= node.first:
+                spans[subject].append((node.first, node.last))
+        hot = read.get(HOT_ISSUES)
+        if hot is not None and hot.last >= hot.first >= first_aligned:
+            total += 1
+            ok += all(e in aligned_job_epochs for e in range(hot.first, hot.last + 1))
+    problems = []
+    for subject, got in spans.items():
+        read_epochs = [e for first, last in sorted(got) for e in range(first, last + 1)]
+        committed = [e for e in led.epoch_numbers(subject) if led.is_committed(subject, e)]
+        if read_epochs != committed:
+            problems.append(f"{subject}: batches read epochs {read_epochs}, committed {committed}")
+    return (ok, total), problems
 
 
 def write_plot(led: Ledger, latency: LatencyLog, out: list[dict[str, Any]], events: dict[str, float],
                started: float) -> Path:
     from experiments import plots
 
-    by_epoch: dict[int, list[float]] = {}
+    by_epoch: dict[int, list[dict[str, Any]]] = {}
     for row in out:
-        by_epoch.setdefault(row["epoch"], []).append(row["ts"])
+        by_epoch.setdefault(row["epoch"], []).append(row)
     spark_points = []
-    for epoch, ts in sorted(by_epoch.items()):
+    for epoch, rows in sorted(by_epoch.items()):
         committed = led.committed(PR_HOTNESS, epoch).committed_at / 1000
-        spark_points.append((committed - started, 1000 * (committed - min(ts)), 1000 * (committed - sum(ts) / len(ts))))
+        oldest = min(r["oldest_ts"] for r in rows)
+        newest = sum(r["ts"] for r in rows) / len(rows)
+        spark_points.append((committed - started, 1000 * (committed - oldest), 1000 * (committed - newest)))
     path = RESULTS / "demo.png"
     fig = plots.demo(latency.records, spark_points, events, started)
     fig.savefig(path, dpi=110, bbox_inches="tight")

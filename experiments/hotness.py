@@ -106,12 +106,14 @@ def _reduce_pr(key: tuple[Any, ...], batches: Iterable[Any], state: Any) -> Iter
     import pandas as pd
 
     comments, hot = state.get if state.exists else (0, 0)
-    newest = None
+    oldest, newest = float("inf"), 0.0
     for b in batches:
         n = int(b["is_comment"].sum())
         comments, hot = comments + n, hot + len(b) - n
-        newest = max(newest or 0.0, float(b["ts"].max()))
+        oldest, newest = min(oldest, float(b["ts"].min())), max(newest, float(b["ts"].max()))
     state.update((comments, hot))
     pr = int(key[0])
-    value = {"pr": pr, "comments": comments, "hot": hot, "hotness": comments + hot, "ts": newest}
+    # ts: the newest input that changed the row, oldest_ts: the oldest (creation times, for latency)
+    value = {"pr": pr, "comments": comments, "hot": hot, "hotness": comments + hot, "ts": newest,
+             "oldest_ts": oldest}
     yield pd.DataFrame({"key": [str(pr)], "value": [json.dumps(value)]})

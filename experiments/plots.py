@@ -162,7 +162,8 @@ def demo(job1: list[Any], spark_points: list[tuple[float, float, float]], events
     if spark_points:
         t, worst, avg = zip(*spark_points, strict=True)
         ax.plot(t, worst, "s-", ms=4, lw=0.8, color="tab:red", label="job 2 (Spark): commit - oldest input, per epoch")
-        ax.plot(t, avg, "o-", ms=3, lw=0.8, color="tab:orange", label="job 2 (Spark): commit - average input")
+        ax.plot(t, avg, "o-", ms=3, lw=0.8, color="tab:orange",
+                label="job 2 (Spark): commit - newest input of each changed PR, averaged")
     for (name, at), style in zip(events.items(), (":", "--", "-.", "-"), strict=False):
         ax.axvline(at, color="black", ls=style, lw=0.8, label=name)
     ax.set_xlabel("seconds into the demo")

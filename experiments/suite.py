@@ -22,8 +22,9 @@ embedded stack, or the stack named by ``ALIGNER_ZK``/``ALIGNER_KAFKA`` with ``--
 from __future__ import annotations
 
 import json
-import os
+import math
 import statistics
+import uuid
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,13 +35,13 @@ from rich.table import Table
 from coordinator.stack import StackInfo
 from experiments import ForeignCpu, plots
 from experiments.analysis import before_after, epoch_series, points_json, since_start, steady, summary
-from experiments.chain import JOB2, ChainConfig, ChainResult, exactly_once, open_stack, run_chain
+from experiments.chain import ChainConfig, ChainResult, RunMode, exactly_once, open_stack, run_chain
 from experiments.workload import Workload
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = "/experiments"
 WARMUP = 4.0
-MODES = ("at_least_once", "exactly_once", "aligned")
+MODES: tuple[RunMode, ...] = ("at_least_once", "exactly_once", "aligned")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 console = Console(width=140)
@@ -61,10 +62,12 @@ class Experiment:
         self.cpu = ForeignCpu(*(p for p in (info.zk_pid, info.kafka_pid) if p))
         self.runs: list[ChainResult] = []
         self._n = 0
+        self.session = uuid.uuid4().hex[:6]
+        """Names of subjects and jobs are unique per session: an external stack keeps old runs."""
 
     def run(self, config: ChainConfig, label: str) -> ChainResult:
         self._n += 1
-        tag = f"{self.name[:4]}{self._n}-{os.getpid() % 10000}"
+        tag = f"{self.name[:4]}{self._n}-{self.session}"
         console.print(f"[bold]{self.name}[/] run {self._n}: {label} (interval {config.interval}s, "
                       f"parallelism {config.parallelism}, {config.duration:.0f}s)")
         result = run_chain(self.info, ROOT, config, tag, progress=lambda m: console.print(f"  {m}"),
@@ -81,7 +84,7 @@ class Experiment:
                "exactly_once_all_runs": all(exactly_once(r.check) for r in self.runs),
                "checks": [r.check for r in self.runs], **body}
         path = RESULTS / f"{self.name}.json"
-        path.write_text(json.dumps(out, indent=1, default=str))
+        path.write_text(json.dumps(finite(out), indent=1, default=str))
         png = RESULTS / f"{self.name}.png"
         figure.savefig(png, dpi=110, bbox_inches="tight")
         plots.close(figure)
@@ -90,7 +93,18 @@ class Experiment:
             console.print(f"[yellow]other processes kept {foreign:.2f} cores busy: numbers are noisy[/]")
 
 
-def table(title: str, rows: list[tuple[str, dict[str, float]]], interval: float | None = None) -> None:
+def finite(value: Any) -> Any:
+    """NaN (a summary of no epochs) as null: the results files stay valid JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
+def table(title: str, rows: list[tuple[str, dict[str, float]]]) -> None:
     t = Table(title=title)
     for col in ("run", "epochs", "avg ms", "max ms", "checkpoint ms", "visible ms", "stdev(avg) ms"):
         t.add_column(col, justify="right")
@@ -111,8 +125,8 @@ def numbers(text: str, kind: type[int] | type[float], option: str) -> list[Any]:
     return values
 
 
-def chain(mode: str, interval: float, parallelism: int, duration: float, rate: float, **kw: Any) -> ChainConfig:
-    return ChainConfig(mode=mode, interval=interval, parallelism=parallelism, duration=duration,  # type: ignore[arg-type]
+def chain(mode: RunMode, interval: float, parallelism: int, duration: float, rate: float, **kw: Any) -> ChainConfig:
+    return ChainConfig(mode=mode, interval=interval, parallelism=parallelism, duration=duration,
                        align_at=kw.pop("align_at", WARMUP), workload=Workload(comment_rate=rate), **kw)
 
 
@@ -247,7 +261,7 @@ def hotswap(interval: float = 1.0, parallelism: Parallelism = 1, duration: float
         assert s is not None
         times = {c["epoch"]: c["committed_at"] - run.started for c in commits}
         gaps = [times[e] - times[e - 1] for e in sorted(times) if e - 1 in times]
-        typical = statistics.median(gaps)
+        typical = statistics.median(gaps) if gaps else float("nan")
         gap = times[s + 1] - times[s] if s + 1 in times and s in times else float("nan")
         pts = epoch_series(run)
         swap_t = since_start(run, "swap decided")
@@ -255,7 +269,8 @@ def hotswap(interval: float = 1.0, parallelism: Parallelism = 1, duration: float
         far = [p for p in pts if p.t > since_start(run, "align job2 decided") + 2 * interval
                and abs(p.t - swap_t) > 3 * interval and p.t <= duration]
         body = {"swap_epoch": s, "exactly_once": exactly_once(run.check), "check": run.check,
-                "hot_issues_gap_s": gap, "hot_issues_typical_gap_s": typical, "max_gap_s": max(gaps),
+                "hot_issues_gap_s": gap, "hot_issues_typical_gap_s": typical,
+                "max_gap_s": max(gaps, default=float("nan")),
                 "swap_decision_seconds": since_start(run, "swap decided") - since_start(run, "swap requested"),
                 "latency_near_swap": summary(near), "latency_elsewhere": summary(far),
                 "series": points_json(pts), "hot_issues_commits": commits,
@@ -277,7 +292,7 @@ def parallelism(values: str = "1,2,4", interval: float = 1.0, duration: float = 
     ps = numbers(values, int, "--values")
     with open_stack(external) as info:
         ex = Experiment("parallelism", info, locals() | {"info": None})
-        series: dict[str, dict[int, Any]] = {"exactly_once": {}, "aligned": {}}
+        series: dict[RunMode, dict[int, Any]] = {"exactly_once": {}, "aligned": {}}
         for p in ps:
             for mode in series:
                 run = ex.run(chain(mode, interval, p, duration, rate), f"{mode}, parallelism {p}")
@@ -291,7 +306,7 @@ def parallelism(values: str = "1,2,4", interval: float = 1.0, duration: float = 
 
 @app.command("all")
 def run_all(external: External = False) -> None:
-    """Every experiment with its defaults (about 25 minutes)."""
+    """Every experiment with its defaults (about 25 minutes on 2 cores)."""
     modes(external=external)
     interval(external=external)
     transition(external=external)
@@ -306,5 +321,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
-__all__ = ["JOB2", "app"]

@@ -13,6 +13,7 @@ def test_chain_aligns_and_hot_swaps_under_load_exactly_once(stack, root):
                          workload=Workload(comment_rate=150))
     run = run_chain(stack, root, config, "t")
     assert exactly_once(run.check), run.check
+    assert run.check["job1_wrong"] == run.check["job2_wrong"] == 0
     assert run.check["job1_out"] > 0 and run.check["job1_v2"] > 0 and run.check["job1_v2"] < run.check["job1_out"]
     assert run.check["job2_out"] == run.check["job2_expected"] > run.sent["pr-comments"]
     assert run.swap_epoch is not None
@@ -20,6 +21,7 @@ def test_chain_aligns_and_hot_swaps_under_load_exactly_once(stack, root):
     commits = {c["epoch"]: c["committed_at"] for c in run.job_epochs["hot-issues"]}
     assert commits[run.swap_epoch] <= commits[run.swap_epoch + 1]
     # one latency record per worker and job epoch, in both modes, for every operator
+    assert {r.run for r in run.latency} == {"t"}
     modes = {(r.operator, r.mode) for r in run.latency}
     assert {(JOB1, "exactly_once"), (JOB1, "aligned"), (JOB2, "exactly_once"), (JOB2, "aligned"),
             (f"{JOB1}-v2", "aligned")} <= modes

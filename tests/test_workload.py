@@ -77,6 +77,7 @@ def test_expected_result_matches_a_replay_of_job1():
     records += [_record(ISSUE_COMMENTS, v, n) for n, (_k, v) in enumerate(w.records(ISSUE_COMMENTS, 1000))]
     out = _run(job, state, records)
     expected = w.hot_comments(1000)
+    assert len(out) == len(expected)  # no comment output twice
     assert {h["comment"]: {k: h[k] for k in ("issue", "pr", "window", "count")} for h in out} == expected
     assert 0 < len(expected) < 1000
     totals = w.pr_totals(1000, 300)
