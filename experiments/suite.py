@@ -217,8 +217,8 @@ def transition(interval: float = 1.0, parallelism: str = "1,2", duration: float 
 
 
 @app.command()
-def repeat(runs: int = 5, intervals: str = "1,2", parallelism: Parallelism = 1, rate: Rate = 300.0,
-           external: External = False) -> None:
+def repeat(runs: Annotated[int, typer.Option(min=1, help="transitions per interval")] = 5, intervals: str = "1,2",
+           parallelism: Parallelism = 1, rate: Rate = 300.0, external: External = False) -> None:
     """(d) Repeated runs of the aligned transition: box plot (thesis Fig 6.12; 80 runs there)."""
     values = numbers(intervals, float, "--intervals")
     with open_stack(external) as info:

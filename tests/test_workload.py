@@ -93,7 +93,7 @@ def test_experiment_cli_refuses_bad_arguments_before_starting_anything():
     bad = runner.invoke(app, ["modes", "--interval", "soon"])
     assert bad.exit_code == 2 and "Invalid value" in bad.output
     assert runner.invoke(app, ["no-such-experiment"]).exit_code == 2
-    for args in (["interval", "--intervals", "1,x"], ["parallelism", "--values", "0,2"]):
+    for args in (["interval", "--intervals", "1,x"], ["parallelism", "--values", "0,2"], ["repeat", "--runs", "0"]):
         result = runner.invoke(app, args)
         assert result.exit_code == 2 and "Invalid value" in result.output, args
     assert runner.invoke(app, ["--help"]).exit_code == 0
