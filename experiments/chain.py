@@ -213,7 +213,8 @@ def _run(led: Ledger, info: StackInfo, root: str, config: ChainConfig, tag: str,
     try:
         for spec, fn, operator in ((spec1, hot_issues(w), JOB1), (spec2, pr_hotness, JOB2)):
             time.sleep(phase.uniform(0, config.interval))
-            workers += [Worker(info, root, spec, i, fn, latency, operator, tag) for i in range(p)]
+            for i in range(p):  # one at a time: a failing start leaves the others in the list to close
+                workers.append(Worker(info, root, spec, i, fn, latency, operator, tag))
         jobs = JobLedger(led)
         coord = Coordinator(led)
         plan: list[tuple[float, str]] = []
