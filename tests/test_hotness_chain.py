@@ -9,7 +9,7 @@ from experiments.workload import Workload
 
 
 def test_chain_aligns_and_hot_swaps_under_load_exactly_once(stack, root):
-    config = ChainConfig(mode="aligned", interval=0.3, parallelism=2, duration=15.0, align_at=2.5, swap_at=6.0,
+    config = ChainConfig(mode="aligned", interval=0.3, parallelism=2, duration=16.0, align_at=4.0, swap_at=7.5,
                          workload=Workload(comment_rate=150))
     run = run_chain(stack, root, config, "t")
     assert exactly_once(run.check), run.check
