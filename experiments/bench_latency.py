@@ -48,8 +48,8 @@ from connectors.subjects import create_subject
 from coordinator.alignment import Coordinator
 from coordinator.stack import EmbeddedStack, StackInfo
 from experiments import ForeignCpu
+from experiments.common import write_results
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PARTITIONS = 2
 TARGET = 0.05
 """Issue 3: aligned may add at most 5% of the checkpoint interval over exactly-once."""
@@ -446,9 +446,7 @@ def main() -> None:
     console.print(f"other processes kept {foreign:.2f} of {os.cpu_count()} cores busy during the run"
                   + (" [red](numbers are noisy: rerun on a quiet machine)[/red]" if foreign > 0.3 else ""))
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "bench_latency.json"
-    out.write_text(json.dumps({
+    out = write_results("bench_latency", {
         "benchmark": "bench_latency", "interval_s": args.interval, "rate": args.rate, "rounds": args.rounds,
         "epochs_per_run": args.epochs, "partitions": PARTITIONS, "seed": args.seed,
         "consume_timeout_ms_override": args.consume_timeout_ms,
@@ -458,7 +456,7 @@ def main() -> None:
         "runs": {m: [{k: v for k, v in r.items() if k not in ("latency_ms", "hops_ms")} |
                      {"median_ms": statistics.median(r["latency_ms"]), "p95_ms": pct(r["latency_ms"], 0.95)}
                      for r in rs] for m, rs in runs.items()},
-    }, indent=2))
+    })
     console.print(f"wrote {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
 
 

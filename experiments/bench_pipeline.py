@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import os
 import statistics
@@ -52,20 +51,15 @@ from connectors.subjects import create_subject
 from coordinator.alignment import Coordinator
 from coordinator.stack import EmbeddedStack
 from experiments import ForeignCpu
+from experiments.common import PRODUCER_SETTINGS, write_results
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = "/bench-pipeline"
 PARTITIONS = 4
 EPOCH = 10_000
 VALUE = b"v" * 100
 TARGET = 0.8
 
-PRODUCER_SETTINGS = {
-    "linger.ms": 5,
-    "batch.num.messages": 10000,
-    "queue.buffering.max.messages": 1_000_000,
-    "transaction.timeout.ms": 60000,
-}
+
 
 
 def identity(record: SourceRecord, _state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
@@ -326,8 +320,6 @@ def main() -> None:
     console.print(f"other processes kept {foreign:.2f} of {os.cpu_count()} cores busy during the rounds"
                   + (" [red](numbers are noisy: rerun on a quiet machine)[/red]" if foreign > 0.3 else ""))
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "bench_pipeline.json"
     doc: dict[str, Any] = {
         "benchmark": "bench_pipeline", "records_per_round": args.records, "rounds": args.rounds,
         "epoch_records": EPOCH, "partitions": PARTITIONS, "value_bytes": len(VALUE),
@@ -337,7 +329,7 @@ def main() -> None:
         "align_seconds": align_s, "foreign_cpu_cores": foreign,
         "aligned_messages_consumed_per_record": delivered,
     }
-    out.write_text(json.dumps(doc, indent=2))
+    out = write_results("bench_pipeline", doc)
     console.print(f"wrote {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
 
 

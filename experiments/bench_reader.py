@@ -21,38 +21,27 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import os
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
 from aligner.ledger import Ledger
-from connectors.kafka import consumer_config
 from connectors.reader import EpochReader
-from connectors.sink import SinkProducer
 from connectors.subjects import create_subject
 from coordinator.stack import EmbeddedStack
 from experiments import ForeignCpu
+from experiments.common import VALUE_BYTES, read_raw, write_numbered, write_results
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PARTITIONS = 4
 EPOCH = 10_000
-VALUE_BYTES = 100
 TARGET = 0.8
 SUBJECT = "s"
-
-
-def value(i: int) -> bytes:
-    """100 distinct bytes per record, so the readers can be checked to return the same records."""
-    return b"%010d" % i + b"x" * (VALUE_BYTES - 10)
 
 
 def is_exact(values: list[bytes], records: int) -> bool:
@@ -62,44 +51,6 @@ def is_exact(values: list[bytes], records: int) -> bool:
     distinct = set(values)
     pad = b"x" * (VALUE_BYTES - 10)
     return len(distinct) == records and all(v[10:] == pad and int(v[:10]) < records for v in distinct)
-
-
-def write(led: Ledger, bootstrap: str, records: int) -> tuple[int, int, float]:
-    t0 = time.perf_counter()
-    epochs = []
-    with SinkProducer(led, bootstrap, SUBJECT, "sink", 0, list(range(PARTITIONS))) as p:
-        for start in range(0, records, EPOCH):
-            epochs.append(p.begin())
-            for i in range(start, min(start + EPOCH, records)):
-                p.send(value(i), partition=i % PARTITIONS)
-            p.commit()
-    return epochs[0], epochs[-1], time.perf_counter() - t0
-
-
-def read_raw(bootstrap: str, topic: str, span: dict[int, tuple[int, int]]) -> list[bytes]:
-    values: list[bytes] = []
-    append = values.append
-    consumer = Consumer(consumer_config(bootstrap))
-    try:
-        tps = [TopicPartition(topic, p, start) for p, (start, _end) in span.items()]
-        consumer.assign(tps)
-        end = {p: e for p, (_s, e) in span.items()}
-        pending = {p for p, (s, e) in span.items() if e > s}
-        while pending:
-            for m in consumer.consume(10000, timeout=0.05):
-                err = m.error()
-                if err is not None:
-                    if err.code() != KafkaError._PARTITION_EOF:
-                        raise RuntimeError(str(err))
-                    continue
-                if m.offset() < end[m.partition()]:
-                    append(m.value())
-            for tp in consumer.position([TopicPartition(topic, p) for p in pending]):
-                if tp.offset >= end[tp.partition]:
-                    pending.discard(tp.partition)
-    finally:
-        consumer.close()
-    return values
 
 
 def read_fast(zk: str, bootstrap: str, first: int, last: int) -> list[bytes]:
@@ -135,7 +86,7 @@ def main() -> None:
         cpu = ForeignCpu(info.zk_pid, info.kafka_pid)
         led = Ledger.connect(info.zk, "/bench")
         meta = create_subject(led, info.kafka, SUBJECT, PARTITIONS)
-        first, last, write_s = write(led, info.kafka, args.records)
+        first, last, write_s = write_numbered(led, info.kafka, SUBJECT, args.records, PARTITIONS, EPOCH)
         span = {p: (led.committed(SUBJECT, first).offsets[p][0], led.committed(SUBJECT, last).offsets[p][1])
                 for p in range(PARTITIONS)}
         led.close()
@@ -193,8 +144,6 @@ def main() -> None:
     console.print(f"cold ZooKeeper lookup of {n_epochs} epochs: {1000 * lookup_s:.0f} ms, {lookup_trips} round trips "
                   f"({100 * lookup_s / statistics.median(times['EpochReader.read_batches']):.1f}% of a fast-path read)")
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "bench_reader.json"
     result: dict[str, Any] = {
         "benchmark": "bench_reader", "records": args.records, "rounds": args.rounds, "epochs": n_epochs,
         "epoch_records": EPOCH, "partitions": PARTITIONS, "value_bytes": VALUE_BYTES,
@@ -207,8 +156,7 @@ def main() -> None:
         "foreign_cpu_cores": foreign,
         "zk_lookup_ms": 1000 * lookup_s, "zk_lookup_round_trips": lookup_trips,
     }
-    out.write_text(json.dumps(result, indent=2))
-    console.print(f"wrote {out}")
+    console.print(f"wrote {write_results('bench_reader', result)}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import os
 import statistics
@@ -35,19 +34,16 @@ from connectors.sink import SinkProducer
 from connectors.subjects import create_subject
 from coordinator.stack import EmbeddedStack
 from experiments import ForeignCpu
+from experiments.common import PRODUCER_SETTINGS, LedgerTimer, write_results
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PARTITIONS = 4
 EPOCH = 10_000
 VALUE = b"x" * 100
 TARGET = 0.8
-
-PRODUCER_SETTINGS = {
-    "linger.ms": 5,
-    "batch.num.messages": 10000,
-    "queue.buffering.max.messages": 1_000_000,
-    "transaction.timeout.ms": 60000,
-}
+SINK_ZK_CALLS = ("ensure_epoch", "ensure_epoch_async", "epoch_ensured", "commit")
+"""The sink's ZooKeeper calls per epoch. Round trip 1 goes out in ``begin`` (``ensure_epoch_async``)
+and is awaited in ``commit`` (``epoch_ensured``): timed is what the sink spends blocked in them, not
+the overlapped wait."""
 
 
 def raw_producer(bootstrap: str, topic: str) -> Producer:
@@ -100,32 +96,6 @@ def sink_run(p: SinkProducer, records: int) -> float:
     return time.perf_counter() - t0
 
 
-class ZkTimer:
-    """Wraps a Ledger's per-epoch calls on the instance to add up their wall time.
-
-    The sink issues round trip 1 in ``begin`` (``ensure_epoch_async``) and waits for it in ``commit``
-    (``epoch_ensured``); the time counted is what the sink spends blocked in them, not the overlapped wait.
-    """
-
-    NAMES = ("ensure_epoch", "ensure_epoch_async", "epoch_ensured", "commit")
-
-    def __init__(self, led: Ledger) -> None:
-        self.seconds = 0.0
-        self.calls = 0
-        for name in self.NAMES:
-            setattr(led, name, self._timed(getattr(led, name)))
-
-    def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*a: Any, **kw: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                self.seconds += time.perf_counter() - t0
-                self.calls += 1
-        return wrapper
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
@@ -158,7 +128,7 @@ def main() -> None:
             # warm-up: connections, metadata and the first ZooKeeper epoch are not what we measure
             raw_run(producers["raw"], topics["raw"], EPOCH)
             sink_run(sink, EPOCH)
-            zk = ZkTimer(led)
+            zk = LedgerTimer(led, SINK_ZK_CALLS)
             trips0 = led.round_trips
             times: dict[str, list[float]] = {name: [] for name in runs}
             for r in range(args.rounds):
@@ -199,14 +169,12 @@ def main() -> None:
                   f"per-round ratios {', '.join(f'{r:.2f}' for r in round_ratios)}")
     console.print(f"other processes kept {foreign:.2f} of {os.cpu_count()} cores busy during the run"
                   + (" [red](numbers are noisy: rerun on a quiet machine)[/red]" if foreign > 0.3 else ""))
-    console.print(f"sink ZooKeeper time: {zk_ms:.2f} ms per epoch (blocked in {', '.join(ZkTimer.NAMES)}: "
+    console.print(f"sink ZooKeeper time: {zk_ms:.2f} ms per epoch (blocked in {', '.join(SINK_ZK_CALLS)}: "
                   f"{zk.calls} calls), "
                   f"{100 * zk_share:.1f}% of sink wall time; "
                   f"{zk_trips / epochs:.2f} round trips per epoch")
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "bench_sink.json"
-    out.write_text(json.dumps({
+    out = write_results("bench_sink", {
         "benchmark": "bench_sink",
         "records_per_run": args.records, "rounds": args.rounds, "epoch_records": EPOCH,
         "partitions": PARTITIONS, "value_bytes": len(VALUE), "producer_settings": PRODUCER_SETTINGS,
@@ -218,7 +186,7 @@ def main() -> None:
         "foreign_cpu_cores": foreign,
         "sink_zk_ms_per_epoch": zk_ms, "sink_zk_share_of_wall_time": zk_share,
         "sink_zk_round_trips_per_epoch": zk_trips / epochs,
-    }, indent=2))
+    })
     console.print(f"wrote {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
 
 

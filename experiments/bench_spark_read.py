@@ -17,65 +17,21 @@ A SinkProducer writes ~1,000,000 records of 100 bytes into a 4-partition bytes s
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
 import time
-from pathlib import Path
-
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from aligner.ledger import Ledger
-from connectors.kafka import consumer_config
-from connectors.sink import SinkProducer
 from connectors.subjects import create_subject
 from coordinator.stack import EmbeddedStack
+from experiments.common import VALUE_BYTES, read_raw, write_numbered, write_results
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PARTITIONS = 4
 EPOCH = 10_000
-VALUE_BYTES = 100
 TARGET = 0.8
 SUBJECT = "s"
 ROOT = "/bench-spark"
-
-
-def write(led: Ledger, bootstrap: str, records: int) -> tuple[int, int, float]:
-    t0 = time.perf_counter()
-    epochs = []
-    with SinkProducer(led, bootstrap, SUBJECT, "sink", 0, list(range(PARTITIONS))) as p:
-        for start in range(0, records, EPOCH):
-            epochs.append(p.begin())
-            for i in range(start, min(start + EPOCH, records)):
-                p.send(b"%010d" % i + b"x" * (VALUE_BYTES - 10), partition=i % PARTITIONS)
-            p.commit()
-    return epochs[0], epochs[-1], time.perf_counter() - t0
-
-
-def read_raw(bootstrap: str, topic: str, span: dict[int, tuple[int, int]]) -> int:
-    n = 0
-    consumer = Consumer(consumer_config(bootstrap))
-    try:
-        consumer.assign([TopicPartition(topic, p, start) for p, (start, _end) in span.items()])
-        end = {p: e for p, (_s, e) in span.items()}
-        pending = {p for p, (s, e) in span.items() if e > s}
-        while pending:
-            for m in consumer.consume(10000, timeout=0.05):
-                err = m.error()
-                if err is not None:
-                    if err.code() != KafkaError._PARTITION_EOF:
-                        raise RuntimeError(str(err))
-                    continue
-                if m.offset() < end[m.partition()]:
-                    m.value()
-                    n += 1
-            for tp in consumer.position([TopicPartition(topic, p) for p in pending]):
-                if tp.offset >= end[tp.partition]:
-                    pending.discard(tp.partition)
-    finally:
-        consumer.close()
-    return n
 
 
 def main() -> None:
@@ -89,7 +45,7 @@ def main() -> None:
     with EmbeddedStack() as info:
         led = Ledger.connect(info.zk, ROOT)
         meta = create_subject(led, info.kafka, SUBJECT, PARTITIONS, value_format="bytes")
-        first, last, write_s = write(led, info.kafka, args.records)
+        first, last, write_s = write_numbered(led, info.kafka, SUBJECT, args.records, PARTITIONS, EPOCH)
         span = {p: (led.committed(SUBJECT, first).offsets[p][0], led.committed(SUBJECT, last).offsets[p][1])
                 for p in range(PARTITIONS)}
         led.close()
@@ -105,7 +61,7 @@ def main() -> None:
             return args.records  # checked by the count run
 
         runs = {
-            "raw consume (1 process)": lambda: read_raw(info.kafka, meta.topic, span),
+            "raw consume (1 process)": lambda: read_raw(info.kafka, meta.topic, span, collect=False),
             "spark local[2] -> noop": spark_noop,
             "spark local[2] count()": lambda: frame().count(),
         }
@@ -130,13 +86,12 @@ def main() -> None:
     ratio = rate["spark local[2] -> noop"] / raw
     print(f"spark/raw = {ratio:.3f} (target >= {TARGET}): {'PASS' if ratio >= TARGET else 'FAIL'}; "
           f"counts exact: {'yes' if exact else 'NO'}; cores: {os.cpu_count()}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "bench_spark_read.json").write_text(json.dumps({
+    write_results("bench_spark_read", {
         "benchmark": "bench_spark_read", "records": args.records, "rounds": args.rounds,
         "epochs": last - first + 1, "partitions": PARTITIONS, "value_bytes": VALUE_BYTES,
         "records_per_s": rate, "ratio_spark_noop_vs_raw": ratio, "target": TARGET, "counts_exact": exact,
         "seconds": times,
-    }, indent=2) + "\n")
+    })
 
 
 if __name__ == "__main__":

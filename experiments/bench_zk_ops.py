@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import os
 import statistics
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -34,30 +31,12 @@ from connectors.sink import SinkProducer, partitions_for
 from connectors.subjects import create_subject
 from coordinator.stack import EmbeddedStack
 from experiments import ForeignCpu
+from experiments.common import LedgerTimer, write_results
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PARTITIONS = 16
 PARALLELISM = (1, 2, 4, 8, 16)
 VALUE = b"x" * 100
 EXPECTED = 2.0
-
-
-class Timed:
-    """Adds up the wall time of a Ledger's per-epoch calls, wrapped on the instance only."""
-
-    def __init__(self, led: Ledger, names: tuple[str, ...] = ("ensure_epoch", "commit")) -> None:
-        self.seconds = 0.0
-        for name in names:
-            setattr(led, name, self._wrap(getattr(led, name)))
-
-    def _wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*a: Any, **kw: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                self.seconds += time.perf_counter() - t0
-        return wrapper
 
 
 def one_epoch(producers: list[SinkProducer], records: int) -> list[float]:
@@ -86,7 +65,7 @@ def run_parallelism(info: Any, parallelism: int, epochs: int, records: int) -> d
         for p in producers:
             p.open()
         one_epoch(producers, records)  # warm-up: first reads of the writers document, connections
-        timers = [Timed(led) for led in ledgers]
+        timers = [LedgerTimer(led, ("ensure_epoch", "commit")) for led in ledgers]
         before = [led.round_trips for led in ledgers]
         commit_s: list[float] = []
         t0 = time.perf_counter()
@@ -186,13 +165,11 @@ def main() -> None:
     flat = all(r["max"] <= EXPECTED for r in rows)
     console.print(f"expected flat at {EXPECTED} round trips per producer per epoch: {'PASS' if flat else 'FAIL'}")
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "bench_zk_ops.json"
-    out.write_text(json.dumps({
+    out = write_results("bench_zk_ops", {
         "benchmark": "bench_zk_ops", "partitions": PARTITIONS, "epochs": args.epochs,
         "records_per_producer_epoch": args.records, "expected": EXPECTED, "pass": flat,
         "rows": rows, "kazoo": kazoo, "foreign_cpu_cores": foreign,
-    }, indent=2))
+    })
     console.print(f"wrote {out}")
 
 

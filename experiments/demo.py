@@ -39,6 +39,7 @@ from coordinator.alignment import Coordinator
 from coordinator.hotswap import HotSwap
 from coordinator.stack import StackInfo, wait_for
 from experiments.chain import Generator, Worker, check_hot_issues, final_totals, open_stack, read_all
+from experiments.common import RESULTS, write_results
 from experiments.hotness import hot_issues, pr_hotness_query
 from experiments.workload import (
     HOT_ISSUES,
@@ -52,7 +53,6 @@ from experiments.workload import (
 
 console = Console()
 ROOT = "/aligner-demo"
-RESULTS = Path(__file__).resolve().parent / "results"
 WORKLOAD = Workload(comment_rate=150.0, item_rate=5.0)
 SINK = "pr-hotness-spark"
 GENERATE_S, ALIGN_AT, SWAP_AT, INTERVAL = 40.0, 8.0, 18.0, 0.5
@@ -271,9 +271,8 @@ def write_plot(led: Ledger, latency: LatencyLog, out: list[dict[str, Any]], even
     fig = plots.demo(latency.records, spark_points, events, started)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plots.close(fig)
-    (RESULTS / "demo.json").write_text(json.dumps({
-        "events": events, "spark_epochs": spark_points,
-        "job1_epochs": [r.model_dump() for r in latency.records]}, indent=1))
+    write_results("demo", {"events": events, "spark_epochs": spark_points,
+                           "job1_epochs": [r.model_dump() for r in latency.records]})
     return path
 
 

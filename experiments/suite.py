@@ -21,11 +21,9 @@ embedded stack, or the stack named by ``ALIGNER_ZK``/``ALIGNER_KAFKA`` with ``--
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import uuid
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -36,9 +34,9 @@ from coordinator.stack import StackInfo
 from experiments import ForeignCpu, plots
 from experiments.analysis import before_after, epoch_series, points_json, since_start, steady, summary
 from experiments.chain import ChainConfig, ChainResult, RunMode, exactly_once, open_stack, run_chain
+from experiments.common import RESULTS, write_results
 from experiments.workload import Workload
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = "/experiments"
 WARMUP = 4.0
 MODES: tuple[RunMode, ...] = ("at_least_once", "exactly_once", "aligned")
@@ -83,8 +81,7 @@ class Experiment:
         out = {"experiment": self.name, "settings": self.settings, "foreign_cpu_cores": foreign,
                "exactly_once_all_runs": all(exactly_once(r.check) for r in self.runs),
                "checks": [r.check for r in self.runs], **body}
-        path = RESULTS / f"{self.name}.json"
-        path.write_text(json.dumps(finite(out), indent=1, default=str))
+        path = write_results(self.name, finite(out))
         png = RESULTS / f"{self.name}.png"
         figure.savefig(png, dpi=110, bbox_inches="tight")
         plots.close(figure)

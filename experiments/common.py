@@ -1,0 +1,108 @@
+"""What the benchmarks and experiments share: where results go, producer settings, the numbered
+records the read benchmarks write, the raw read baseline, and a timer on a Ledger's calls."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from aligner.ledger import Ledger
+from connectors.kafka import consumer_config
+from connectors.sink import SinkProducer
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+PRODUCER_SETTINGS = {
+    "linger.ms": 5,
+    "batch.num.messages": 10000,
+    "queue.buffering.max.messages": 1_000_000,
+    "transaction.timeout.ms": 60000,
+}
+"""librdkafka settings of the raw baselines, so they batch as the sink does."""
+
+VALUE_BYTES = 100
+
+
+def write_results(name: str, payload: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2))
+    return path
+
+
+def value(i: int) -> bytes:
+    """100 distinct bytes per record, so readers can be checked to return the same records."""
+    return b"%010d" % i + b"x" * (VALUE_BYTES - 10)
+
+
+def write_numbered(led: Ledger, bootstrap: str, subject: str, records: int, partitions: int,
+                   epoch_records: int) -> tuple[int, int, float]:
+    """Records ``value(0..records-1)`` round-robin over the partitions, ``epoch_records`` per epoch;
+    returns the first and last epoch and the seconds it took."""
+    t0 = time.perf_counter()
+    epochs = []
+    with SinkProducer(led, bootstrap, subject, "sink", 0, list(range(partitions))) as p:
+        for start in range(0, records, epoch_records):
+            epochs.append(p.begin())
+            for i in range(start, min(start + epoch_records, records)):
+                p.send(value(i), partition=i % partitions)
+            p.commit()
+    return epochs[0], epochs[-1], time.perf_counter() - t0
+
+
+def read_raw(bootstrap: str, topic: str, span: dict[int, tuple[int, int]], collect: bool = True) -> list[bytes] | int:
+    """The raw baseline: plain confluent-kafka reads of [start, end) per partition, ending on
+    position. Returns the values, or (``collect`` False) only how many were read."""
+    values: list[bytes] = []
+    append = values.append
+    n = 0
+    consumer = Consumer(consumer_config(bootstrap))
+    try:
+        consumer.assign([TopicPartition(topic, p, start) for p, (start, _end) in span.items()])
+        end = {p: e for p, (_s, e) in span.items()}
+        pending = {p for p, (s, e) in span.items() if e > s}
+        while pending:
+            for m in consumer.consume(10000, timeout=0.05):
+                err = m.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(str(err))
+                    continue
+                if m.offset() < end[m.partition()]:
+                    if collect:
+                        append(m.value())
+                    else:
+                        m.value()
+                        n += 1
+            for tp in consumer.position([TopicPartition(topic, p) for p in pending]):
+                if tp.offset >= end[tp.partition]:
+                    pending.discard(tp.partition)
+    finally:
+        consumer.close()
+    return values if collect else n
+
+
+class LedgerTimer:
+    """Adds up the wall time and count of a Ledger's calls, wrapped on the instance only."""
+
+    def __init__(self, led: Ledger, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.seconds = 0.0
+        self.calls = 0
+        for name in names:
+            setattr(led, name, self._timed(getattr(led, name)))
+
+    def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.seconds += time.perf_counter() - t0
+                self.calls += 1
+        return wrapper
