@@ -469,6 +469,44 @@ class JobWorker:
         return done
 
 
+class WorkerThread:
+    """A job worker embedded in a process: its own thread and ZooKeeper session (tests, the demo,
+    experiments). ``start()`` runs it; ``finish`` waits for it and releases its clients."""
+
+    def __init__(self, zk: str, root: str, bootstrap: str, spec: JobSpec, index: int, fn: JobFunction,
+                 on_commit: Callable[[WorkerEpochNode], None] | None = None) -> None:
+        self.ledger = Ledger.connect(zk, root)
+        try:
+            self.worker = JobWorker(self.ledger, bootstrap, spec, index, fn, on_commit=on_commit).open()
+        except BaseException:
+            self.ledger.close()
+            raise
+        self.stop = threading.Event()
+        self.error: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"{spec.job}-{index}")
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.worker.run(self.stop)
+        except BaseException as exc:
+            self.error.append(exc)
+
+    def finish(self, timeout: float) -> bool:
+        """Wait for the job to end by itself (its inputs finished); if it does not within
+        ``timeout``, stop it. Returns whether it ended by itself."""
+        self.thread.join(timeout)
+        by_itself = not self.thread.is_alive()
+        if not by_itself:
+            self.stop.set()
+            self.thread.join(30)
+        self.worker.close()
+        self.ledger.close()
+        return by_itself
+
+
 def load_function(ref: str) -> JobFunction:
     module, _, name = ref.partition(":")
     if not name:

@@ -41,7 +41,7 @@ from rich.table import Table
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from connectors.reader import EpochReader
-from connectors.runtime import JobSpec, JobWorker, KeyedState
+from connectors.runtime import JobSpec, JobWorker, KeyedState, WorkerThread
 from connectors.sink import SinkProducer
 from connectors.source import SourceRecord
 from connectors.subjects import create_subject
@@ -183,31 +183,16 @@ class Profile:
         setattr(obj, name, wrapper)
 
 
-class Job:
+class Job(WorkerThread):
     """One job worker on a thread with its own ZooKeeper session, profiled."""
 
     def __init__(self, info: StackInfo, root: str, spec: JobSpec, consume_cap: float | None = None) -> None:
-        self.ledger = Ledger.connect(info.zk, root)
-        self.worker = JobWorker(self.ledger, info.kafka, spec, 0, hop).open()
+        super().__init__(info.zk, root, info.kafka, spec, 0, hop)
         self.profile = Profile(self.worker, consume_cap)
-        self.stop = threading.Event()
-        self.error: list[BaseException] = []
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.worker.run(self.stop)
-        except BaseException as exc:
-            self.error.append(exc)
+        self.start()
 
     def join(self, timeout: float) -> None:
-        self.thread.join(timeout)
-        if self.thread.is_alive():
-            self.stop.set()
-            self.thread.join(30)
-        self.worker.close()
-        self.ledger.close()
+        self.finish(timeout)
         if self.error:
             raise self.error[0]
 

@@ -29,7 +29,7 @@ from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from connectors.latency import EpochLatency, LatencyLog, LatencyProbe, json_field
 from connectors.reader import EpochReader
-from connectors.runtime import JobFunction, JobSpec, JobWorker
+from connectors.runtime import JobFunction, JobSpec, WorkerThread
 from connectors.sink import SinkProducer
 from connectors.subjects import create_subject
 from coordinator.alignment import Coordinator
@@ -111,37 +111,14 @@ class Generator(threading.Thread):
             led.close()
 
 
-class Worker(threading.Thread):
-    """One job worker, its function measured by a latency probe, on its own ZooKeeper session."""
+class Worker(WorkerThread):
+    """One job worker on its thread, its function measured by a latency probe; started at once."""
 
     def __init__(self, info: StackInfo, root: str, spec: JobSpec, index: int, fn: JobFunction,
                  latency: LatencyLog, operator: str, run: str = "") -> None:
-        super().__init__(daemon=True, name=f"{spec.job}-{index}")
-        self.ledger = Ledger.connect(info.zk, root)
         probe = LatencyProbe(operator, index, json_field("ts"), latency, run=run)
-        try:
-            self.worker = JobWorker(self.ledger, info.kafka, spec, index, probe.wrap(fn),
-                                    on_commit=probe.checkpoint).open()
-        except BaseException:
-            self.ledger.close()
-            raise
-        self.stop = threading.Event()
-        self.error: list[BaseException] = []
+        super().__init__(info.zk, root, info.kafka, spec, index, probe.wrap(fn), on_commit=probe.checkpoint)
         self.start()
-
-    def run(self) -> None:
-        try:
-            self.worker.run(self.stop)
-        except BaseException as exc:
-            self.error.append(exc)
-
-    def close(self, timeout: float) -> None:
-        self.join(timeout)
-        if self.is_alive():
-            self.stop.set()
-            self.join(30)
-        self.worker.close()
-        self.ledger.close()
 
 
 @dataclass
@@ -250,7 +227,7 @@ def _run(led: Ledger, info: StackInfo, root: str, config: ChainConfig, tag: str,
         gen.stop.set()
         gen.join(60)
         for wk in workers:
-            wk.close(120)
+            wk.finish(120)
         latency.close()
     errors = gen.error + [e for wk in workers for e in wk.error]
     if errors:

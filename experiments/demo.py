@@ -152,7 +152,7 @@ def pipeline(info: StackInfo, led: Ledger, root: str, checkpoint: str) -> Run:
         gen.stop.set()
         gen.join(60)
         for w in workers:
-            w.close(120)  # the generator finished its subjects: job 1 drains them and finishes hot-issues
+            w.finish(120)  # the generator finished its subjects: job 1 drains them and finishes hot-issues
         errors = gen.error + [e for w in workers for e in w.error]
         workers = []
         if errors:
@@ -177,7 +177,7 @@ def pipeline(info: StackInfo, led: Ledger, root: str, checkpoint: str) -> Run:
         gen.stop.set()
         for w in workers:  # only on a failure: stop what still runs before the stack goes
             w.stop.set()
-            w.close(30)
+            w.finish(30)
         query.stop()
         spark.stop()
         latency.close()

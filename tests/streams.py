@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from aligner.ledger import Ledger
 from connectors.reader import EpochReader
-from connectors.runtime import JobFunction, JobSpec, JobWorker
+from connectors.runtime import JobFunction, JobSpec, WorkerThread
 from connectors.sink import SinkProducer
 from coordinator.stack import StackInfo
 
@@ -64,29 +64,16 @@ class Generator:
             self.done.set()
 
 
-class JobThread:
-    """One job worker on a thread with its own ZooKeeper session."""
+class JobThread(WorkerThread):
+    """One job worker on a thread, started at once; ``join`` expects it to end by itself."""
 
     def __init__(self, stack: StackInfo, root: str, spec: JobSpec, fn: JobFunction, worker: int = 0) -> None:
-        self.ledger = Ledger.connect(stack.zk, root)
-        self.worker = JobWorker(self.ledger, stack.kafka, spec, worker, fn).open()
-        self.stop = threading.Event()
-        self.error: list[BaseException] = []
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.worker.run(self.stop)
-        except BaseException as exc:
-            self.error.append(exc)
+        super().__init__(stack.zk, root, stack.kafka, spec, worker, fn)
+        self.start()
 
     def join(self, timeout: float) -> None:
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "job did not finish in time"
+        assert self.finish(timeout), "job did not finish in time"
         assert not self.error, self.error
-        self.worker.close()
-        self.ledger.close()
 
 
 def read_all(ledger: Ledger, bootstrap: str, subject: str) -> list[tuple[int, dict]]:
