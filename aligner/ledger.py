@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.retry import KazooRetry
 
 from aligner.epochs import CommittedEpoch, assemble, missing_writers
 from aligner.errors import (
@@ -50,6 +52,10 @@ from aligner.models import (
     WritersNode,
     parse,
 )
+from aligner.zk import RetryingClient
+
+SESSION_TIMEOUT = 10.0
+"""Seconds of silence after which ZooKeeper expires a session (fencing keeps a late worker harmless)."""
 
 
 @dataclass(frozen=True)
@@ -95,22 +101,34 @@ def _raise_first(results: Sequence[object]) -> None:
 class Ledger:
     """Typed access to the ZooKeeper state of subjects; counts its round trips."""
 
-    def __init__(self, zk: KazooClient, layout: Layout | None = None) -> None:
-        self.zk = zk
+    def __init__(self, zk: KazooClient | RetryingClient, layout: Layout | None = None,
+                 stop: threading.Event | None = None) -> None:
+        self.zk = zk if isinstance(zk, RetryingClient) else RetryingClient(zk, stop)
         self.layout = layout or Layout()
         self.round_trips = 0
         self._committed: dict[tuple[str, int], CommittedEpoch] = {}
         self._lock = threading.Lock()
 
     @classmethod
-    def connect(cls, hosts: str, root: str = "/aligner", timeout: float = 15.0) -> Ledger:
-        zk = KazooClient(hosts=hosts, timeout=10.0)
+    def connect(cls, hosts: str, root: str = "/aligner", timeout: float = 15.0,
+                stop: threading.Event | None = None) -> Ledger:
+        """Open a session; ``stop`` (when given) ends any later wait for ZooKeeper with StoppedError.
+
+        Reconnects are retried forever with backoff capped at a second, so a ZooKeeper that comes
+        back after minutes is found again at once (kazoo's default cap is an hour).
+        """
+        reconnect = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0)
+        zk = KazooClient(hosts=hosts, timeout=SESSION_TIMEOUT, connection_retry=reconnect)
         zk.start(timeout=timeout)
-        return cls(zk, Layout(root))
+        return cls(RetryingClient(zk, stop), Layout(root))
+
+    @property
+    def stop(self) -> threading.Event:
+        """Set it to make every pending and later ZooKeeper wait raise :class:`StoppedError`."""
+        return self.zk.stop
 
     def close(self) -> None:
-        self.zk.stop()
-        self.zk.close()
+        self.zk.stop_session()
 
     def __enter__(self) -> Ledger:
         return self
@@ -248,7 +266,7 @@ class Ledger:
             entry = WriterEntry(partitions=parts, first_epoch=first)
             updated = WritersNode(writers={**writers.writers, me: entry})
             offsets = dict(start_offsets())
-            node = ProducerNode(sink=sink, producer=producer, partitions=parts, incarnation=1,
+            node = ProducerNode(sink=sink, producer=producer, partitions=parts, incarnation=1, owner=uuid.uuid4().hex,
                                 next_offsets={p: offsets[p] for p in parts})
             epoch = EpochNode(epoch=first, writers=updated.expected(first))
             results = self._multi(
@@ -269,15 +287,24 @@ class Ledger:
     def reincarnate(self, lease: Lease) -> Lease:
         """Take a new attempt number; any older incarnation can no longer commit."""
         path = self.layout.producer(lease.subject, lease.node.sink, lease.node.producer)
-        node = lease.node.model_copy(update={"incarnation": lease.node.incarnation + 1})
+        node = lease.node.model_copy(update={"incarnation": lease.node.incarnation + 1, "owner": uuid.uuid4().hex})
         self._trip("write")
         try:
             stat = self.zk.set(path, node.dump(), version=lease.version)
         except BadVersionError:
-            raise FencedError(
-                f"producer {lease.writer} of {lease.subject!r} was taken over by another incarnation"
-            ) from None
+            version = self._written_by_us(path, node)
+            if version is None:
+                raise FencedError(
+                    f"producer {lease.writer} of {lease.subject!r} was taken over by another incarnation"
+                ) from None
+            return Lease(lease.subject, node, version, lease.first_epoch)
         return Lease(lease.subject, node, stat.version, lease.first_epoch)
+
+    def _written_by_us(self, path: str, node: ProducerNode) -> int | None:
+        """After a versioned write failed: the node's version if it already holds ``node`` (the write
+        was retried after its reply was lost), else None (another incarnation wrote it)."""
+        current, version = self.read(ProducerNode, path)
+        return version if current == node else None
 
     def _ensure(self, path: str, data: bytes, parent: str | None = None) -> None:
         try:
@@ -379,6 +406,9 @@ class Ledger:
             *extra,
         )
         if isinstance(results[0], BadVersionError):
+            version = self._written_by_us(lay.producer(subject, n.sink, n.producer), node)
+            if version is not None:  # our multi-op landed; its reply was lost to a connection drop
+                return Lease(subject, node, version, lease.first_epoch)
             raise FencedError(f"producer {lease.writer} of {subject!r} was fenced by a newer incarnation")
         if isinstance(results[1], NoNodeError):
             raise AlignerError(f"epoch node {epoch} of {subject!r} missing: call ensure_epoch first")
@@ -424,16 +454,25 @@ class Ledger:
         last = max(e.finished_after for e in doc.writers.values() if e.finished_after is not None)
         return last if last < 0 or self.is_committed(subject, last) else None
 
-    def arm_watch(self, subject: str, epoch: int, fired: threading.Event) -> None:
-        """Set ``fired`` when the epoch node appears or gains a contribution (one-shot watches)."""
+    def arm_watch(self, subject: str, epoch: int, fired: threading.Event | Callable[[Any], None]) -> None:
+        """Set ``fired`` (or call it) when the epoch node appears or gains a contribution.
+
+        One-shot watches; kazoo also fires them when the connection drops, so a waiter re-arms
+        and re-reads after every outage."""
         path = self.layout.epoch(subject, epoch)
+        callback = (lambda _e: fired.set()) if isinstance(fired, threading.Event) else fired
         self._trip("read")
-        if self.zk.exists(path, watch=lambda _e: fired.set()) is not None:
+        if self.zk.exists(path, watch=callback) is not None:
             self._trip("read")
             try:
-                self.zk.get_children(path, watch=lambda _e: fired.set())
+                self.zk.get_children(path, watch=callback)
             except NoNodeError:
-                fired.set()
+                callback(None)
+
+    def watch_node(self, path: str, callback: Callable[[Any], None]) -> bool:
+        """One-shot watch on a node's existence or data; returns whether it exists now."""
+        self._trip("read")
+        return self.zk.exists(path, watch=callback) is not None
 
     def wait_committed(self, subject: str, epoch: int, timeout: float, stop: threading.Event | None = None) -> bool:
         """Block until ``epoch`` commits, woken by ZooKeeper watches rather than a timer."""

@@ -14,3 +14,11 @@ RECORDS_DROPPED = Counter(
 LAST_EPOCH = Gauge(
     "aligner_last_committed_epoch", "Last epoch committed by a producer", ["subject", "sink", "producer"]
 )
+ZK_CONNECTED = Gauge("aligner_zk_connected", "1 while this process's ZooKeeper session is connected")
+ZK_OUTAGES = Counter("aligner_zk_outages_total", "ZooKeeper connection losses and session expiries seen")
+INPUT_WAIT = Gauge(
+    "aligner_input_wait_seconds", "Seconds a job worker has been waiting for its next input epoch", ["job", "worker"]
+)
+KAFKA_RETRIES = Counter(
+    "aligner_epoch_retries_total", "Epochs aborted on a Kafka or ZooKeeper failure and run again", ["job", "worker"]
+)

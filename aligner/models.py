@@ -112,6 +112,8 @@ class ProducerNode(Node):
     committed_epoch: int | None = None
     next_offsets: dict[int, int]
     """Where this producer's next epoch starts in each of its partitions."""
+    owner: str = ""
+    """Random token of the incarnation: a write retried after a lost reply recognises itself."""
 
     @model_validator(mode="after")
     def _offsets_cover_partitions(self) -> ProducerNode:

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import importlib
 import json
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 import zlib
@@ -27,12 +30,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from confluent_kafka import KafkaException
+from kazoo.exceptions import KazooException, NoNodeError
+
 from aligner.alignment import Command, ConsumerAlignment, IllegalTransition, State
 from aligner.errors import AlignerError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
+from aligner.metrics import INPUT_WAIT, KAFKA_RETRIES
 from aligner.models import CommandNode, ConsumerNode, JobNode, Mode, Span, SwapNode, WorkerEpochNode, parse
-from connectors.sink import FaultHook, SinkProducer, partitions_for
+from aligner.zk import StoppedError
+from connectors.sink import EpochFailedError, FaultHook, SinkProducer, partitions_for
 from connectors.source import SourceRecord, SubjectSource
 
 log = logging.getLogger("aligner.runtime")
@@ -77,6 +85,14 @@ class KeyedState:
         return cls(json.loads(zlib.decompress(base64.b64decode(snapshot))))
 
 
+TRANSIENT: tuple[type[BaseException], ...] = (EpochFailedError, KafkaException, KazooException, TimeoutError,
+                                             ConnectionError)
+"""Failures of the broker or ZooKeeper, not of the job: the epoch is aborted and run again."""
+
+WAIT_LOG_AFTER = 30.0
+"""Seconds without input after which a worker says (once, then every 10 minutes) that it waits."""
+
+
 JobFunction = Callable[[SourceRecord, KeyedState], Iterable[tuple[bytes | None, bytes]]]
 """A job: for each input record, given the keyed state, the (key, value) records to emit."""
 
@@ -109,8 +125,15 @@ class JobSpec:
 
 
 class JobWorker:
+    """Drives one worker of a job: epochs, alignment commands and the hot-swap gate.
+
+    Always on: it waits for input as long as it takes (woken by ZooKeeper watches), rides out
+    broker and ZooKeeper outages by aborting the open epoch and reopening from its last committed
+    one (a new attempt of the same epoch), and ends any wait within a second once ``stop`` is set.
+    """
+
     def __init__(self, ledger: Ledger, bootstrap: str, spec: JobSpec, worker: int, fn: JobFunction,
-                 fault: FaultHook | None = None, wait_timeout: float = 120.0,
+                 fault: FaultHook | None = None,
                  on_commit: Callable[[WorkerEpochNode], None] | None = None) -> None:
         self.ledger = ledger
         self.jobs = JobLedger(ledger)
@@ -121,40 +144,62 @@ class JobWorker:
         self.fault = fault or (lambda point: None)
         self.on_commit = on_commit
         """Called after every committed job epoch (instrumentation, e.g. :class:`connectors.latency.LatencyProbe`)."""
-        self.wait_timeout = wait_timeout
         self.state = KeyedState()
         self.alignment: dict[str, ConsumerAlignment] = {s: ConsumerAlignment() for s in spec.inputs}
         self._commands: dict[str, Command] = {s: Command() for s in spec.inputs}
         self._wake = threading.Event()
+        self._armed: set[str] = set()
+        """Paths with a one-shot watch of ours outstanding (never more than one per path)."""
+        self._armed_lock = threading.Lock()
         self.records_in = 0
         self.records_out = 0
         self._voiding = False
         self._rejected: dict[str, int] = {}
         self._swap_seen: tuple[int, int] | None = None
+        self._swap: SwapNode | None = None
+        self.waiting_since: float | None = None
+        """Monotonic time since which the worker has had no input to read (None while reading)."""
+        self._wait_logged = 0.0
+        self._wait_gauge = INPUT_WAIT.labels(spec.job, str(worker))
+        self.sink: SinkProducer | None = None  # type: ignore[assignment]
+        self.source: SubjectSource | None = None  # type: ignore[assignment]
 
     # ---- set-up -------------------------------------------------------------------------------
 
     def open(self) -> JobWorker:
         spec = self.spec
         self.jobs.register(spec.node())
+        self._epochs_of = spec.follows or spec.job
+        """Whose aligned job epoch nodes this job uses: its own, or the old version's it follows."""
+        self.jobs.ensure_worker_path(spec.job, self.worker)
+        self._open_io()
+        # DataWatch recipes re-read their node after a connection loss or a new session.
+        for subject in spec.inputs:
+            self.ledger.zk.DataWatch(self.ledger.layout.command(spec.job, subject), self._command_watch(subject))
+        swap_path = self.ledger.layout.swap(self._epochs_of)
+        self.ledger.zk.ensure_path(self.ledger.layout.job(self._epochs_of))
+        self.ledger.zk.DataWatch(swap_path, self._swap_watch(swap_path))
+        return self
+
+    def _open_io(self) -> None:
+        """Open the sink (a new attempt) and the source, and restore the last committed job epoch."""
+        spec = self.spec
         out_parts = spec.output_partitions or tuple(range(self.ledger.subject(spec.output).partitions))
         mine = [out_parts[i] for i in partitions_for(self.worker, spec.parallelism, len(out_parts))]
         self.sink = SinkProducer(self.ledger, self.bootstrap, spec.output, spec.job, self.worker, mine,
                                  fault=self.fault).open()
-        self._epochs_of = spec.follows or spec.job
-        """Whose aligned job epoch nodes this job uses: its own, or the old version's it follows."""
         assignment = {s: list(range(self.worker, self.ledger.subject(s).partitions, spec.parallelism))
                       for s in spec.inputs}
         self.source = SubjectSource(self.ledger, self.bootstrap, assignment,
                                     "at_least_once" if spec.mode == "at_least_once" else "exactly_once")
-        self.jobs.ensure_worker_path(spec.job, self.worker)
+        self.state = KeyedState()
+        self.alignment = {s: ConsumerAlignment() for s in spec.inputs}
         last = self.sink.lease.node.committed_epoch
         if last is not None:
             try:
                 committed = self.jobs.worker_epoch(spec.job, self.worker, last)
-            except Exception as exc:
-                if "NoNode" not in type(exc).__name__:
-                    raise
+            except NoNodeError:
+                pass  # the output epoch committed without a job record: an old sink's epoch
             else:
                 self.source.restore(committed.offsets, committed.load_from)
                 self.state = KeyedState.restore(committed.state)
@@ -163,13 +208,32 @@ class JobWorker:
             # A new version is aligned from its first epoch: it follows the old version's epochs.
             first = self.sink.next_epoch
             self.alignment = {s: ConsumerAlignment(state=State.ALIGNED, job_epoch=first) for s in spec.inputs}
-        for subject in spec.inputs:
-            self.ledger.zk.DataWatch(self.ledger.layout.command(spec.job, subject), self._command_watch(subject))
-        self._swap: SwapNode | None = None
-        swap_path = self.ledger.layout.swap(spec.follows or spec.job)
-        self.ledger.zk.ensure_path(self.ledger.layout.job(spec.follows or spec.job))
-        self.ledger.zk.DataWatch(swap_path, self._swap_watch(swap_path))
-        return self
+
+    def _reopen(self, stop: threading.Event) -> None:
+        """After a broker or ZooKeeper failure: drop the open epoch and resume from the last committed
+        one, exactly as a restarted process would, retrying with backoff until it works or ``stop``."""
+        delay = 0.2
+        while not stop.is_set():
+            self._close_io()
+            try:
+                self._open_io()
+                return
+            except StoppedError:
+                return
+            except TRANSIENT as exc:
+                log.warning("%s worker %d: reopening failed (%s); retrying in %.1fs", self.spec.job, self.worker,
+                            _one_line(exc), delay)
+            stop.wait(delay)
+            delay = min(delay * 2, 5.0)
+
+    def _close_io(self) -> None:
+        sink, source, self.sink, self.source = self.sink, self.source, None, None
+        if sink is not None:
+            with contextlib.suppress(Exception):
+                sink.close()
+        if source is not None:
+            with contextlib.suppress(Exception):
+                source.close()
 
     def _swap_watch(self, path: str) -> Callable[[bytes | None, Any], None]:
         def watch(data: bytes | None, _stat: Any) -> None:
@@ -186,14 +250,64 @@ class JobWorker:
         return watch
 
     def close(self) -> None:
-        self.sink.close()
-        self.source.close()
+        self._close_io()
+        self._wait_gauge.set(0)
 
     def _on_command(self, subject: str, data: bytes | None) -> None:
         if data:
             path = self.ledger.layout.command(self.spec.job, subject)
             self._commands[subject] = parse(CommandNode, path, data).command
             self._wake.set()
+
+    # ---- waiting --------------------------------------------------------------------------------
+
+    def _arm(self, path: str, arm: Callable[[Callable[[Any], None]], object]) -> None:
+        """Keep exactly one one-shot watch of ours on ``path``: it wakes the worker and disarms."""
+        with self._armed_lock:
+            if path in self._armed:
+                return
+            self._armed.add(path)
+
+        def fired(_event: Any) -> None:
+            with self._armed_lock:
+                self._armed.discard(path)
+            self._wake.set()
+
+        try:
+            arm(fired)
+        except BaseException:
+            with self._armed_lock:
+                self._armed.discard(path)
+            raise
+
+    def _watch_epoch(self, subject: str, epoch: int) -> None:
+        self._arm(self.ledger.layout.epoch(subject, epoch), lambda cb: self.ledger.arm_watch(subject, epoch, cb))
+
+    def _sleep(self, stop: threading.Event, seconds: float) -> None:
+        """Wait for a watch, a command or ``seconds``; raise StoppedError once ``stop`` is set."""
+        if stop.is_set():
+            raise StoppedError(f"{self.spec.job} worker {self.worker} stopped")
+        self._wake.wait(min(seconds, 1.0))
+        self._wake.clear()
+        if stop.is_set():
+            raise StoppedError(f"{self.spec.job} worker {self.worker} stopped")
+
+    def _waiting(self, what: str) -> None:
+        """Make a long wait visible: a gauge of seconds waiting and a log line after a threshold."""
+        now = time.monotonic()
+        if self.waiting_since is None:
+            self.waiting_since = now
+            self._wait_logged = 0.0
+        waited = now - self.waiting_since
+        self._wait_gauge.set(waited)
+        if waited >= WAIT_LOG_AFTER and now - self._wait_logged >= (600.0 if self._wait_logged else 0.0):
+            self._wait_logged = now
+            log.info("%s worker %d: waiting %.0fs for %s", self.spec.job, self.worker, waited, what)
+
+    def _got_input(self) -> None:
+        if self.waiting_since is not None:
+            self.waiting_since = None
+            self._wait_gauge.set(0)
 
     # ---- alignment ----------------------------------------------------------------------------
 
@@ -262,21 +376,16 @@ class JobWorker:
         """Apply a hot-swap at the start of ``epoch``: "write", "void" or "stop" (old job done).
 
         A worker that sees the pre-commit of S at an epoch <= S acknowledges it; at S+1 it waits
-        for the commit (or abort), so neither job can act on S+1 before the decision is final.
+        for the commit (or abort), as long as that takes, so neither job acts on S+1 before the
+        decision is final.
         """
         new_version = self.spec.follows is not None
         swap = self._swap
         if swap is None or swap.phase == "aborted":
             return "void" if new_version else "write"
         self._report_swap(swap, epoch)
-        deadline = time.monotonic() + self.wait_timeout
         while epoch > swap.epoch and swap.phase == "precommit":
-            if stop.is_set():
-                return "void" if new_version else "write"
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.spec.job}: hot-swap at {swap.epoch} neither committed nor aborted")
-            self._wake.wait(0.2)
-            self._wake.clear()
+            self._sleep(stop, 1.0)
             swap = self._swap or swap
         if swap.phase == "aborted":
             return "void" if new_version else "write"
@@ -291,32 +400,40 @@ class JobWorker:
             for subject in self.spec.inputs:
                 self._report(subject)
 
-    def _drain_until(self, done: Callable[[], bool], stop: threading.Event, open_epoch: int) -> bool:
-        """Read and process loaded epochs until ``done``; returns False when stopped or finished."""
-        deadline = time.monotonic() + self.wait_timeout
-        loaded_at = checked_at = 0.0
+    def _drain_until(self, done: Callable[[], bool], stop: threading.Event, open_epoch: int,
+                     until: float | None = None) -> bool:
+        """Read and process loaded epochs until ``done``; returns False when the inputs finished first.
+
+        With nothing left to read it sleeps until a watch says the next input epoch committed (or a
+        command arrives, or ``until``, the unaligned epoch's timer, passes): no fixed timeout, and
+        no CPU spent on a quiet input.
+        """
+        source = self.source
+        assert source is not None
+        loaded_at = 0.0
         while not done():
             if stop.is_set():
-                return False
+                raise StoppedError(f"{self.spec.job} worker {self.worker} stopped")
             self._apply_commands(open_epoch, boundary=False)
             now = time.monotonic()
-            if not self.source.readable() or now - loaded_at > 0.1:
-                # ZooKeeper is asked for new epochs when there is nothing left to read, or now and then.
-                self.source.load()
+            if not source.readable() or now - loaded_at > 0.1:
+                source.load()  # ZooKeeper is asked for new epochs when nothing is left to read, or now and then
                 loaded_at = now
-            records = self.source.poll()
+            records = source.poll()
             if records:
+                self._got_input()
                 self._process(records)
-                deadline = time.monotonic() + self.wait_timeout
-            elif self.source.caught_up():
-                if now - checked_at > 0.2:  # a finished input is rare news: ask ZooKeeper 5x/s, not 50x
-                    checked_at = now
-                    if self._inputs_finished():
-                        return done()
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"worker {self.worker} of {self.spec.job}: no input for {self.wait_timeout}s")
-                self._wake.wait(0.02)
-                self._wake.clear()
+                continue
+            if not source.caught_up():
+                continue  # loaded data still on its way from the broker
+            if self._inputs_finished():
+                return done()
+            for subject in self.spec.inputs:
+                self._watch_epoch(subject, source.next_load(subject))
+            if source.load():
+                continue
+            self._waiting(f"the next epoch of {', '.join(self.spec.inputs)}")
+            self._sleep(stop, 1.0 if until is None else max(0.0, until - time.monotonic()))
         return True
 
     def _inputs_finished(self) -> bool:
@@ -329,20 +446,22 @@ class JobWorker:
     def _run_unaligned(self, epoch: int, stop: threading.Event) -> None:
         ends = time.monotonic() + self.spec.interval
         aligning = {s: a for s, a in self.alignment.items() if a.state is State.ALIGNING}
+        source = self.source
+        assert source is not None
         if aligning and all(a.job_epoch == epoch + 1 for a in aligning.values()):
             # The last unaligned epoch ends exactly where subject epoch k starts.
-            self._drain_until(lambda: all(self.source.consumed(s) >= (a.subject_epoch or 0) - 1
+            self._drain_until(lambda: all(source.consumed(s) >= (a.subject_epoch or 0) - 1
                                           for s, a in aligning.items()), stop, epoch)
             return
-        self._drain_until(lambda: time.monotonic() >= ends, stop, epoch)
+        self._drain_until(lambda: time.monotonic() >= ends, stop, epoch, until=ends)
 
-    def _covered(self, epoch: int) -> dict[str, Span | None]:
+    def _covered(self, epoch: int, stop: threading.Event) -> dict[str, Span | None]:
         """The subject epochs aligned job epoch ``epoch`` covers: fixed once, by the first worker."""
         existing = self.jobs.job_epoch(self._epochs_of, epoch)
         if existing is not None:
             return existing.covered
         if self.spec.follows is not None and not self._old_finished(epoch):
-            followed = self._await_followed(epoch)
+            followed = self._await_followed(epoch, stop)
             if followed is not None:
                 return followed
         if all(a.job_epoch == epoch for a in self.alignment.values()) and self.spec.follows is None:
@@ -353,19 +472,17 @@ class JobWorker:
                 raise AlignerError(f"job {self._epochs_of}: aligned epoch {epoch - 1} has no record in ZooKeeper")
             starts = dict(prev.next)
         per = self.spec.epochs_per_checkpoint
-        deadline = time.monotonic() + self.wait_timeout
         while True:
             # Zero alignment shift: woken by ZooKeeper watches as soon as an epoch commits.
-            fired = threading.Event()
             for s, start in starts.items():
-                self.ledger.arm_watch(s, start + per - 1, fired)
+                self._watch_epoch(s, start + per - 1)
             wanted = {s: self._remaining(s, start, per) for s, start in starts.items()}
             ready = {s: self._committed_prefix(s, start, wanted[s]) for s, start in starts.items()}
             if any(0 < n == wanted[s] for s, n in ready.items()) or not any(wanted.values()):
                 break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"job {self.spec.job} epoch {epoch}: subject epochs {starts} never committed")
-            fired.wait(1.0)
+            self._waiting(f"subject epochs {starts} to commit")
+            self._sleep(stop, 1.0)
+        self._got_input()
         covered = {s: (Span(first=starts[s], last=starts[s] + n - 1) if n else None) for s, n in ready.items()}
         nxt = {s: starts[s] + n for s, n in ready.items()}
         return self.jobs.fix_job_epoch(self._epochs_of, epoch, covered, nxt).covered
@@ -375,23 +492,20 @@ class JobWorker:
         swap = self._swap
         return swap is not None and swap.phase in ("commit", "done") and epoch > swap.epoch
 
-    def _await_followed(self, epoch: int) -> dict[str, Span | None] | None:
+    def _await_followed(self, epoch: int, stop: threading.Event) -> dict[str, Span | None] | None:
         """A new version waits for the old one to decide the job epoch (watch on its node).
 
         None when the old version will not decide it (swapped out, or its inputs finished)."""
-        deadline = time.monotonic() + self.wait_timeout
         path = self.ledger.layout.job_epoch(self._epochs_of, epoch)
         while True:
-            fired = threading.Event()
-            if self.ledger.zk.exists(path, watch=lambda _e, fired=fired: fired.set()) is not None:
-                node = self.jobs.job_epoch(self._epochs_of, epoch)
-                assert node is not None
+            self._arm(path, lambda cb: self.ledger.watch_node(path, cb))
+            node = self.jobs.job_epoch(self._epochs_of, epoch)
+            if node is not None:
                 return node.covered
             if self._old_finished(epoch) or self._inputs_finished():
                 return None
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.spec.job}: {self._epochs_of} never decided job epoch {epoch}")
-            fired.wait(0.5)
+            self._waiting(f"{self._epochs_of} to decide job epoch {epoch}")
+            self._sleep(stop, 1.0)
 
     def _remaining(self, subject: str, start: int, per: int) -> int:
         """How many of the next ``per`` epochs a subject will still have (fewer once it finished)."""
@@ -410,63 +524,94 @@ class JobWorker:
         return n
 
     def _run_aligned(self, epoch: int, stop: threading.Event) -> dict[str, Span | None]:
-        covered = self._covered(epoch)
+        covered = self._covered(epoch, stop)
+        source = self.source
+        assert source is not None
         for subject, span in covered.items():
-            self.source.set_limit(subject, span.last if span is not None else self.source.consumed(subject))
-        self._drain_until(lambda: all(span is None or self.source.consumed(s) >= span.last
+            source.set_limit(subject, span.last if span is not None else source.consumed(subject))
+        self._drain_until(lambda: all(span is None or source.consumed(s) >= span.last
                                       for s, span in covered.items()), stop, epoch)
         return covered
 
     def step(self, stop: threading.Event) -> bool:
-        """Run one job epoch; returns False once every input finished and was consumed."""
-        epoch = self.sink.next_epoch
+        """Run one job epoch; returns False once every input finished and was consumed (or the old
+        version of a hot-swap wrote its last epoch). Raises StoppedError when ``stop`` is set."""
+        sink, source = self.sink, self.source
+        assert sink is not None and source is not None, "open() first"
+        epoch = sink.next_epoch
         self._apply_commands(epoch, boundary=True)
         gate = self._swap_gate(epoch, stop)
         if gate == "stop":
-            self.sink.finish()  # the old version wrote its last epoch, S; the new one writes S+1 on
+            sink.finish()  # the old version wrote its last epoch, S; the new one writes S+1 on
             return False
         self._voiding = gate == "void"
         self.alignment = {s: a.started(epoch) for s, a in self.alignment.items()}
-        self.sink.begin()
+        sink.begin()
         covered = self._run_aligned(epoch, stop) if self.aligned else None
         if covered is None:
             self._run_unaligned(epoch, stop)
-        if stop.is_set():
-            self.sink.abort()
-            return False
         node = WorkerEpochNode(epoch=epoch, mode="aligned" if covered is not None else self.spec.mode,
-                               offsets=self.source.offsets(), load_from=self.source.load_from(), covered=covered,
+                               offsets=source.offsets(), load_from=source.load_from(), covered=covered,
                                state=self.state.snapshot(), alignment=self.alignment)
         swap = self._swap
         if not self._voiding and swap is not None and self.spec.follows is not None and epoch == swap.epoch + 1:
             # The new version never commits S+1 before S is committed at the target.
             while not self.ledger.wait_committed(self.spec.output, swap.epoch, timeout=1.0, stop=stop):
                 if stop.is_set():
-                    self.sink.abort()
-                    return False
-        self.sink.commit(extra=[self.jobs.worker_epoch_op(self.spec.job, self.worker, node)])
+                    raise StoppedError(f"{self.spec.job} worker {self.worker} stopped")
+        sink.commit(extra=[self.jobs.worker_epoch_op(self.spec.job, self.worker, node)])
         if self.on_commit is not None:
             try:
                 self.on_commit(node)
             except Exception:  # instrumentation must not stop a job whose epoch is committed
                 log.exception("on_commit hook of %s worker %d failed at epoch %d", self.spec.job, self.worker, epoch)
         self.fault("after_epoch")
-        ahead = self.source.second_last_ahead()
+        ahead = source.second_last_ahead()
         for subject in self.spec.inputs:
             self.alignment[subject] = self.alignment[subject].caught_up(ahead)
             self._report(subject)
-        if self._inputs_finished() and self.source.caught_up():
-            self.sink.finish()
+        if self._inputs_finished() and source.caught_up():
+            sink.finish()
             return False
         return True
 
-    def run(self, stop: threading.Event, max_epochs: int | None = None) -> int:
+    def run(self, stop: threading.Event, max_epochs: int | None = None,
+            on_epoch: Callable[[int], None] | None = None) -> int:
+        """Run epochs until the inputs finish, ``max_epochs`` ran or ``stop`` is set; returns how many.
+
+        A broker or ZooKeeper failure aborts the open epoch, which runs again under a new attempt
+        once the worker has reopened from its last committed epoch (with backoff, as long as the
+        outage lasts). Mistakes and fencing by another incarnation of this worker end the run.
+        """
         done = 0
+        failures = 0
         while not stop.is_set() and (max_epochs is None or done < max_epochs):
-            if not self.step(stop):
+            try:
+                if not self.step(stop):
+                    break
+            except StoppedError:
                 break
+            except TRANSIENT as exc:
+                if stop.is_set():
+                    break
+                failures += 1
+                KAFKA_RETRIES.labels(self.spec.job, str(self.worker)).inc()
+                log.warning("%s worker %d: epoch failed (%s); resuming from the last committed epoch",
+                            self.spec.job, self.worker, _one_line(exc))
+                stop.wait(min(0.2 * 2 ** min(failures, 5), 5.0))
+                self._reopen(stop)
+                continue
+            failures = 0
             done += 1
+            if on_epoch is not None:
+                assert self.sink is not None
+                on_epoch(self.sink.lease.node.committed_epoch or 0)
         return done
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text[:300]}"
 
 
 class WorkerThread:
@@ -475,13 +620,13 @@ class WorkerThread:
 
     def __init__(self, zk: str, root: str, bootstrap: str, spec: JobSpec, index: int, fn: JobFunction,
                  on_commit: Callable[[WorkerEpochNode], None] | None = None) -> None:
-        self.ledger = Ledger.connect(zk, root)
+        self.stop = threading.Event()
+        self.ledger = Ledger.connect(zk, root, stop=self.stop)
         try:
             self.worker = JobWorker(self.ledger, bootstrap, spec, index, fn, on_commit=on_commit).open()
         except BaseException:
             self.ledger.close()
             raise
-        self.stop = threading.Event()
         self.error: list[BaseException] = []
         self.thread = threading.Thread(target=self._run, daemon=True, name=f"{spec.job}-{index}")
 
@@ -542,20 +687,44 @@ def main(argv: list[str] | None = None) -> None:
                    output_partitions=tuple(int(p) for p in args.output_partitions.split(","))
                    if args.output_partitions else None)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    ledger = Ledger.connect(args.zk, args.root)
-    worker = JobWorker(ledger, args.kafka, spec, args.worker, load_function(args.function)).open()
-    print(f"open job={spec.job} worker={args.worker} next={worker.sink.next_epoch} attempt={worker.sink.attempt}",
-          flush=True)
+    install_stop_signals(stop)
     try:
-        while not stop.is_set() and (args.max_epochs is None or worker.sink.next_epoch < args.max_epochs):
-            if not worker.step(stop):
-                break
-            print(f"committed {worker.sink.lease.node.committed_epoch} aligned={worker.aligned}", flush=True)
+        ledger = Ledger.connect(args.zk, args.root, stop=stop)
+    except Exception as exc:
+        sys.exit(f"error: cannot reach ZooKeeper at {args.zk}: {_one_line(exc)}")
+    worker = JobWorker(ledger, args.kafka, spec, args.worker, load_function(args.function))
+    try:
+        worker.open()
+        assert worker.sink is not None
+        print(f"open job={spec.job} worker={args.worker} next={worker.sink.next_epoch} "
+              f"attempt={worker.sink.attempt}", flush=True)
+        left = None if args.max_epochs is None else max(0, args.max_epochs - worker.sink.next_epoch)
+        worker.run(stop, left, on_epoch=lambda e: print(f"committed {e} aligned={worker.aligned}", flush=True))
+    except StoppedError:
+        pass
+    except AlignerError as exc:
+        sys.exit(f"error: {_one_line(exc)}")
     finally:
         worker.close()
         ledger.close()
     print("done", flush=True)
+
+
+def install_stop_signals(stop: threading.Event, grace: float = 4.5) -> None:
+    """SIGTERM / SIGINT set ``stop``; a process still running ``grace`` seconds later exits anyway
+    (code 0): every wait checks the flag within a second, so this only cuts off a client call stuck
+    on an unreachable service, and a worker cut off there resumes from its last committed epoch."""
+
+    def stop_soon(_signum: int, _frame: Any) -> None:
+        if stop.is_set():
+            return
+        stop.set()
+        timer = threading.Timer(grace, lambda: os._exit(0))
+        timer.daemon = True
+        timer.start()
+
+    signal.signal(signal.SIGTERM, stop_soon)
+    signal.signal(signal.SIGINT, stop_soon)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from aligner.ledger import Lease, Ledger, PendingEpoch
 from aligner.metrics import EPOCHS_COMMITTED, LAST_EPOCH, RECORDS_SENT
 from aligner.models import Range
 from aligner.stamps import HEADER, Stamp
+from aligner.zk import StoppedError
 from connectors.kafka import QUIET, end_offsets
 
 FaultHook = Callable[[str], None]
@@ -44,6 +45,25 @@ class EpochCommit:
     attempt: int
     ranges: dict[int, Range]
     records: int
+
+
+class EpochFailedError(AlignerError):
+    """Kafka did not take the epoch (delivery failed, the commit was refused or timed out); it was
+    aborted and can be written again under a new attempt: a transient failure, not a mistake."""
+
+
+_SLICE = 1.0
+"""Seconds a blocking Kafka call waits before the stop event is checked again."""
+
+
+def _retriable(exc: KafkaException) -> bool:
+    err = exc.args[0] if exc.args else None
+    return isinstance(err, KafkaError) and (err.retriable() or err.code() == KafkaError._TIMED_OUT)
+
+
+def _requires_abort(exc: KafkaException) -> bool:
+    err = exc.args[0] if exc.args else None
+    return isinstance(err, KafkaError) and err.txn_requires_abort()
 
 
 def partitions_for(index: int, parallelism: int, partitions: int) -> list[int]:
@@ -127,16 +147,36 @@ class SinkProducer:
             **self._kafka_config,
         }, self._release_held)
         self._produce = self._kp.produce
-        self._kp.init_transactions(30)
+        self._patiently(self._kp.init_transactions)  # fences an older incarnation's transaction
         return self
 
+    def _patiently(self, call: Callable[[float], Any]) -> Any:
+        """Run a blocking transactional call in slices until it answers: a paused or unreachable
+        broker is waited for (retriable timeouts), a stop request ends the wait."""
+        stop = self.ledger.stop
+        while True:
+            try:
+                return call(_SLICE)
+            except KafkaException as exc:
+                if not _retriable(exc):
+                    raise
+            if stop.is_set():
+                raise StoppedError(f"producer {self.producer_id} of {self.subject!r}: stopped waiting for Kafka")
+
     def close(self) -> None:
-        if self._kp is not None:
-            if self._epoch is not None:
-                self.abort()
-            self._kp.flush(10)
-            self._kp = None
-            self._produce = None
+        """Release the producer without waiting on the broker: an open epoch's transaction is aborted
+        if the broker answers at once, else left to the next incarnation, which fences it."""
+        kp, self._kp, self._produce = self._kp, None, None
+        if kp is None:
+            return
+        if self._epoch is not None:
+            self._epoch = None
+            self._held = {}
+            with contextlib.suppress(Exception):
+                kp.abort_transaction(_SLICE)
+        with contextlib.suppress(Exception):
+            kp.purge()
+        kp.flush(0)
 
     def __enter__(self) -> SinkProducer:
         return self.open()
@@ -265,16 +305,18 @@ class SinkProducer:
         except Exception as exc:
             self._error = self._error or exc  # the epoch aborts below
         self._fault("before_kafka_commit")
-        remaining = kp.flush(60)
-        if remaining or self._error is not None:
+        while kp.flush(_SLICE) and self._error is None:  # librdkafka fails a delivery after its own timeout
+            if self.ledger.stop.is_set():
+                raise StoppedError(f"producer {self.producer_id} of {self.subject!r}: stopped during epoch {epoch}")
+        if self._error is not None:
             self.abort()
-            raise AlignerError(f"epoch {epoch}: delivery failed ({self._error or f'{remaining} undelivered'}); aborted")
+            raise EpochFailedError(f"epoch {epoch} of {self.subject!r}: delivery failed ({self._error}); aborted")
         ranges = ranges_for(self.lease.node.next_offsets, self._last)
         counts = dict(self._counts)
         short = [p for p, n in counts.items() if n > ranges[p].end - ranges[p].start]
         if short:  # a missing delivery report: never commit a range that cannot hold what was sent
             self.abort()
-            raise AlignerError(f"epoch {epoch}: ranges of partitions {short} cannot hold the records sent; aborted")
+            raise EpochFailedError(f"epoch {epoch}: ranges of partitions {short} cannot hold the records sent; aborted")
         if self._pending is not None:  # round trip 1, issued by begin(); done already on a retried commit
             try:
                 self._writers = self.ledger.epoch_ensured(self._pending)
@@ -283,13 +325,12 @@ class SinkProducer:
                 raise
             self._pending = None
         try:
-            kp.commit_transaction(60)
+            self._patiently(kp.commit_transaction)
         except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if not (isinstance(err, KafkaError) and err.txn_requires_abort()):
+            if not _requires_abort(exc):
                 raise
             self.abort()  # e.g. a record produced without a delivery report failed
-            raise AlignerError(f"epoch {epoch}: Kafka refused the commit ({err}); aborted") from exc
+            raise EpochFailedError(f"epoch {epoch}: Kafka refused the commit ({exc.args[0]}); aborted") from exc
         self._fault("after_kafka_commit")
         attempt = self.attempt
         self._lease = self.ledger.commit(self.lease, epoch, attempt, ranges, extra, counts=counts)
@@ -314,7 +355,7 @@ class SinkProducer:
             try:
                 with contextlib.suppress(Exception):  # the epoch is being aborted anyway
                     self._release_held(report=False)  # the broker sees what it would without holding back
-                self._kp.abort_transaction(30)
+                self._patiently(self._kp.abort_transaction)
             finally:
                 self._epoch = None
                 self._accepting = frozenset()

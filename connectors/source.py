@@ -17,13 +17,16 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from aligner.epochs import CommittedEpoch, check_retention
-from aligner.errors import DataLossError
+from aligner.errors import DataLossError, EpochNotCommittedError
 from aligner.ledger import Ledger
 from aligner.models import Mode
 from aligner.stamps import stamp_of
 from connectors.kafka import consumer_config, end_offsets
 
 UNBOUNDED = 1 << 62
+
+_DATA_LOST = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
+"""Fetch errors meaning the log no longer holds what a committed epoch names; others are transient."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +127,10 @@ class SubjectSource:
         """Load no subject epoch after ``last_epoch`` (None: no limit)."""
         self.inputs[subject].limit = last_epoch
 
+    def next_load(self, subject: str) -> int:
+        """The next subject epoch this consumer will load once it commits."""
+        return self.inputs[subject].next_load
+
     def past(self, subject: str, epoch: int) -> bool:
         """Whether this consumer already loaded (and may have read) anything of ``epoch`` or later."""
         return self.inputs[subject].next_load > epoch
@@ -138,10 +145,8 @@ class SubjectSource:
                 try:
                     if not self.ledger.is_committed(inp.subject, inp.next_load):
                         break
-                except Exception as exc:
-                    if "no such epoch" in str(exc):
-                        break
-                    raise
+                except EpochNotCommittedError:  # not even created yet
+                    break
                 self._add(inp, self.ledger.committed(inp.subject, inp.next_load))
                 inp.next_load += 1
                 loaded += 1
@@ -213,10 +218,11 @@ class SubjectSource:
                     continue
                 err = m.error()
                 if err is not None:
-                    if err.code() != KafkaError._PARTITION_EOF:
+                    if err.code() in _DATA_LOST:
                         raise DataLossError(f"{m.topic()}[{m.partition()}]: {err}")
-                    touched.add((part.subject, part.partition))
-                    continue
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        touched.add((part.subject, part.partition))
+                    continue  # a broker outage or slow fetch: librdkafka keeps retrying by itself
                 o = m.offset()
                 if part.paused:
                     if o >= part.fetch_at:
