@@ -65,3 +65,29 @@ class FencedError(AlignerError):
 
 class DataLossError(AlignerError):
     """Kafka no longer holds offsets that a committed epoch names (e.g. the broker lost its log)."""
+
+
+class StackError(AlignerError):
+    """The embedded stack could not be started, found or stopped."""
+
+
+class UnreachableError(AlignerError):
+    """ZooKeeper or Kafka did not answer; names the address tried and, when known, how to fix it."""
+
+    def __init__(self, service: str, address: str, detail: str, hint: str = "") -> None:
+        super().__init__(f"cannot reach {service} at {address}: {detail}" + (f"; {hint}" if hint else ""))
+        self.service = service
+        self.address = address
+        self.detail = detail
+
+
+class UndecodableRecordError(AlignerError):
+    """A record of a json subject is not JSON (an outside producer wrote something else)."""
+
+    def __init__(self, subject: str, epoch: int, partition: int, offset: int, detail: str) -> None:
+        super().__init__(
+            f"record at partition {partition} offset {offset} (epoch {epoch}) of subject {subject!r} is not JSON "
+            f"({detail}); read it as text with --format bytes"
+        )
+        self.partition = partition
+        self.offset = offset

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -17,3 +17,12 @@ class Settings(BaseSettings):
     kafka: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers")
     root: str = Field("/aligner", description="ZooKeeper root path of all aligner state")
     home: Path = Field(Path.home() / ".aligner", description="Where the embedded stack keeps its state")
+
+    @field_validator("root")
+    @classmethod
+    def _absolute_znode_path(cls, root: str) -> str:
+        """A root that is not an absolute znode path would fail deep inside kazoo; refuse it here."""
+        parts = root.split("/")
+        if not root.startswith("/") or root == "/" or root.endswith("/") or "" in parts[1:]:
+            raise ValueError(f"root must be an absolute ZooKeeper path like /aligner, not {root!r}")
+        return root

@@ -2,22 +2,86 @@
 
 from __future__ import annotations
 
+import logging
+import socket
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from aligner.errors import AlignerError
+from aligner.errors import AlignerError, UnreachableError
 
-QUIET = {"log_level": 3}
-"""librdkafka logs reconnects at info level; tests and the CLI only want errors."""
+LIBRDKAFKA_LOG = logging.getLogger("aligner.librdkafka")
+"""Where librdkafka's own log lines go. An unreachable broker makes librdkafka log every reconnect
+attempt (hundreds of lines a minute) to stderr; routed here they are dropped unless a handler is
+attached to this logger, and components report outages in their own words instead."""
+LIBRDKAFKA_LOG.addHandler(logging.NullHandler())
+LIBRDKAFKA_LOG.propagate = False
+
+QUIET: dict[str, Any] = {"logger": LIBRDKAFKA_LOG}
+"""Settings for every confluent-kafka client the product creates: no librdkafka log flood."""
+
+UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
+                         KafkaError._RESOLVE, KafkaError._WAIT_COORD})
+"""librdkafka error codes that mean the broker did not answer (not that it refused the request)."""
 
 
 def admin(bootstrap: str) -> AdminClient:
     return AdminClient({"bootstrap.servers": bootstrap, **QUIET})
+
+
+def _bootstrap_hosts(bootstrap: str) -> list[tuple[str, int]]:
+    """(host, port) of each ``[proto://]host[:port]`` in a bootstrap list."""
+    hosts = []
+    for item in bootstrap.split(","):
+        item = item.strip().split("://", 1)[-1]
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep or "]" in port:
+            host, port = item, "9092"
+        try:
+            hosts.append((host.strip("[]"), int(port)))
+        except ValueError:
+            raise AlignerError(f"invalid Kafka address {item!r} in {bootstrap!r}: the port is not a number") from None
+    if not hosts:
+        raise AlignerError(f"invalid Kafka bootstrap servers {bootstrap!r}: give host:port[,host:port]")
+    return hosts
+
+
+def _os_detail(exc: OSError) -> str:
+    if isinstance(exc, socket.gaierror):
+        return f"unknown host ({exc.strerror})"
+    if isinstance(exc, TimeoutError):
+        return "no answer to a TCP connect"
+    return (exc.strerror or str(exc) or type(exc).__name__).lower()
+
+
+def check_reachable(bootstrap: str, timeout: float = 10.0) -> None:
+    """Fail fast, with :class:`UnreachableError`, when no bootstrap server answers.
+
+    A TCP connect first (a closed port is refused at once), then a metadata request bounded by
+    ``timeout`` (a broker that accepts connections but is paused or not Kafka never answers)."""
+    failure: OSError | None = None
+    for host, port in _bootstrap_hosts(bootstrap):
+        try:
+            with socket.create_connection((host, port), timeout=min(timeout, 3.0)):
+                failure = None
+                break
+        except OSError as exc:
+            failure = exc
+    if failure is not None:
+        raise UnreachableError("Kafka", bootstrap, _os_detail(failure))
+    try:
+        admin(bootstrap).list_topics(timeout=timeout)
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if err is not None and err.code() not in UNREACHABLE:
+            raise
+        raise UnreachableError("Kafka", bootstrap, f"no metadata answer within {timeout:.0f}s") from None
 
 
 def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0) -> None:
@@ -35,8 +99,9 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 3
     for fut in futures.values():
         try:
             fut.result(timeout)
-        except Exception as exc:
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+        except KafkaException as exc:
+            if not (exc.args and isinstance(exc.args[0], KafkaError)
+                    and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS):
                 raise
 
 

@@ -24,7 +24,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from aligner.epochs import CommittedEpoch, Slice, check_retention
-from aligner.errors import DataLossError
+from aligner.errors import DataLossError, UndecodableRecordError
 from aligner.ledger import Ledger
 from aligner.metrics import RECORDS_DROPPED, RECORDS_READ
 from aligner.stamps import stamp_of
@@ -40,10 +40,19 @@ class EpochRecord:
     value: bytes | None
     timestamp: int
 
-    def as_json(self, decode_json: bool) -> dict[str, Any]:
+    def as_json(self, decode_json: bool, subject: str = "?") -> dict[str, Any]:
+        """The record as plain data; with ``decode_json`` a value that is not JSON is a clear error
+        naming where it is (outside producers can write anything), never a JSONDecodeError."""
         value: Any = self.value
         if value is not None:
-            value = json.loads(value) if decode_json else value.decode(errors="replace")
+            if decode_json:
+                try:
+                    value = json.loads(value)
+                except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+                    detail = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
+                    raise UndecodableRecordError(subject, self.epoch, self.partition, self.offset, detail) from None
+            else:
+                value = value.decode(errors="replace")
         return {
             "epoch": self.epoch, "partition": self.partition, "offset": self.offset,
             "key": None if self.key is None else self.key.decode(errors="replace"), "value": value,

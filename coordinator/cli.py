@@ -1,25 +1,50 @@
-"""The ``aligner`` command line: one CLI for the stack, the ledger, reads and the coordinator."""
+"""The ``aligner`` command line: one CLI for the stack, the ledger, reads and the coordinator.
+
+Every user mistake and every unreachable service ends in one line on stderr and exit code 1
+(2 for usage errors), within bounded time: :func:`main` turns exceptions into messages by their
+type, never by their text. ``ALIGNER_DEBUG=1`` shows the traceback of an unexpected error.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import re
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict
-from typing import Annotated, Any
+from enum import StrEnum
+from typing import Annotated, Any, NoReturn
 
 import typer
+from confluent_kafka import KafkaError, KafkaException
+from kazoo import exceptions as zk_errors
+from kazoo.client import KazooState
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.hosts import collect_hosts
+from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 from rich.table import Table
+from typer._click import exceptions as click_errors  # typer vendors click: its exceptions are these
 
 from aligner.epochs import parse_epoch_span
-from aligner.errors import AlignerError
+from aligner.errors import AlignerError, StackError, UnreachableError
 from aligner.ledger import Ledger
+from aligner.models import Ident
 from aligner.settings import Settings
 from coordinator import stack as stack_mod
+
+ZK_CONNECT_TIMEOUT = 10.0
+"""Seconds to wait for a ZooKeeper session before a command gives up (the address is named)."""
+ZK_OUTAGE_LIMIT = 12.0
+"""Seconds a command rides out a lost ZooKeeper connection before it gives up."""
+KAFKA_CONNECT_TIMEOUT = 10.0
+"""Seconds to wait for the first Kafka metadata answer before a command gives up."""
 
 app = typer.Typer(help="Epoch alignment for chained Kafka streaming jobs.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -36,6 +61,11 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable J
 
 class State:
     settings: Settings
+    explicit: frozenset[str] = frozenset()
+    """Connection settings given by flag or environment; the others may come from the embedded stack."""
+    resolved = False
+    embedded: stack_mod.StackInfo | None = None
+    """The detached stack whose addresses this command uses, if any."""
 
 
 state = State()
@@ -47,14 +77,15 @@ def main_options(
     kafka: Annotated[str | None, typer.Option(help="Kafka bootstrap servers [env ALIGNER_KAFKA]")] = None,
     root: Annotated[str | None, typer.Option(help="ZooKeeper root of aligner state [env ALIGNER_ROOT]")] = None,
 ) -> None:
-    settings = Settings()
     overrides: dict[str, Any] = {k: v for k, v in {"zk": zk, "kafka": kafka, "root": root}.items() if v}
-    if "zk" not in overrides and "zk" not in settings.model_fields_set:
-        running = stack_mod.read_stack(settings.home)
-        if running is not None:
-            overrides.setdefault("zk", running.zk)
-            overrides.setdefault("kafka", running.kafka)
-    state.settings = settings.model_copy(update=overrides)
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        raise typer.BadParameter(_validation_text(exc)) from None
+    state.settings = settings
+    state.explicit = frozenset(settings.model_fields_set & {"zk", "kafka"})
+    state.resolved = False
+    state.embedded = None
 
 
 def emit(data: Any, as_json: bool) -> bool:
@@ -64,44 +95,226 @@ def emit(data: Any, as_json: bool) -> bool:
     return as_json
 
 
+def settings() -> Settings:
+    """The effective settings: ZooKeeper and Kafka not given by flag or environment come from the
+    embedded stack's state file when there is one, even when its components are down (a command
+    then fails naming the address and how to restart it, instead of trying a default address)."""
+    if not state.resolved:
+        state.resolved = True
+        if "zk" not in state.explicit:
+            info = stack_mod.read_stack(state.settings.home)
+            if info is not None:
+                state.embedded = info
+                update = {"zk": info.zk} if "kafka" in state.explicit else {"zk": info.zk, "kafka": info.kafka}
+                state.settings = state.settings.model_copy(update=update)
+    return state.settings
+
+
+def _stack_hint(name: str, address: str) -> str:
+    """How to fix an unreachable service that is a component of the embedded stack ('' otherwise)."""
+    info = state.embedded
+    if info is None:
+        with suppress(StackError):
+            info = stack_mod.read_stack(state.settings.home)
+    if info is None or info.address(name) != address:
+        return ""
+    comp = stack_mod.component(info, name)
+    label = f"the embedded stack's {comp.label} (pid {comp.pid})"
+    if comp.state == "down":
+        lost = " (its topics were in memory and are gone)" if name == stack_mod.KAFKA else ""
+        return f"{label} is down{lost}: `aligner stack up` restarts it on the same port and data"
+    if comp.state == "paused":
+        return f"{label} is paused (SIGSTOP): `kill -CONT {comp.pid}` resumes it"
+    return f"{label} is {comp.state}; see `aligner stack status` and {comp.log}"
+
+
+def _unreachable(name: str, address: str, detail: str) -> UnreachableError:
+    service = "ZooKeeper" if name == stack_mod.ZOOKEEPER else "Kafka"
+    return UnreachableError(service, address, detail, _stack_hint(name, address))
+
+
+def _probe_zookeeper(address: str) -> None:
+    """Fail at once when every ZooKeeper server refuses the connection (kazoo would retry for its timeout)."""
+    try:
+        hosts, _chroot = collect_hosts(address)
+    except ValueError as exc:
+        raise AlignerError(f"invalid ZooKeeper address {address!r}: {exc}") from None
+    failure: OSError | None = None
+    for host, port in hosts:
+        try:
+            with socket.create_connection((host, port), timeout=3.0):
+                return
+        except OSError as exc:
+            failure = exc
+    if failure is not None:
+        detail = ("unknown host" if isinstance(failure, socket.gaierror) else
+                  "no answer to a TCP connect" if isinstance(failure, TimeoutError) else
+                  (failure.strerror or type(failure).__name__).lower())
+        raise _unreachable(stack_mod.ZOOKEEPER, address, detail)
+
+
+def _bound_outages(led: Ledger, gave_up: threading.Event, closing: threading.Event) -> None:
+    """Make a command give up once its ZooKeeper connection has been down ``ZK_OUTAGE_LIMIT`` s.
+
+    The ledger's session retries forever (right for long-running components); for a command, the
+    ledger's stop event is set instead, which ends its wait with an error the ledger context names."""
+    stop = getattr(led, "stop", None)
+    if not isinstance(stop, threading.Event):
+        return
+    timers: list[threading.Timer] = []
+
+    def expire() -> None:
+        if not closing.is_set():
+            gave_up.set()
+            stop.set()
+
+    def on_state(zk_state: str) -> None:
+        if zk_state == KazooState.CONNECTED or closing.is_set():
+            while timers:
+                timers.pop().cancel()
+        elif not timers:
+            timer = threading.Timer(ZK_OUTAGE_LIMIT, expire)
+            timer.daemon = True
+            timers.append(timer)
+            timer.start()
+
+    led.zk.add_listener(on_state)
+
+
 @contextmanager
 def ledger() -> Iterator[Ledger]:
-    s = state.settings
+    """A ledger session for one command; an unreachable ZooKeeper is one clear error naming its address."""
+    s = settings()
+    _probe_zookeeper(s.zk)
     try:
-        led = Ledger.connect(s.zk, s.root, timeout=10)
-    except Exception as exc:
-        raise AlignerError(f"cannot reach ZooKeeper at {s.zk}: {exc} (is the stack up? aligner stack up)") from exc
+        led = Ledger.connect(s.zk, s.root, timeout=ZK_CONNECT_TIMEOUT)
+    except KazooTimeoutError:
+        raise _unreachable(stack_mod.ZOOKEEPER, s.zk, f"no session within {ZK_CONNECT_TIMEOUT:.0f}s") from None
+    gave_up, closing = threading.Event(), threading.Event()
+    _bound_outages(led, gave_up, closing)
     try:
         yield led
+    except AlignerError:
+        if gave_up.is_set():
+            raise _unreachable(stack_mod.ZOOKEEPER, s.zk,
+                               f"the connection was lost for more than {ZK_OUTAGE_LIMIT:.0f}s") from None
+        raise
     finally:
-        led.close()
+        closing.set()  # closing the session reports LOST; that is no outage
+        with suppress(Exception):
+            led.close()
+
+
+def kafka() -> str:
+    """The Kafka bootstrap servers, checked to answer: an unreachable broker fails fast and clearly."""
+    from connectors.kafka import check_reachable
+
+    bootstrap = settings().kafka
+    try:
+        check_reachable(bootstrap, KAFKA_CONNECT_TIMEOUT)
+    except UnreachableError as exc:
+        raise _unreachable(stack_mod.KAFKA, bootstrap, exc.detail) from None
+    return bootstrap
+
+
+_IDENT = TypeAdapter(Ident)
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def _name(value: str | None) -> str | None:
+    """Subject and job names are checked before anything is sent: they become znode names."""
+    if value is None:
+        return value
+    try:
+        _IDENT.validate_python(value)
+    except ValidationError:
+        raise typer.BadParameter(f"{value!r} is not a valid name: use 1-120 of A-Z a-z 0-9 . _ -") from None
+    return value
+
+
+def _names(values: list[str] | None) -> list[str] | None:
+    return None if values is None else [v for v in values if _name(v)]
+
+
+def _epochs(spec: str) -> tuple[int, int]:
+    try:
+        return parse_epoch_span(spec)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--epochs'") from None
+
+
+def _topic(value: str | None) -> str | None:
+    if value is not None and not _TOPIC.match(value):
+        raise typer.BadParameter(f"{value!r} is not a valid Kafka topic name: use 1-249 of A-Z a-z 0-9 . _ -")
+    return value
+
+
+Name = Annotated[str, typer.Argument(callback=_name, show_default=False)]
+
+
+class ValueFormat(StrEnum):
+    json = "json"
+    bytes = "bytes"
 
 
 # ---- stack ---------------------------------------------------------------------------------------
 
 @stack_app.command("up")
 def stack_up(as_json: JsonFlag = False) -> None:
-    """Start ZooKeeper and Tansu on free loopback ports; they keep running after this returns."""
-    info = stack_mod.stack_up(state.settings.home)
-    if not emit(asdict(info), as_json):
-        out.print(f"[green]stack up[/] ZooKeeper {info.zk}  Kafka {info.kafka}")
-        out.print("eval \"$(aligner stack env)\" to point other shells at it")
+    """Start ZooKeeper and Tansu, or restart only the components that are down (same port and data)."""
+    info, actions = stack_mod.stack_up(state.settings.home)
+    if emit({**asdict(info), "actions": actions}, as_json):
+        return
+    for comp in stack_mod.components(info):
+        out.print(f"{comp.label} {comp.address}: {actions[comp.name]} (pid {comp.pid}, {comp.state})")
+    if actions.get(stack_mod.KAFKA) == "restarted":
+        err.print("note: the restarted broker starts empty (Tansu keeps topics in memory)", soft_wrap=True)
+    out.print('eval "$(aligner stack env)" points other shells at it')
+
+
+@stack_app.command("status")
+def stack_status(as_json: JsonFlag = False) -> None:
+    """Each component of the embedded stack: up or down, pid, port, data dir and log."""
+    home = state.settings.home
+    info = stack_mod.read_stack(home)
+    if info is None:
+        raise StackError(f"no embedded stack in {home}: `aligner stack up` starts one")
+    comps = stack_mod.components(info)
+    if emit({"home": str(home), "workdir": info.workdir, "components": [asdict(c) for c in comps]}, as_json):
+        return
+    width = max(len(c.label) for c in comps)
+    for c in comps:
+        colour = "green" if c.up else "red"
+        out.print(f"{c.label:<{width}}  [{colour}]{c.state:<13}[/] pid {c.pid:<7} {c.address}  data {c.data}  "
+                  f"log {c.log}", soft_wrap=True)
+    if not all(c.up for c in comps):
+        out.print("`aligner stack up` restarts what is down, on its own port and data")
 
 
 @stack_app.command("down")
 def stack_down(as_json: JsonFlag = False) -> None:
-    """Stop the embedded stack and remove its data."""
-    stopped = stack_mod.stack_down(state.settings.home)
-    if not emit({"stopped": stopped}, as_json):
-        out.print("stack stopped" if stopped else "no stack was running")
+    """Stop the embedded stack and remove its data; the only command that removes stack state."""
+    done = stack_mod.stack_down(state.settings.home)
+    if emit({"stopped": bool(done), "removed": done}, as_json):
+        return
+    if not done:
+        out.print("no stack was running; nothing removed")
+        return
+    out.print("stack stopped:")
+    for line in done:
+        out.print(f"  {line}", markup=False, soft_wrap=True)
 
 
 @stack_app.command("env")
 def stack_env(as_json: JsonFlag = False) -> None:
-    """Print the connection settings of the running embedded stack as shell exports."""
+    """Print the connection settings of the embedded stack as shell exports."""
     info = stack_mod.read_stack(state.settings.home)
     if info is None:
-        raise AlignerError("no embedded stack is running: aligner stack up")
+        raise StackError("no embedded stack is running: `aligner stack up` starts one")
+    down = [c for c in stack_mod.components(info) if c.state == "down"]
+    if down:
+        err.print(f"warning: {', '.join(c.label for c in down)} down: `aligner stack up` restarts it",
+                  markup=False, soft_wrap=True)
     if not emit(info.env(), as_json):
         for k, v in info.env().items():
             print(f"export {k}={v}")
@@ -111,19 +324,17 @@ def stack_env(as_json: JsonFlag = False) -> None:
 
 @subjects_app.command("create")
 def subjects_create(
-    name: str,
+    name: Name,
     partitions: Annotated[int, typer.Option(min=1, help="Partition count of the topic")] = 4,
-    topic: Annotated[str | None, typer.Option(help="Kafka topic (default: the subject name)")] = None,
-    value_format: Annotated[str, typer.Option("--format", help="json or bytes")] = "json",
+    topic: Annotated[str | None, typer.Option(callback=_topic, help="Kafka topic (default: the subject name)")] = None,
+    value_format: Annotated[ValueFormat, typer.Option("--format", help="Record values")] = ValueFormat.json,
     as_json: JsonFlag = False,
 ) -> None:
     """Create the topic and register the subject (idempotent for the same shape)."""
     from connectors.subjects import create_subject
 
-    if value_format not in ("json", "bytes"):
-        raise typer.BadParameter("--format must be json or bytes")
     with ledger() as led:
-        node = create_subject(led, state.settings.kafka, name, partitions, topic=topic, value_format=value_format)
+        node = create_subject(led, kafka(), name, partitions, topic=topic, value_format=value_format.value)
     if not emit(node.model_dump(), as_json):
         out.print(f"subject [bold]{node.name}[/] on topic {node.topic} ({node.partitions} partitions)")
 
@@ -179,7 +390,7 @@ def status(as_json: JsonFlag = False) -> None:
 
 @app.command()
 def epochs(
-    subject: str,
+    subject: Name,
     last: Annotated[int, typer.Option(min=1, help="Show only the last N epochs")] = 50,
     as_json: JsonFlag = False,
 ) -> None:
@@ -209,9 +420,13 @@ def epochs(
 
 @app.command()
 def read(
-    subject: str,
+    subject: Name,
     epoch: Annotated[int | None, typer.Option(min=0, help="One epoch")] = None,
     epochs_: Annotated[str | None, typer.Option("--epochs", help="Inclusive span A:B")] = None,
+    value_format: Annotated[ValueFormat | None, typer.Option(
+        "--format",
+        help="Show values as JSON or as text (bytes); default: the subject's format. Use bytes for a json "
+             "subject that holds records outside producers wrote in another format.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Exactly the committed records of the given epochs, in partition and offset order."""
@@ -219,17 +434,16 @@ def read(
 
     if (epoch is None) == (epochs_ is None):
         raise typer.BadParameter("give exactly one of --epoch N or --epochs A:B")
-    try:
-        first, last = (epoch, epoch) if epoch is not None else parse_epoch_span(epochs_ or "")
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-    with ledger() as led, EpochReader(led, state.settings.kafka) as reader:
-        decode = led.subject(subject).value_format == "json"
-        records = [r.as_json(decode) for r in reader.read(subject, first, last)]
+    first, last = (epoch, epoch) if epoch is not None else _epochs(epochs_ or "")
+    with ledger() as led:
+        decode = (value_format.value if value_format else led.subject(subject).value_format) == "json"
+        led.committed_many(subject, first, last)  # a span that is not committed fails before Kafka is asked
+        with EpochReader(led, kafka()) as reader:
+            records = [r.as_json(decode, subject) for r in reader.read(subject, first, last)]
     if emit({"subject": subject, "first": first, "last": last, "records": records}, as_json):
         return
     for r in records:
-        out.print(f"epoch {r['epoch']} p{r['partition']}@{r['offset']} {r['key'] or ''} {r['value']}")
+        out.print(f"epoch {r['epoch']} p{r['partition']}@{r['offset']} {r['key'] or ''} {r['value']}", markup=False)
     err.print(f"{len(records)} records from epochs {first}..{last}")
 
 
@@ -237,7 +451,7 @@ def read(
 
 @app.command()
 def markers(
-    subject: str,
+    subject: Name,
     interval: Annotated[float, typer.Option(min=0.05, help="Seconds between epochs")] = 1.0,
     count: Annotated[int | None, typer.Option(min=1, help="Stop after N epochs")] = None,
     from_end: Annotated[bool, typer.Option(help="Start at the current end instead of the log start")] = False,
@@ -254,8 +468,10 @@ def markers(
         if not emit(data, as_json):
             out.print(f"epoch {epoch}: " + " ".join(f"{p}:[{s},{e})" for p, (s, e) in data["ranges"].items()))
 
+    logging.getLogger("aligner").setLevel(logging.WARNING)  # a long-running component reports outages
     with ledger() as led:
-        marker = EpochMarker(led, state.settings.kafka, subject, from_beginning=not from_end).open()
+        led.subject(subject)
+        marker = EpochMarker(led, kafka(), subject, from_beginning=not from_end).open()
         with suppress(KeyboardInterrupt):
             marker.run(interval, stop, count, show)
 
@@ -283,12 +499,12 @@ def _print_jobs(rows: list[dict[str, Any]]) -> None:
 
 @app.command()
 def align(
-    job: str,
+    job: Name,
     subject: Annotated[
-        list[str] | None, typer.Option("--subject", help="Input subject(s) to align (default all)")
+        list[str] | None, typer.Option("--subject", callback=_names, help="Input subject(s) to align (default all)")
     ] = None,
     at_epoch: Annotated[int | None, typer.Option(min=0, help="Align from this subject epoch at the earliest")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for each phase")] = 300.0,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for each phase")] = 300.0,
     as_json: JsonFlag = False,
 ) -> None:
     """Align a job's sources on their subjects' epochs: CatchUp -> Ready -> Align(k) -> Aligned."""
@@ -317,8 +533,8 @@ def align(
 
 @app.command()
 def abort(
-    job: str,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for every consumer")] = 300.0,
+    job: Name,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for every consumer")] = 300.0,
     as_json: JsonFlag = False,
 ) -> None:
     """Return a job's sources to unaligned mode from any alignment state."""
@@ -332,8 +548,8 @@ def abort(
 
 @app.command()
 def lineage(
-    job: Annotated[str | None, typer.Option(help="A job id")] = None,
-    subject: Annotated[str | None, typer.Option(help="A subject")] = None,
+    job: Annotated[str | None, typer.Option(callback=_name, help="A job id")] = None,
+    subject: Annotated[str | None, typer.Option(callback=_name, help="A subject")] = None,
     epoch: Annotated[int, typer.Option(min=0, help="The job or subject epoch")] = 0,
     as_json: JsonFlag = False,
 ) -> None:
@@ -352,18 +568,22 @@ def lineage(
 
 @app.command()
 def hotswap(
-    old: Annotated[str, typer.Option("--old", help="The running job")],
-    new: Annotated[str, typer.Option("--new", help="Its new version, started with follows=OLD")],
-    subject: Annotated[str, typer.Option("--subject", help="The target subject both write")],
+    old: Annotated[str, typer.Option("--old", callback=_name, help="The running job")],
+    new: Annotated[str, typer.Option("--new", callback=_name, help="Its new version, started with follows=OLD")],
+    subject: Annotated[str, typer.Option("--subject", callback=_name, help="The target subject both write")],
     at_epoch: Annotated[int | None, typer.Option(min=0, help="Swap at this target epoch at the earliest")] = None,
     abort_swap: Annotated[bool, typer.Option("--abort", help="Abort a swap that is not committed yet")] = False,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for each phase")] = 300.0,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for each phase")] = 300.0,
     as_json: JsonFlag = False,
 ) -> None:
     """Swap OLD for NEW on SUBJECT at a future epoch S, exactly once: OLD writes <= S, NEW writes > S."""
     from coordinator.alignment import leadership
     from coordinator.hotswap import HotSwap
 
+    if old == new:
+        raise typer.BadParameter("--old and --new must name two different jobs")
+    if abort_swap and at_epoch is not None:
+        raise typer.BadParameter("--abort takes no --at-epoch")
     with ledger() as led, leadership(led, timeout=timeout):
         swapper = HotSwap(led)
         if abort_swap:
@@ -382,8 +602,9 @@ def hotswap(
 
 @app.command()
 def verify(
-    job: Annotated[list[str] | None, typer.Option("--job", help="Two jobs whose outputs to compare")] = None,
-    subject: Annotated[list[str] | None, typer.Option("--subject", help="Or two subjects")] = None,
+    job: Annotated[list[str] | None, typer.Option("--job", callback=_names, help="Two jobs whose outputs to compare")
+                   ] = None,
+    subject: Annotated[list[str] | None, typer.Option("--subject", callback=_names, help="Or two subjects")] = None,
     epochs_: Annotated[str, typer.Option("--epochs", help="Inclusive span A:B")] = "0:0",
     as_json: JsonFlag = False,
 ) -> None:
@@ -393,12 +614,9 @@ def verify(
     names = list(job or []) + list(subject or [])
     if len(names) != 2 or (job and subject):
         raise typer.BadParameter("give exactly two --job or two --subject")
-    try:
-        first, last = parse_epoch_span(epochs_)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    first, last = _epochs(epochs_)
     with ledger() as led:
-        report = verify_outputs(led, state.settings.kafka, names, first, last, by_job=bool(job))
+        report = verify_outputs(led, kafka(), names, first, last, by_job=bool(job))
     if not emit(report, as_json):
         if report["first_difference"] is None:
             out.print(f"[green]identical[/] {names[0]} and {names[1]} over epochs {first}..{last}")
@@ -414,7 +632,8 @@ def verify(
 def gc(
     keep_epochs: Annotated[int, typer.Option(min=1, help="Keep the last N committed epochs per subject")] = 100,
     keep_seconds: Annotated[float | None, typer.Option(min=0, help="Also keep epochs younger than T s")] = None,
-    subject: Annotated[list[str] | None, typer.Option("--subject", help="Only these subjects")] = None,
+    subject: Annotated[list[str] | None, typer.Option("--subject", callback=_names, help="Only these subjects")
+                       ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Report, delete nothing")] = False,
     as_json: JsonFlag = False,
 ) -> None:
@@ -430,12 +649,92 @@ def gc(
             out.print(f"job {j}: {r['deleted_nodes']} nodes removed" + (" (swapped out)" if r["swapped_out"] else ""))
 
 
-def main() -> None:
+# ---- errors: one line on stderr, exit 1 (2 for usage) ------------------------------------------
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _validation_text(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or exc.title
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    cause = first.get("ctx", {}).get("error")
+    msg = str(cause) if first["type"] == "value_error" and cause is not None else first["msg"]
+    return f"invalid {where} {first.get('input')!r}: {msg}{more}"
+
+
+_ZK_LOST = (zk_errors.ConnectionLoss, zk_errors.ConnectionClosedError, zk_errors.SessionExpiredError,
+            zk_errors.OperationTimeoutError)
+_ZK_DENIED = (zk_errors.NoAuthError, zk_errors.AuthFailedError)
+
+
+def _describe(exc: BaseException) -> tuple[str, int]:
+    """The one line and the exit code for an exception, chosen by its type."""
+    s = getattr(state, "settings", None)
+    zk, kafka_at = (s.zk, s.kafka) if s is not None else ("?", "?")
+    if isinstance(exc, click_errors.UsageError):
+        where = exc.ctx.command_path if exc.ctx is not None else "aligner"
+        return f"usage error: {exc.format_message()} (see `{where} --help`)", exc.exit_code
+    if isinstance(exc, click_errors.ClickException):
+        return f"error: {exc.format_message()}", exc.exit_code
+    if isinstance(exc, AlignerError):
+        return f"error: {exc}", 1
+    if isinstance(exc, KazooTimeoutError):
+        return f"error: {_unreachable(stack_mod.ZOOKEEPER, zk, 'no answer in time')}", 1
+    if isinstance(exc, _ZK_LOST):
+        return f"error: {_unreachable(stack_mod.ZOOKEEPER, zk, f'connection lost ({type(exc).__name__})')}", 1
+    if isinstance(exc, _ZK_DENIED):
+        return f"error: ZooKeeper at {zk} refused access ({type(exc).__name__}): check ALIGNER_ZK_AUTH", 1
+    if isinstance(exc, zk_errors.NoNodeError):
+        return "error: a ZooKeeper node vanished while it was read (removed by `aligner gc` or another command?)", 1
+    if isinstance(exc, zk_errors.KazooException):
+        return f"error: ZooKeeper at {zk} failed: {type(exc).__name__} {exc}", 1
+    if isinstance(exc, KafkaException):
+        kerr = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        text = kerr.str() if kerr is not None else str(exc)
+        from connectors.kafka import UNREACHABLE
+
+        if kerr is not None and kerr.code() in UNREACHABLE:
+            return f"error: {_unreachable(stack_mod.KAFKA, kafka_at, text)}", 1
+        return f"error: Kafka at {kafka_at} failed: {text}", 1
+    if isinstance(exc, TimeoutError):
+        return f"error: timed out: {exc or f'no answer from ZooKeeper at {zk} or Kafka at {kafka_at}'}", 1
+    if isinstance(exc, ValidationError):
+        return f"error: {_validation_text(exc)}", 1
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"error: {exc.strerror or exc}{where}", 1
+    return f"internal error: {type(exc).__name__}: {exc} (ALIGNER_DEBUG=1 shows the traceback)", 1
+
+
+def _setup_logging() -> None:
+    """Library log lines (kazoo reconnects, ...) stay off stderr unless ALIGNER_LOG_LEVEL asks for them."""
+    level = os.environ.get("ALIGNER_LOG_LEVEL", "ERROR").upper()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=level if level in logging.getLevelNamesMapping() else "ERROR", handlers=[handler])
+    if "ALIGNER_LOG_LEVEL" not in os.environ:
+        logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # the command reports ZooKeeper failures itself
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Run the CLI; every failure becomes one line on stderr and exit 1 (2 for usage errors)."""
+    _setup_logging()
+    command = typer.main.get_command(app)
     try:
-        app()
-    except AlignerError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        sys.exit(1)
-    except TimeoutError as exc:
-        err.print(f"[red]timeout:[/] {exc}")
-        sys.exit(1)
+        code = command.main(args=argv, prog_name="aligner", standalone_mode=False)
+    except click_errors.NoArgsIsHelpError as exc:
+        if exc.format_message().strip():  # typer's rich help has printed itself already
+            typer.echo(exc.format_message())
+        sys.exit(2)
+    except (KeyboardInterrupt, typer.Abort):
+        print("aligner: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:
+        if os.environ.get("ALIGNER_DEBUG"):
+            raise
+        text, code = _describe(exc)
+        print(f"aligner: {_one_line(text)}", file=sys.stderr)
+        sys.exit(code)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from aligner.errors import AlignerError
+from kazoo.exceptions import NoNodeError
+
+from aligner.errors import AlignerError, EpochNotCommittedError
 from aligner.jobs import JobLedger, UnknownJobError
 from aligner.layout import split_writer
 from aligner.ledger import Ledger
@@ -17,6 +19,13 @@ from aligner.ledger import Ledger
 def job_epoch_lineage(ledger: Ledger, job: str, epoch: int, depth: int = 16) -> dict[str, Any]:
     jobs = JobLedger(ledger)
     node = jobs.job(job)
+    try:
+        committed = ledger.is_committed(node.output, epoch)
+    except EpochNotCommittedError as exc:  # no such epoch at all
+        raise AlignerError(f"job {job!r} has no epoch {epoch}: {exc}") from None
+    if not committed:
+        raise AlignerError(f"epoch {epoch} of job {job!r} (its output {node.output!r}) is not committed yet; "
+                           f"it has no lineage yet")
     covered = jobs.job_epoch(node.follows or job, epoch)  # a new version uses the old one's epochs
     entry: dict[str, Any] = {"job": job, "epoch": epoch, "output": node.output}
     if covered is None:
@@ -25,8 +34,8 @@ def job_epoch_lineage(ledger: Ledger, job: str, epoch: int, depth: int = 16) -> 
         for worker in range(node.parallelism):
             try:
                 offsets[worker] = jobs.worker_epoch(job, worker, epoch).offsets
-            except Exception:
-                continue
+            except NoNodeError:
+                continue  # this worker has no record of the epoch (pruned by gc, or another version wrote it)
         entry["input_offsets"] = offsets
         entry["inputs"] = []
         return entry

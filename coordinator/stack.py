@@ -1,13 +1,22 @@
-"""The embedded stack: a real ZooKeeper and the Tansu Kafka-wire broker on free loopback ports.
+"""The embedded stack: a real ZooKeeper and the Tansu Kafka-wire broker on loopback ports.
 
-Both run as child processes in their own process group so that ``stop`` (or the death of the
-owning test session) never leaves an orphan java or tansu behind.
+Two ways to run it:
+
+- :class:`EmbeddedStack`, owned by one process (tests, benchmarks): its children die with it.
+- the detached stack of ``aligner stack up|status|env|down``, which outlives the command. Its
+  coordinates (addresses with their ports, pids, data directory) are kept in ``HOME/stack.json``.
+
+The detached stack never destroys data because one component died: reading its state never
+stops anything, ``stack up`` restarts only what is down, on its own port and data directory
+(ZooKeeper restarted on the same ``zoo.cfg`` and data dir has its committed znodes back), and
+only ``stack down`` stops components and removes data, reporting what it removed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import shutil
@@ -16,21 +25,28 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+
+from aligner.errors import StackError
 
 ZK_CLASSPATH = ("/usr/share/java/zookeeper.jar", "/etc/zookeeper/conf")
 _PR_SET_PDEATHSIG = 1
 
+ZOOKEEPER, KAFKA = "zookeeper", "kafka"
+LABELS = {ZOOKEEPER: "ZooKeeper", KAFKA: "Kafka (Tansu)"}
+_CMDLINE_MARK = {ZOOKEEPER: b"ZooKeeperServerMain", KAFKA: b"tansu"}
+"""What a component's command line contains: a pid reused by another program is not ours."""
+_LOGS = {ZOOKEEPER: "zookeeper.log", KAFKA: "tansu.log"}
 
-class StackError(RuntimeError):
-    """The embedded stack could not be started, found or stopped."""
+__all__ = ["KAFKA", "LABELS", "ZOOKEEPER", "Component", "EmbeddedStack", "StackError", "StackInfo",
+           "components", "free_port", "read_stack", "stack_down", "stack_up", "wait_for"]
 
 
 @dataclass(frozen=True)
 class StackInfo:
-    """What a client needs to reach a running stack, and what ``down`` needs to stop it."""
+    """What a client needs to reach a stack, and what ``up``/``down`` need to restart or stop it."""
 
     zk: str
     kafka: str
@@ -40,6 +56,34 @@ class StackInfo:
 
     def env(self) -> dict[str, str]:
         return {"ALIGNER_ZK": self.zk, "ALIGNER_KAFKA": self.kafka}
+
+    def address(self, name: str) -> str:
+        return self.zk if name == ZOOKEEPER else self.kafka
+
+    def port(self, name: str) -> int:
+        return int(self.address(name).rsplit(":", 1)[1])
+
+    def pid(self, name: str) -> int:
+        return self.zk_pid if name == ZOOKEEPER else self.kafka_pid
+
+
+@dataclass(frozen=True)
+class Component:
+    """One component of the detached stack as ``aligner stack status`` shows it."""
+
+    name: str
+    label: str
+    state: str
+    """up, down, paused (SIGSTOP) or not answering."""
+    pid: int
+    address: str
+    port: int
+    data: str
+    log: str
+
+    @property
+    def up(self) -> bool:
+        return self.state == "up"
 
 
 def free_port() -> int:
@@ -80,17 +124,25 @@ def _zk_ok(port: int) -> bool:
         return False
 
 
-def _kafka_ok(port: int) -> bool:
-    from confluent_kafka.admin import AdminClient
-
+def _tcp_ok(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            pass
-        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
-        admin.list_topics(timeout=2)
-        return True
-    except Exception:
+            return True
+    except OSError:
         return False
+
+
+def _kafka_ok(port: int) -> bool:
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    if not _tcp_ok(port):
+        return False
+    try:
+        AdminClient({"bootstrap.servers": f"127.0.0.1:{port}", "log_level": 0}).list_topics(timeout=2)
+    except KafkaException:
+        return False
+    return True
 
 
 def tansu_binary() -> str:
@@ -111,6 +163,8 @@ def _java() -> str:
 
 
 def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -125,11 +179,36 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _runs(pid: int, name: str) -> bool:
+    """Whether ``pid`` is alive and is the component ``name`` (not a pid reused by another program)."""
+    if not _alive(pid):
+        return False
+    try:
+        return _CMDLINE_MARK[name] in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc: trust the pid
+
+
+def _paused(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] in "Tt"
+    except (OSError, IndexError):
+        return False
+
+
 def _kill_group(pid: int, timeout: float = 10.0) -> None:
     """SIGTERM the process group, escalate to SIGKILL, and reap the child when it is ours."""
+    try:
+        group = os.getpgid(pid) == pid
+    except OSError:
+        return
+    send = os.killpg if group else os.kill
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
+            send(pid, sig)
+            if sig == signal.SIGTERM:
+                send(pid, signal.SIGCONT)  # a paused process acts on SIGTERM only once continued
         deadline = time.monotonic() + timeout / 2
         while time.monotonic() < deadline:
             with contextlib.suppress(ChildProcessError):
@@ -137,6 +216,56 @@ def _kill_group(pid: int, timeout: float = 10.0) -> None:
             if not _alive(pid):
                 return
             time.sleep(0.05)
+
+
+# ---- starting components ---------------------------------------------------------------------
+
+def _spawn(argv: list[str], workdir: Path, log: str, tie_to_parent: bool) -> subprocess.Popen[bytes]:
+    out = open(workdir / log, "ab")  # noqa: SIM115 - handed to the child; appended to across restarts
+    try:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=_die_with_parent if tie_to_parent else os.setsid, cwd=workdir)
+    finally:
+        out.close()
+
+
+def _write_zoo_cfg(workdir: Path, port: int) -> Path:
+    data = workdir / "zk-data"
+    data.mkdir(parents=True, exist_ok=True)
+    cfg = workdir / "zoo.cfg"
+    cfg.write_text(
+        "tickTime=500\n"
+        "initLimit=10\nsyncLimit=5\n"
+        f"dataDir={data}\n"
+        f"clientPort={port}\nclientPortAddress=127.0.0.1\n"
+        "admin.enableServer=false\n"
+        "4lw.commands.whitelist=ruok,srvr,mntr\n"
+        "maxClientCnxns=0\n"
+        "minSessionTimeout=1000\n"
+        "forceSync=no\n"
+    )
+    return cfg
+
+
+def _spawn_component(name: str, workdir: Path, port: int, tie_to_parent: bool) -> subprocess.Popen[bytes]:
+    if name == ZOOKEEPER:
+        cfg = workdir / "zoo.cfg"
+        if not cfg.exists():
+            _write_zoo_cfg(workdir, port)
+        argv = [_java(), "-Xmx512m", "-Dzookeeper.log.dir=" + str(workdir),
+                "-cp", ":".join(ZK_CLASSPATH), "org.apache.zookeeper.server.ZooKeeperServerMain", str(cfg)]
+    else:
+        url = f"tcp://127.0.0.1:{port}"
+        argv = [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+                "--storage-engine", "memory://tansu/"]
+    return _spawn(argv, workdir, _LOGS[name], tie_to_parent)
+
+
+def _await_ready(name: str, proc: subprocess.Popen[bytes], port: int, workdir: Path, timeout: float) -> None:
+    ok = _zk_ok if name == ZOOKEEPER else _kafka_ok
+    wait_for(lambda: ok(port) or proc.poll() is not None, timeout, f"{LABELS[name]} on port {port} to answer")
+    if proc.poll() is not None:
+        raise StackError(f"{LABELS[name]} exited at start (code {proc.returncode}); see {workdir / _LOGS[name]}")
 
 
 class EmbeddedStack:
@@ -149,53 +278,16 @@ class EmbeddedStack:
         self._procs: list[subprocess.Popen[bytes]] = []
         self.info: StackInfo | None = None
 
-    def _spawn(self, argv: list[str], log: str) -> subprocess.Popen[bytes]:
-        out = open(self.workdir / log, "ab")  # noqa: SIM115 - handed to the child
-        preexec = _die_with_parent if self.tie_to_parent else os.setsid
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=preexec, cwd=self.workdir)
-        out.close()
-        self._procs.append(proc)
-        return proc
-
-    def _start_zookeeper(self, port: int) -> subprocess.Popen[bytes]:
-        data = self.workdir / "zk-data"
-        data.mkdir(parents=True, exist_ok=True)
-        cfg = self.workdir / "zoo.cfg"
-        cfg.write_text(
-            "tickTime=500\n"
-            "initLimit=10\nsyncLimit=5\n"
-            f"dataDir={data}\n"
-            f"clientPort={port}\nclientPortAddress=127.0.0.1\n"
-            "admin.enableServer=false\n"
-            "4lw.commands.whitelist=ruok,srvr,mntr\n"
-            "maxClientCnxns=0\n"
-            "minSessionTimeout=1000\n"
-            "forceSync=no\n"
-        )
-        argv = [_java(), "-Xmx512m", "-Dzookeeper.log.dir=" + str(self.workdir),
-                "-cp", ":".join(ZK_CLASSPATH), "org.apache.zookeeper.server.ZooKeeperServerMain", str(cfg)]
-        return self._spawn(argv, "zookeeper.log")
-
-    def _start_tansu(self, port: int) -> subprocess.Popen[bytes]:
-        url = f"tcp://127.0.0.1:{port}"
-        argv = [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-                "--storage-engine", "memory://tansu/"]
-        return self._spawn(argv, "tansu.log")
-
     def start(self, timeout: float = 60.0) -> StackInfo:
         zk_port, kafka_port = free_port(), free_port()
         try:
-            zk = self._start_zookeeper(zk_port)
-            kafka = self._start_tansu(kafka_port)
-            for proc, name in ((zk, "zookeeper"), (kafka, "tansu")):
-                if proc.poll() is not None:
-                    raise StackError(f"{name} exited at start; see {self.workdir}/{name}.log")
-            wait_for(lambda: _zk_ok(zk_port) or zk.poll() is not None, timeout, "ZooKeeper to answer ruok")
-            wait_for(lambda: _kafka_ok(kafka_port) or kafka.poll() is not None, timeout, "Tansu metadata")
-            for proc, name in ((zk, "zookeeper"), (kafka, "tansu")):
-                if proc.poll() is not None:
-                    raise StackError(f"{name} died during start; see {self.workdir}/{name}.log")
+            _write_zoo_cfg(self.workdir, zk_port)
+            zk = _spawn_component(ZOOKEEPER, self.workdir, zk_port, self.tie_to_parent)
+            self._procs.append(zk)
+            kafka = _spawn_component(KAFKA, self.workdir, kafka_port, self.tie_to_parent)
+            self._procs.append(kafka)
+            _await_ready(ZOOKEEPER, zk, zk_port, self.workdir, timeout)
+            _await_ready(KAFKA, kafka, kafka_port, self.workdir, timeout)
         except BaseException:
             self.stop()
             raise
@@ -219,49 +311,142 @@ class EmbeddedStack:
         self.stop()
 
 
-# ---- detached stack for `aligner stack up|down|env` -------------------------------------------
+# ---- the detached stack of `aligner stack up|status|env|down` ------------------------------------
 
 def _state_file(home: Path) -> Path:
     return home / "stack.json"
 
 
-def stack_up(home: Path) -> StackInfo:
-    """Start a stack that outlives this process; its coordinates are kept in ``home``."""
-    existing = read_stack(home)
-    if existing is not None:
-        return existing
+@contextlib.contextmanager
+def _locked(home: Path) -> Iterator[None]:
+    """One ``stack up``/``down`` at a time per home, so two never start the same component twice."""
     home.mkdir(parents=True, exist_ok=True)
-    workdir = home / "stack"
-    shutil.rmtree(workdir, ignore_errors=True)
-    workdir.mkdir(parents=True)
-    info = EmbeddedStack(workdir=workdir, tie_to_parent=False).start()
-    _state_file(home).write_text(json.dumps(asdict(info), indent=2))
-    return info
+    with open(home / "stack.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _write_state(home: Path, info: StackInfo) -> None:
+    tmp = _state_file(home).with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(asdict(info), indent=2))
+    os.replace(tmp, _state_file(home))
 
 
 def read_stack(home: Path) -> StackInfo | None:
-    """The running detached stack, or None when there is none (stale state is removed)."""
+    """The detached stack's coordinates, or None when there is none; never stops or removes anything.
+
+    The components may be down: callers that need them check :func:`components`."""
     path = _state_file(home)
-    if not path.exists():
-        return None
     try:
-        info = StackInfo(**json.loads(path.read_text()))
+        raw = json.loads(path.read_text())
+        known = {f.name for f in fields(StackInfo)}
+        return StackInfo(**{k: v for k, v in raw.items() if k in known})
+    except FileNotFoundError:
+        return None
     except (ValueError, TypeError) as exc:
-        raise StackError(f"{path} is not a stack state file: {exc}") from exc
-    if _alive(info.zk_pid) and _alive(info.kafka_pid):
-        return info
-    stack_down(home, info)
+        raise StackError(f"{path} is not a stack state file ({exc}); `aligner stack down` removes it") from None
+
+
+def component(info: StackInfo, name: str) -> Component:
+    """The live state of one component, from its pid and whether it answers on its port."""
+    pid, port, workdir = info.pid(name), info.port(name), Path(info.workdir)
+    if not _runs(pid, name):
+        state = "down"
+    elif _paused(pid):
+        state = "paused"
+    elif (_zk_ok if name == ZOOKEEPER else _tcp_ok)(port):
+        state = "up"
+    else:
+        state = "not answering"
+    data = str(workdir / "zk-data") if name == ZOOKEEPER else "in memory (lost when the broker stops)"
+    return Component(name, LABELS[name], state, pid, info.address(name), port, data, str(workdir / _LOGS[name]))
+
+
+def components(info: StackInfo) -> list[Component]:
+    return [component(info, ZOOKEEPER), component(info, KAFKA)]
+
+
+def _port_free(port: int) -> OSError | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            return exc
     return None
 
 
-def stack_down(home: Path, info: StackInfo | None = None) -> bool:
-    path = _state_file(home)
-    if info is None:
-        if not path.exists():
-            return False
-        info = StackInfo(**json.loads(path.read_text()))
-    for pid in (info.kafka_pid, info.zk_pid):
-        _kill_group(pid)
-    path.unlink(missing_ok=True)
-    shutil.rmtree(info.workdir, ignore_errors=True)
-    return True
+def _restart(info: StackInfo, name: str, timeout: float) -> int:
+    """Start a component that is down on its own port and data directory; returns its pid."""
+    workdir, port = Path(info.workdir), info.port(name)
+    if not workdir.is_dir():
+        raise StackError(f"cannot restart {LABELS[name]}: its data dir {workdir} is gone; "
+                         f"`aligner stack down` then `aligner stack up` starts a new stack")
+    taken = _port_free(port)
+    if taken is not None:
+        raise StackError(f"cannot restart {LABELS[name]} on port {port}: {taken.strerror or taken} "
+                         f"(another process holds it); free the port and run `aligner stack up` again")
+    proc = _spawn_component(name, workdir, port, tie_to_parent=False)
+    try:
+        _await_ready(name, proc, port, workdir, timeout)
+    except BaseException:
+        _kill_group(proc.pid)
+        raise
+    return proc.pid
+
+
+def stack_up(home: Path, timeout: float = 60.0) -> tuple[StackInfo, dict[str, str]]:
+    """Start the detached stack, or restart only its components that are down.
+
+    Returns the stack and what happened to each component: started, restarted, running, paused
+    or not answering (the last two are left alone: the process holds its data)."""
+    with _locked(home):
+        info = read_stack(home)
+        if info is None:
+            workdir = home / "stack"
+            workdir.mkdir(parents=True, exist_ok=True)  # an earlier stack's ZooKeeper data is kept, not wiped
+            info = EmbeddedStack(workdir=workdir, tie_to_parent=False).start(timeout)
+            _write_state(home, info)
+            return info, {ZOOKEEPER: "started", KAFKA: "started"}
+        actions: dict[str, str] = {}
+        for comp in components(info):
+            if comp.state != "down":
+                actions[comp.name] = "running" if comp.up else comp.state
+                continue
+            pid = _restart(info, comp.name, timeout)
+            info = replace(info, **{"zk_pid" if comp.name == ZOOKEEPER else "kafka_pid": pid})
+            _write_state(home, info)  # at once: a failure restarting the next one keeps this pid
+            actions[comp.name] = "restarted"
+        return info, actions
+
+
+def stack_down(home: Path) -> list[str]:
+    """Stop the detached stack and remove its data; returns what was stopped and removed."""
+    with _locked(home):
+        path = _state_file(home)
+        try:
+            info = read_stack(home)
+        except StackError:
+            info = None  # a corrupt state file: nothing to stop, remove it below
+        done: list[str] = []
+        if info is not None:
+            for name in (KAFKA, ZOOKEEPER):
+                pid = info.pid(name)
+                if _runs(pid, name):
+                    _kill_group(pid)
+                    lost = " (its topics were in memory)" if name == KAFKA else ""
+                    done.append(f"stopped {LABELS[name]} pid {pid} on {info.address(name)}{lost}")
+        workdir = Path(info.workdir) if info is not None else home / "stack"
+        if workdir.exists():
+            if workdir.resolve().is_relative_to(home.resolve()):
+                shutil.rmtree(workdir, ignore_errors=True)
+                done.append(f"removed data dir {workdir} (ZooKeeper data, zoo.cfg and logs)")
+            else:
+                done.append(f"left {workdir} in place: it is outside {home}")
+        if path.exists():
+            path.unlink()
+            done.append(f"removed state file {path}")
+        return done
