@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 EXTRAS ?= test,local,plots,spark,faust
 
-.PHONY: setup zookeeper test demo experiments bench lint clean
+.PHONY: setup zookeeper test demo experiments bench lint clean chaos
 
 setup: $(STAMP) zookeeper
 
@@ -33,6 +33,11 @@ demo: setup
 
 experiments: setup
 	$(PY) -m experiments.suite all
+
+# Chaos runs of the chain under a seeded nemesis (reports and timelines in experiments/results/chaos).
+CHAOS_ARGS ?= --runs 10 --faults 50
+chaos: setup
+	$(PY) -m experiments.chaos $(CHAOS_ARGS)
 
 bench: setup
 	$(PY) -m experiments.bench_sink

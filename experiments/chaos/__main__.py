@@ -1,0 +1,105 @@
+"""``python -m experiments.chaos``: chaos runs of the chain, each with a JSON report and a PNG timeline."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from experiments.chaos import nemesis, timeline
+from experiments.chaos.run import Interrupted, Run, execute
+from experiments.common import RESULTS
+
+console = Console(highlight=False)
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+
+def one_run(seed: int, faults: int, duration: float, out: Path, rate: float, faust: bool = True) -> dict[str, Any]:
+    """One run: print the schedule, play it, check, and write the JSON report and the PNG timeline."""
+    plan, ops = nemesis.schedule(seed, faults, duration, faust=faust)
+    console.print(f"[bold]chaos run, seed {seed}[/]: {len(plan)} faults, {len(ops)} coordinator operations")
+    for f in sorted(plan + ops, key=lambda f: f.at):
+        console.print("  " + f.describe())
+    outdir = out / f"seed-{seed}"
+    run = Run(seed, plan, ops, outdir, rate=rate, faust=faust, say=console.print)
+    try:
+        result = execute(run, drain_timeout=600)
+    except (KeyboardInterrupt, Interrupted):
+        raise
+    except Exception as exc:  # a broken run is reported (with what its components said), not hidden
+        console.print(f"[red]seed {seed}: the run broke: {type(exc).__name__}: {exc}[/]")
+        result = {"error": f"{type(exc).__name__}: {exc}", "check": None}
+    done = [e for e in run.events if e["kind"] in nemesis.FAULT_WEIGHTS and "(none" not in e["target"]]
+    report = {
+        "seed": seed, "faust": faust, "faults_requested": faults, "duration": duration, "rate": rate,
+        "started": run.started, "schedule": nemesis.as_json(plan), "operations": nemesis.as_json(ops),
+        "faults_total": len(done), "faults_by_kind": dict(Counter(e["kind"] for e in done)),
+        "events": run.events, "observations": [asdict(o) for o in run.observations],
+        "processes": {name: {"starts": p.starts, "kills": p.kills, "exits": p.exits} for name, p in run.procs.items()},
+        "swap_committed": run.swap_committed, **result,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"seed-{seed}.json").write_text(json.dumps(report, indent=2))
+    if result["check"] is None:
+        return report
+    png = timeline.plot(report, out / f"seed-{seed}.png")
+    totals = result["check"]["anomalies"]["totals"]
+    style = "green" if not sum(totals.values()) and not run.observations else "red"
+    console.print(f"[bold {style}]seed {seed}: {len(done)} faults {dict(Counter(e['kind'] for e in done))}, "
+                  f"{result['check']['records_checked']:,} records checked, anomalies {totals}, "
+                  f"{len(run.observations)} components exited unasked[/]")
+    for cls, examples in result["check"]["anomalies"]["examples"].items():
+        for ex in examples:
+            console.print(f"  [red]{cls}[/] {ex}")
+    console.print(f"report {out / f'seed-{seed}.json'}, timeline {png}, logs {outdir / 'logs'}")
+    return report
+
+
+@app.command()
+def main(
+    seed: Annotated[int, typer.Option(help="Seed of the first run (run i uses seed + i)")] = 1,
+    runs: Annotated[int, typer.Option(min=1, help="Number of runs")] = 1,
+    faults: Annotated[int, typer.Option(min=1, help="Faults per run")] = 50,
+    duration: Annotated[float, typer.Option(min=10, help="Seconds of nemesis per run (longer if the faults need it)")]
+    = 150.0,
+    rate: Annotated[float, typer.Option(min=1, help="Input records per second")] = 150.0,
+    faust: Annotated[bool, typer.Option(help="Run job F on Faust (and its kills)")] = True,
+    out: Annotated[Path, typer.Option(help="Directory of reports, timelines and logs")] = RESULTS / "chaos",
+) -> None:
+    """Run the chain under a seeded nemesis and check every subject; exit 1 on any anomaly."""
+    reports = []
+    try:
+        for i in range(runs):
+            reports.append(one_run(seed + i, faults, duration, out, rate, faust))
+    except (KeyboardInterrupt, Interrupted):
+        console.print("[red]interrupted[/]: every process of the run was stopped")
+        sys.exit(130)
+    summary = summarize(reports)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    console.print(f"summary: {out / 'summary.json'}")
+    bad = sum(summary["anomalies"].values()) + summary["observations"] + len(summary["broken_runs"])
+    sys.exit(1 if bad else 0)
+
+
+def summarize(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    kinds: Counter[str] = Counter()
+    anomalies: Counter[str] = Counter()
+    for r in reports:
+        kinds.update(r["faults_by_kind"])
+        if r["check"] is not None:
+            anomalies.update(r["check"]["anomalies"]["totals"])
+    return {"runs": len(reports), "seeds": [r["seed"] for r in reports],
+            "faults": [r["faults_total"] for r in reports], "faults_by_kind": dict(kinds),
+            "records_checked": sum(r["check"]["records_checked"] for r in reports if r["check"]),
+            "broken_runs": [r["seed"] for r in reports if r["check"] is None],
+            "anomalies": dict(anomalies), "observations": sum(len(r["observations"]) for r in reports)}
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,330 @@
+"""Read every subject of the chain by epoch and classify anomalies, as Jepsen's queue checker does.
+
+Per hop (``in`` -> ``a`` -> ``b`` and ``a`` -> ``f``), against what the upstream subject really holds:
+
+- **lost**: an upstream record whose result is missing downstream (for ``in``: an acknowledged send);
+- **duplicated**: a result present more than once;
+- **unexpected**: a result of no upstream record;
+- **aborted read**: a record an exact read returned whose stamp is not the attempt ZooKeeper committed
+  for its epoch and partition (checked on every record, independently of the reader's fast path);
+- **wrong content**: a result that is not the function of its input (value, keyed-state count, the
+  source position it names);
+- **wrong epoch**: a result in an epoch whose recorded lineage does not contain its input (the writing
+  worker's committed source offsets, or the Spark micro-batch's epoch span);
+- **non-monotonic**: results of one upstream partition whose epochs go backwards, or a subject
+  whose committed ranges do not continue where the previous epoch ended;
+- **lineage**: recorded lineage that does not tile its input: an aligned job epoch not ending where
+  its covered subject epochs end, job epochs that skip or repeat subject epochs, Spark batches that
+  do not read each committed epoch exactly once, or a final position short of the input's end.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+from aligner.epochs import CommittedEpoch
+from aligner.jobs import JobLedger
+from aligner.ledger import Ledger
+from aligner.models import WorkerEpochNode
+from aligner.stamps import stamp_of
+from connectors.reader import EpochReader
+from experiments.chaos.jobs import KEYS, h
+
+CLASSES = ("lost", "duplicated", "unexpected", "aborted_read", "wrong_content", "wrong_epoch", "non_monotonic",
+           "lineage")
+EXAMPLES = 5
+
+
+@dataclass(frozen=True)
+class Rec:
+    epoch: int
+    partition: int
+    offset: int
+    value: dict[str, Any]
+
+
+class Anomalies:
+    """Counts per class and subject, with a few examples each."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, Counter[str]] = {c: Counter() for c in CLASSES}
+        self.examples: dict[str, list[str]] = defaultdict(list)
+
+    def add(self, cls: str, subject: str, example: str, n: int = 1) -> None:
+        if n <= 0:
+            return
+        self.counts[cls][subject] += n
+        if len(self.examples[cls]) < EXAMPLES:
+            self.examples[cls].append(f"{subject}: {example}")
+
+    def totals(self) -> dict[str, int]:
+        return {c: sum(v.values()) for c, v in self.counts.items()}
+
+    def as_json(self) -> dict[str, Any]:
+        return {"totals": self.totals(), "by_subject": {c: dict(v) for c, v in self.counts.items() if v},
+                "examples": dict(self.examples)}
+
+
+class Subject:
+    """A subject's committed epochs and every record an exact read returns."""
+
+    def __init__(self, led: Ledger, reader: EpochReader, name: str, anomalies: Anomalies) -> None:
+        self.name = name
+        numbers, last = led.epoch_numbers(name), led.frontier(name)
+        self.epochs: list[CommittedEpoch] = led.committed_many(name, numbers[0], last) if numbers and last is not None \
+            else []
+        self.by_epoch = {ce.epoch: ce for ce in self.epochs}
+        self.records: list[Rec] = []
+        if self.epochs:
+            for epoch, partition, messages in reader.read_batches(name, self.epochs[0].epoch, self.epochs[-1].epoch):
+                stamp = self.by_epoch[epoch].slices[partition].stamp
+                for m in messages:
+                    if stamp is not None and stamp_of(m.headers()) != stamp:
+                        anomalies.add("aborted_read", name, f"epoch {epoch} p{partition}@{m.offset()} stamp "
+                                      f"{stamp_of(m.headers())!r}, committed {stamp!r}")
+                    self.records.append(Rec(epoch, partition, m.offset(), json.loads(m.value())))
+        for prev, ce in pairwise(self.epochs):
+            for p, sl in ce.slices.items():
+                before = prev.slices.get(p)
+                if before is not None and sl.start != before.end:
+                    anomalies.add("non_monotonic", name, f"epoch {ce.epoch} p{p} starts at {sl.start}, "
+                                  f"epoch {prev.epoch} ended at {before.end}")
+        self.ends = {p: sl.end for p, sl in self.epochs[-1].slices.items()} if self.epochs else {}
+
+    @property
+    def last(self) -> int | None:
+        return self.epochs[-1].epoch if self.epochs else None
+
+
+def exactly_once(an: Anomalies, subject: str, got: Counter[int], expected: set[int]) -> None:
+    lost = sorted(expected - set(got))
+    an.add("lost", subject, f"inputs {lost[:10]}", len(lost))
+    dups = {n: c for n, c in got.items() if c > 1}
+    an.add("duplicated", subject, f"inputs (copies) {dict(list(dups.items())[:10])}", sum(c - 1 for c in dups.values()))
+    unexpected = sorted(set(got) - expected)
+    an.add("unexpected", subject, f"inputs {unexpected[:10]}", len(unexpected))
+
+
+def monotonic(an: Anomalies, subject: str, pairs: list[tuple[tuple[int, int], int]]) -> None:
+    """``pairs`` of (upstream (partition, offset), downstream epoch): epochs never go back along a partition."""
+    last: dict[int, tuple[int, int]] = {}
+    for (p, o), epoch in sorted(pairs):
+        prev = last.get(p)
+        if prev is not None and epoch < prev[1]:
+            an.add("non_monotonic", subject, f"upstream p{p}@{o} in epoch {epoch} after p{p}@{prev[0]} in {prev[1]}")
+        last[p] = (o, epoch)
+
+
+def worker_epochs(led: Ledger, job: str, worker: int) -> dict[int, WorkerEpochNode]:
+    jobs = JobLedger(led)
+    path = led.layout.worker_epochs(job, worker)
+    if not led.zk.exists(path):
+        return {}
+    return {int(n): jobs.worker_epoch(job, worker, int(n)) for n in led.zk.get_children(path)}
+
+
+class Positions:
+    """Where each worker's input offsets stood after each of its committed epochs (the lineage of unaligned
+    and aligned epochs alike)."""
+
+    def __init__(self, led: Ledger, jobs: list[tuple[str, int]], source: str) -> None:
+        self.source = source
+        self.nodes = {(job, w): worker_epochs(led, job, w) for job, w in jobs}
+
+    def window(self, job: str, worker: int, epoch: int, partition: int) -> tuple[int, int] | None:
+        """[start, end) of ``partition`` the worker consumed in job epoch ``epoch``."""
+        nodes = self.nodes.get((job, worker), {})
+        node = nodes.get(epoch)
+        if node is None:
+            return None
+        prev = [e for e in nodes if e < epoch]
+        start = nodes[max(prev)].offsets.get(self.source, {}).get(partition, 0) if prev else 0
+        return start, node.offsets.get(self.source, {}).get(partition, 0)
+
+    def tiling(self, an: Anomalies, label: str, upstream: Subject, finals: list[tuple[str, int]], led: Ledger,
+               epochs_of: str) -> None:
+        """Offsets only advance; aligned epochs end exactly at their covered subject epochs' ends; the
+        final writers end at the input's end; the job's aligned epochs cover subject epochs contiguously."""
+        for (job, w), nodes in self.nodes.items():
+            prev: dict[int, int] = {}
+            for e in sorted(nodes):
+                node = nodes[e]
+                offs = node.offsets.get(self.source, {})
+                for p, o in offs.items():
+                    if o < prev.get(p, 0):
+                        an.add("lineage", label, f"{job}/{w} epoch {e}: p{p} went back to {o} from {prev[p]}")
+                span = (node.covered or {}).get(self.source)
+                if span is not None:
+                    ce = upstream.by_epoch.get(span.last)
+                    for p, o in offs.items():
+                        want = ce.slices[p].end if ce is not None and p in ce.slices else None
+                        if want != o:
+                            an.add("lineage", label, f"{job}/{w} aligned epoch {e} covers {self.source} epochs "
+                                   f"{span.first}..{span.last} but stopped p{p} at {o}, not {want}")
+                prev = {**prev, **offs}
+            if (job, w) in finals and nodes:
+                offs = nodes[max(nodes)].offsets.get(self.source, {})
+                for p, o in offs.items():
+                    if o != upstream.ends.get(p, 0):
+                        an.add("lineage", label, f"{job}/{w} ended p{p} at {o}; {self.source} ends at "
+                               f"{upstream.ends.get(p, 0)}")
+        jobs = JobLedger(led)
+        spans = []
+        for e in jobs.job_epoch_numbers(epochs_of):
+            node = jobs.job_epoch(epochs_of, e)
+            if node is not None and node.covered.get(self.source) is not None:
+                span = node.covered[self.source]
+                assert span is not None
+                spans.append((span.first, span.last, e))
+        for (_f1, l1, e1), (f2, _l2, e2) in pairwise(spans):
+            if e2 == e1 + 1 and f2 != l1 + 1:
+                an.add("lineage", label, f"{epochs_of} job epoch {e1} covers ..{l1}, epoch {e2} starts at {f2}")
+
+
+def check(led: Ledger, kafka: str, produced: dict[str, Any], names: dict[str, str],
+          faust: bool = True) -> dict[str, Any]:
+    """Classify every anomaly of a drained chain; ``names`` maps in/a/b/f/A/A2/F/B to subjects and jobs."""
+    an = Anomalies()
+    with EpochReader(led, kafka) as reader:
+        s_in, s_a, s_b, s_f = (Subject(led, reader, names[k], an) for k in ("in", "a", "b", "f"))
+
+    # in: every acknowledged send once.
+    got_in = Counter(int(r.value["n"]) for r in s_in.records)
+    exactly_once(an, s_in.name, got_in, set(produced["acked"]) | (set(got_in) & set(range(produced["sent"]))))
+    in_pos = {}
+    for r in s_in.records:
+        in_pos.setdefault(int(r.value["n"]), r)
+    rank: dict[int, int] = {}
+    per_key: Counter[int] = Counter()
+    for r in sorted(s_in.records, key=lambda r: (r.partition, r.offset)):
+        n = int(r.value["n"])
+        if n not in rank:
+            rank[n] = per_key[n % KEYS]
+            per_key[n % KEYS] += 1
+
+    # a: job A (v1 and, after the hot-swap, v2): every input once, right content, within its lineage.
+    job_of = {1: names["A"], 2: names["A2"]}
+    pos_a = Positions(led, [(j, w) for j in job_of.values() for w in (0, 1)], s_in.name)
+    exactly_once(an, s_a.name, Counter(int(r.value["n"]) for r in s_a.records), set(in_pos))
+    pairs = []
+    for r in s_a.records:
+        v, n = r.value, int(r.value["n"])
+        src = in_pos.get(n)
+        want = {"h": h(n), "c": rank.get(n), "src": [src.partition, src.offset] if src else None}
+        have = {"h": v.get("h"), "c": v.get("c"), "src": v.get("src")}
+        if want != have or v.get("v") not in job_of or v.get("w") not in (0, 1):
+            an.add("wrong_content", s_a.name, f"epoch {r.epoch} p{r.partition}@{r.offset}: {v}, expected {want}")
+            continue
+        if src is None:
+            continue
+        window = pos_a.window(job_of[v["v"]], v["w"], r.epoch, src.partition)
+        if window is None or not window[0] <= src.offset < window[1]:
+            an.add("wrong_epoch", s_a.name, f"input {n} (p{src.partition}@{src.offset}) in epoch {r.epoch} "
+                   f"written by {job_of[v['v']]}/{v['w']}, whose epoch consumed {window}")
+        pairs.append(((src.partition, src.offset), r.epoch))
+    monotonic(an, s_a.name, pairs)
+    finals_a = [(names["A2"], w) for w in (0, 1)] if pos_a.nodes.get((names["A2"], 0)) else \
+        [(names["A"], w) for w in (0, 1)]
+    pos_a.tiling(an, s_a.name, s_in, finals_a, led, names["A"])
+
+    a_pos: dict[int, Rec] = {}
+    for r in s_a.records:
+        a_pos.setdefault(int(r.value["n"]), r)
+
+    # b: the Spark query: every a record once; each batch's epoch span tiles a's committed epochs.
+    from connectors.spark.lineage import sink_lineage, source_batch
+
+    exactly_once(an, s_b.name, Counter(int(r.value["n"]) for r in s_b.records), set(a_pos))
+    span_of: dict[int, tuple[int, int]] = {}
+    for epoch, written in sink_lineage(led, s_b.name, names["B"]).items():
+        read = source_batch(led, written.query, written.batch).get(s_a.name) if written.query else None
+        if read is not None and epoch in s_b.by_epoch:
+            span_of[epoch] = (read.first, read.last)
+    covered = sorted(span_of.values())
+    read_epochs = [e for first, last in covered for e in range(first, last + 1)]
+    committed_a = [ce.epoch for ce in s_a.epochs]
+    if read_epochs != committed_a:
+        extra, missing = Counter(read_epochs) - Counter(committed_a), Counter(committed_a) - Counter(read_epochs)
+        an.add("lineage", s_b.name, f"batches read epochs of {s_a.name} {dict(extra) or ''} too often, "
+               f"{sorted(missing)[:10]} never", max(1, sum(extra.values()) + sum(missing.values())))
+    pairs = []
+    for r in s_b.records:
+        v, n = r.value, int(r.value["n"])
+        src = a_pos.get(n)
+        want = {"h": h(n), "d": 2 * n, "src": [src.epoch, src.partition, src.offset] if src else None}
+        have = {"h": v.get("h"), "d": v.get("d"), "src": [v.get("src_epoch"), v.get("src_partition"),
+                                                          v.get("src_offset")]}
+        if want != have:
+            an.add("wrong_content", s_b.name, f"epoch {r.epoch} p{r.partition}@{r.offset}: {v}, expected {want}")
+            continue
+        span = span_of.get(r.epoch)
+        if span is None or not span[0] <= v["src_epoch"] <= span[1]:
+            an.add("wrong_epoch", s_b.name, f"input {n} of {s_a.name} epoch {v['src_epoch']} in epoch {r.epoch}, "
+                   f"whose batch read {span}")
+        if src is not None:
+            pairs.append(((src.partition, src.offset), r.epoch))
+    monotonic(an, s_b.name, pairs)
+
+    subjects = (s_in, s_a, s_b, s_f) if faust else (s_in, s_a, s_b)
+    if faust:
+        check_faust(an, led, names, s_a, s_f, a_pos)
+    return {
+        "anomalies": an.as_json(),
+        "records": {s.name: len(s.records) for s in subjects},
+        "records_checked": sum(len(s.records) for s in subjects),
+        "epochs": {s.name: len(s.epochs) for s in subjects},
+        "produced": {"sent": produced["sent"], "acked": len(produced["acked"]), "failed": len(produced["failed"])},
+        "series": series(subjects, in_pos),
+        "swap": {"v1_records": sum(1 for r in s_a.records if r.value.get("v") == 1),
+                 "v2_records": sum(1 for r in s_a.records if r.value.get("v") == 2)},
+    }
+
+
+def check_faust(an: Anomalies, led: Ledger, names: dict[str, str], s_a: Subject, s_f: Subject,
+                a_pos: dict[int, Rec]) -> None:
+    """f, the Faust job: every a record once, wrapped unchanged, within its worker's lineage."""
+    pos_f = Positions(led, [(names["F"], 0)], s_a.name)
+    exactly_once(an, s_f.name, Counter(int(r.value["in"]["n"]) for r in s_f.records), set(a_pos))
+    pairs = []
+    for r in s_f.records:
+        v, n = r.value, int(r.value["in"]["n"])
+        src = a_pos.get(n)
+        want = {"in": src.value if src else None, "src": [s_a.name, src.partition, src.offset, src.epoch]
+                if src else None}
+        if {"in": v.get("in"), "src": v.get("src")} != want:
+            an.add("wrong_content", s_f.name, f"epoch {r.epoch} p{r.partition}@{r.offset}: {v}, expected {want}")
+            continue
+        assert src is not None
+        window = pos_f.window(names["F"], 0, r.epoch, src.partition)
+        if window is None or not window[0] <= src.offset < window[1]:
+            an.add("wrong_epoch", s_f.name, f"input {n} ({s_a.name} p{src.partition}@{src.offset}) in epoch "
+                   f"{r.epoch}, whose worker epoch consumed {window}")
+        pairs.append(((src.partition, src.offset), r.epoch))
+    monotonic(an, s_f.name, pairs)
+    pos_f.tiling(an, s_f.name, s_a, [(names["F"], 0)], led, names["F"])
+
+
+
+def series(subjects: tuple[Subject, ...], in_pos: dict[int, Rec]) -> dict[str, Any]:
+    """Per subject: (commit time, epoch) of every committed epoch, and the end-to-end latency of each
+    epoch with records: its commit time minus the commit of the ``in`` epoch holding its newest input."""
+    s_in = subjects[0]
+    out: dict[str, Any] = {}
+    for s in subjects:
+        newest: dict[int, int] = {}
+        for r in s.records:
+            v = r.value
+            n = int(v["n"]) if "n" in v else int(v["in"]["n"])
+            newest[r.epoch] = max(newest.get(r.epoch, -1), n)
+        latency = []
+        for e, n in sorted(newest.items()):
+            src = in_pos.get(n)
+            if src is not None and src.epoch in s_in.by_epoch:
+                latency.append((s.by_epoch[e].committed_at / 1000,
+                                (s.by_epoch[e].committed_at - s_in.by_epoch[src.epoch].committed_at) / 1000))
+        out[s.name] = {"commits": [(ce.committed_at / 1000, ce.epoch) for ce in s.epochs], "latency": latency}
+    return out

@@ -1,0 +1,79 @@
+"""The nemesis schedule: drawn from the seed up front, printed, then played by the run's main loop."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+
+KILLS = ("kill-worker", "kill-coordinator", "kill-marker", "kill-spark", "kill-faust")
+FAULT_WEIGHTS: dict[str, float] = {
+    "kill-worker": 3.0, "kill-coordinator": 1.0, "kill-marker": 1.5, "kill-spark": 1.0, "kill-faust": 1.5,
+    "pause-zk": 1.5, "pause-broker": 1.5, "restart-zk": 1.5, "expire-session": 1.0,
+}
+"""Relative frequency of each fault kind."""
+OPS = ("align", "abort", "hotswap")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One nemesis action at ``at`` seconds into the run, lasting ``duration`` (0 for a kill)."""
+
+    at: float
+    kind: str
+    target: str = ""
+    duration: float = 0.0
+
+    def describe(self) -> str:
+        target = f" {self.target}" if self.target else ""
+        span = f" for {self.duration:.1f}s" if self.duration else ""
+        return f"{self.at:7.1f}s  {self.kind}{target}{span}"
+
+
+def _duration(kind: str, rng: random.Random) -> float:
+    if kind == "pause-zk":
+        return round(rng.uniform(1.0, 6.0), 1)
+    if kind == "pause-broker":
+        return round(rng.uniform(1.0, 8.0), 1)
+    if kind == "restart-zk":
+        return round(rng.uniform(0.5, 6.0), 1)
+    if kind == "expire-session":
+        return round(rng.uniform(12.5, 14.0), 1)  # longer than the 10 s session timeout (Ledger.connect)
+    return 0.0
+
+
+def schedule(seed: int, faults: int, duration: float, start: float = 8.0,
+             faust: bool = True) -> tuple[list[Fault], list[Fault]]:
+    """(faults, coordinator operations) of one run. Faults are sequential, with random gaps filling
+    ``duration`` (longer when the faults need it); operations run beside them in the coordinator's lane:
+    align A early, maybe abort and re-align it, hot-swap A for A2 midway, align/abort F at random."""
+    rng = random.Random(seed)
+    kinds = [k for k in FAULT_WEIGHTS if faust or k != "kill-faust"]
+    weights = [FAULT_WEIGHTS[k] for k in kinds]
+    drawn = [rng.choices(kinds, weights)[0] for _ in range(faults)]
+    busy = sum(_duration(k, random.Random(f"{seed}/{i}")) for i, k in enumerate(drawn))
+    mean_gap = max(0.3, (duration - start - busy) / max(1, faults))
+    out: list[Fault] = []
+    t = start
+    for i, kind in enumerate(drawn):
+        d = _duration(kind, random.Random(f"{seed}/{i}"))
+        target = ""
+        if kind in ("kill-worker", "expire-session"):
+            target = f"worker {rng.randrange(2)}"
+        out.append(Fault(round(t, 1), kind, target, d))
+        t += d + rng.uniform(0.5 * mean_gap, 1.5 * mean_gap)
+    end = max(t, duration)
+    ops: list[Fault] = [Fault(round(rng.uniform(0.08, 0.15) * end, 1), "align", "A")]
+    swap_at = rng.uniform(0.4, 0.6) * end
+    if rng.random() < 0.6:
+        abort_at = rng.uniform(ops[0].at + 5, swap_at - 10)
+        ops += [Fault(round(abort_at, 1), "abort", "A"), Fault(round(abort_at + rng.uniform(2, 6), 1), "align", "A")]
+    ops.append(Fault(round(swap_at, 1), "hotswap", "A -> A2"))
+    f_ops = sorted(rng.uniform(0.1, 0.9) * end for _ in range(rng.randint(2, 4)))
+    for i, at in enumerate(f_ops if faust else []):
+        ops.append(Fault(round(at, 1), "align" if i % 2 == 0 else "abort", "F"))
+    ops.sort(key=lambda f: f.at)
+    return out, ops
+
+
+def as_json(faults: list[Fault]) -> list[dict[str, object]]:
+    return [asdict(f) for f in faults]

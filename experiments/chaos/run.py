@@ -1,0 +1,461 @@
+"""One chaos run: start the chain as separate processes, play the nemesis, heal, drain, check.
+
+The main thread runs one cooperative loop (every spawn happens on it, see :mod:`.procs`): the
+restarter, the coordinator's lane of operations and the nemesis are generators it advances.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aligner.jobs import JobLedger
+from aligner.ledger import Ledger
+from connectors.subjects import create_subject
+from coordinator.stack import EmbeddedStack, StackInfo
+from experiments.chaos.nemesis import KILLS, Fault
+from experiments.chaos.procs import Proc, python
+
+log = logging.getLogger("experiments.chaos")
+
+ROOT = "/chaos"
+IN, A_OUT, B_OUT, F_OUT = "in", "a", "b", "f"
+JOB_A, JOB_A2, JOB_F, SINK_B = "A", "A2", "F", "B"
+NAMES = {"in": IN, "a": A_OUT, "b": B_OUT, "f": F_OUT, "A": JOB_A, "A2": JOB_A2, "F": JOB_F, "B": SINK_B}
+RESTART_DELAY = 0.5
+"""Seconds the restarter waits before restarting a SIGKILLed component (systemd's RestartSec)."""
+
+Step = Generator[None, None, Any]
+
+
+def wait_until(t: float) -> Step:
+    while time.time() < t:
+        yield
+
+
+def wait_for(cond: Callable[[], bool], timeout: float) -> Generator[None, None, bool]:
+    deadline = time.time() + timeout
+    while not cond():
+        if time.time() > deadline:
+            return False
+        yield
+    return True
+
+
+class Interrupted(Exception):
+    """SIGTERM/SIGHUP of the checker: unwind through every finally."""
+
+
+@dataclass
+class Observation:
+    """Something a component did that it should not have: exited by itself, or a command failed."""
+
+    at: float
+    component: str
+    what: str
+    stderr: str = ""
+
+
+@dataclass
+class Run:
+    seed: int
+    faults: list[Fault]
+    ops: list[Fault]
+    outdir: Path
+    rate: float = 150.0
+    faust: bool = True
+    say: Callable[[str], None] = print
+    procs: dict[str, Proc] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    observations: list[Observation] = field(default_factory=list)
+    started: float = 0.0
+    swap_committed: bool = False
+
+    # ---- plumbing ----------------------------------------------------------------------------
+
+    def rel(self) -> float:
+        return round(time.time() - self.started, 2)
+
+    def add(self, name: str, argv: list[str], env: dict[str, str] | None = None, supervised: bool = True) -> Proc:
+        proc = Proc(name, argv, self.outdir / "logs", env or {}, supervised=supervised)
+        self.procs[name] = proc
+        proc.start()
+        return proc
+
+    def cli(self, *args: str) -> list[str]:
+        assert self.info is not None
+        return python("coordinator", "--zk", self.info.zk, "--kafka", self.info.kafka, "--root", ROOT, *args)
+
+    def observe(self, component: str, what: str, proc: Proc | None = None) -> None:
+        obs = Observation(self.rel(), component, what, proc.stderr_tail() if proc else "")
+        self.observations.append(obs)
+        self.say(f"  [yellow]! {obs.at:.1f}s {component}: {what}[/]")
+
+    # ---- the restarter -------------------------------------------------------------------------
+
+    def restarter(self, restart_crashed: Callable[[], bool]) -> Step:
+        """Restart what was SIGKILLed (after RESTART_DELAY); record any other exit that was not asked
+        for, and restart those too once ``restart_crashed()`` (the heal phase)."""
+        due: dict[str, float] = {}
+        seen: dict[str, int] = {}
+        while True:
+            for name, proc in list(self.procs.items()):
+                if not proc.supervised or proc.popen is None:
+                    continue
+                rc = proc.returncode()
+                if rc is None:
+                    continue
+                ident = id(proc.popen)
+                if seen.get(name) != ident:
+                    seen[name] = ident
+                    proc.exits.append(rc)
+                    if rc == -signal.SIGKILL:
+                        due[name] = time.time() + RESTART_DELAY
+                    elif rc != 0 and proc.long_running:
+                        self.observe(name, f"exited with code {rc} (not killed)", proc)
+                        due[name] = float("inf")
+                    else:
+                        continue
+                if name in due and (time.time() >= due[name] or restart_crashed()):
+                    del due[name]
+                    proc.start()
+                    self.event("restart", name, 0.0)
+            yield
+
+    def event(self, kind: str, target: str, duration: float, **extra: Any) -> dict[str, Any]:
+        ev = {"at": self.rel(), "kind": kind, "target": target, "duration": duration, **extra}
+        self.events.append(ev)
+        return ev
+
+    # ---- the stack -----------------------------------------------------------------------------
+
+    info: StackInfo | None = None
+    zk_argv: list[str] = field(default_factory=list)
+    zk_proc: Proc | None = None
+
+    def zk_pid(self) -> int | None:
+        if self.zk_proc is not None:
+            return self.zk_proc.pid if self.zk_proc.alive() else None
+        assert self.info is not None
+        return self.info.zk_pid
+
+    # ---- the chain -----------------------------------------------------------------------------
+
+    def worker_argv(self, job: str, i: int, extra: list[str]) -> list[str]:
+        assert self.info is not None
+        return python("connectors.runtime", "--zk", self.info.zk, "--kafka", self.info.kafka, "--root", ROOT,
+                      "--job", job, "--function", "experiments.chaos.jobs:job_a", "--input", IN,
+                      "--output", A_OUT, "--worker", str(i), "--parallelism", "2", "--interval", "0.5", *extra)
+
+    def start_chain(self) -> None:
+        info = self.info
+        assert info is not None
+        with Ledger.connect(info.zk, ROOT) as led:
+            for name, parts in ((IN, 4), (A_OUT, 4), (B_OUT, 4), (F_OUT, 2)):
+                create_subject(led, info.kafka, name, parts)
+        home = str(self.outdir / "home")
+        self.add("producer", python("experiments.chaos.producer", "--kafka", info.kafka, "--topic", IN,
+                                    "--rate", str(self.rate), "--out", str(self.outdir / "producer.json")),
+                 supervised=False)
+        self.add("marker", self.cli("markers", IN, "--interval", "0.5"))
+        for i in range(2):
+            self.add(f"A-{i}", self.worker_argv(JOB_A, i, ["--output-partitions", "0,1"]),
+                     {"CHAOS_WORKER": str(i), "CHAOS_VERSION": "1"})
+        self.add("spark", python("experiments.chaos.spark_job", "--zk", info.zk, "--kafka", info.kafka, "--root",
+                                 ROOT, "--source", A_OUT, "--target", B_OUT, "--sink", SINK_B,
+                                 "--checkpoint", str(self.outdir / "spark-checkpoint")))
+        if not self.faust:
+            return
+        self.add("faust", python("experiments.faust_job", "worker", "-l", "warn", "--without-web"),
+                 {"ALIGNER_ZK": info.zk, "ALIGNER_KAFKA": info.kafka, "ALIGNER_ROOT": ROOT, "ALIGNER_HOME": home,
+                  "FAUST_JOB_ID": JOB_F, "FAUST_JOB_INPUT": A_OUT, "FAUST_JOB_OUTPUT": F_OUT,
+                  "FAUST_JOB_INTERVAL": "0.5"})
+
+    def workers(self) -> list[Proc]:
+        """The job A workers of the version that runs now (A2 once it exists)."""
+        v2 = [self.procs[n] for n in ("A2-0", "A2-1") if n in self.procs]
+        return v2 or [self.procs["A-0"], self.procs["A-1"]]
+
+    # ---- the coordinator's lane ----------------------------------------------------------------
+
+    coordinator: Proc | None = None
+
+    def command(self, label: str, *args: str) -> Generator[None, None, bool]:
+        """Run one coordinator command to its end; the restarter reruns it after a SIGKILL."""
+        name = f"coord-{len([p for p in self.procs if p.startswith('coord-')])}"
+        ev = self.event("op", label, 0.0)
+        proc = self.add(name, self.cli(*args, "--timeout", "240", "--json"))
+        proc.long_running = False
+        self.coordinator = proc
+        while (rc := proc.returncode()) is None or rc == -signal.SIGKILL:
+            yield
+        self.coordinator = None
+        ev["duration"] = round(self.rel() - ev["at"], 2)
+        ev["ok"] = rc == 0
+        if rc != 0:
+            self.say(f"  [yellow]{label}: failed (exit {rc})[/]")
+        return rc == 0
+
+    def aligned(self, job: str, subject: str) -> bool:
+        assert self.led is not None
+        from aligner.alignment import State
+
+        with contextlib.suppress(Exception):
+            return JobLedger(self.led).source_state(job, subject).state is State.ALIGNED
+        return False
+
+    def lane(self, ops: list[Fault], until_all: bool = True) -> Step:
+        """The coordinator: each operation at its time (at once when late), one at a time."""
+        for op in ops:
+            yield from wait_until(self.started + op.at)
+            self.say(f"{self.rel():7.1f}s  op {op.kind} {op.target}")
+            if op.kind == "hotswap":
+                yield from self.hotswap()
+            elif op.kind == "align":
+                job, subject = (JOB_A, IN) if op.target == "A" else (JOB_F, A_OUT)
+                yield from self.command(f"align {op.target}", "align", job, "--subject", subject)
+            elif op.kind == "abort":
+                yield from self.command(f"abort {op.target}", "abort", JOB_A if op.target == "A" else JOB_F)
+
+    def hotswap(self) -> Step:
+        """Align A (unless it is), start A2 beside it, wait until A2 follows, swap; retried until done."""
+        for attempt in range(5):
+            if not self.aligned(JOB_A, IN):
+                yield from self.command("align A (for the swap)", "align", JOB_A, "--subject", IN)
+            if "A2-0" not in self.procs:
+                for i in range(2):
+                    self.add(f"A2-{i}", self.worker_argv(JOB_A2, i, ["--version", "2", "--follows", JOB_A,
+                                                                     "--output-partitions", "2,3"]),
+                             {"CHAOS_WORKER": str(i), "CHAOS_VERSION": "2"})
+                    self.event("start", f"A2-{i}", 0.0)
+                yield from wait_for(self._v2_follows, 180)
+            if (yield from self.command("hotswap A -> A2", "hotswap", "--old", JOB_A, "--new", JOB_A2,
+                                        "--subject", A_OUT)):
+                self.swap_committed = True
+                return
+            self.say(f"  hot-swap attempt {attempt + 1} failed; again")
+
+    def _v2_follows(self) -> bool:
+        assert self.led is not None
+        with contextlib.suppress(Exception):
+            c = JobLedger(self.led).consumers(JOB_A2, IN)
+            return len(c) == 2 and all(n.job_epoch is not None for n in c.values())
+        return False
+
+    # ---- the nemesis ---------------------------------------------------------------------------
+
+    paused: set[int] = field(default_factory=set)
+
+    def nemesis(self) -> Step:
+        rng = random.Random(f"{self.seed}/targets")
+        for f in self.faults:
+            yield from wait_until(self.started + f.at)
+            self.say(f"{self.rel():7.1f}s  {f.kind} {f.target}{f' for {f.duration:.1f}s' if f.duration else ''}")
+            yield from self.perform(f, rng)
+
+    def pause(self, pid: int | None, group: bool, seconds: float) -> Step:
+        if pid is None:
+            return
+        sig = os.killpg if group else os.kill
+        with contextlib.suppress(ProcessLookupError):
+            sig(pid, signal.SIGSTOP)
+            self.paused.add(pid)
+        yield from wait_until(time.time() + seconds)
+        with contextlib.suppress(ProcessLookupError):
+            sig(pid, signal.SIGCONT)
+        self.paused.discard(pid)
+
+    def perform(self, f: Fault, rng: random.Random) -> Step:
+        assert self.info is not None
+        ev = self.event(f.kind, f.target, f.duration)
+        if f.kind in KILLS:
+            proc = self.kill_target(f, rng)
+            ev["target"] = proc.name if proc is not None else "(none alive)"
+            if proc is not None:
+                proc.kills += 1
+                proc.kill()
+            return
+        if f.kind == "pause-zk":
+            yield from self.pause(self.zk_pid(), False, f.duration)
+        elif f.kind == "pause-broker":
+            yield from self.pause(self.info.kafka_pid, False, f.duration)
+        elif f.kind == "restart-zk":
+            pid = self.zk_pid()
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                if self.zk_proc is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        self.zk_proc.popen.wait(5)  # type: ignore[union-attr]
+            yield from wait_until(time.time() + f.duration)
+            self.start_zk()
+        elif f.kind == "expire-session":
+            live = [p for p in self.workers() if p.alive()]
+            wanted = int(f.target.split()[-1]) if f.target else 0
+            target = next((p for p in live if p.name.endswith(f"-{wanted}")), live[0] if live else None)
+            ev["target"] = target.name if target is not None else "(none alive)"
+            if target is not None:
+                target.paused = True
+                yield from self.pause(target.pid, True, f.duration)
+                target.paused = False
+
+    def kill_target(self, f: Fault, rng: random.Random) -> Proc | None:
+        if f.kind == "kill-worker":
+            live = [p for p in self.workers() if p.alive()]
+            wanted = int(f.target.split()[-1]) if f.target else 0
+            return next((p for p in live if p.name.endswith(f"-{wanted}")), live[0] if live else None)
+        if f.kind == "kill-coordinator":
+            return self.coordinator if self.coordinator is not None and self.coordinator.alive() else None
+        name = {"kill-marker": "marker", "kill-spark": "spark", "kill-faust": "faust"}[f.kind]
+        proc = self.procs.get(name)
+        return proc if proc is not None and proc.alive() else None
+
+    def start_zk(self) -> None:
+        assert self.info is not None
+        if self.zk_proc is None:
+            self.zk_proc = Proc("zookeeper", self.zk_argv, Path(self.info.workdir), cwd=Path(self.info.workdir),
+                                supervised=False)
+        self.zk_proc.start()
+
+    # ---- heal and drain ------------------------------------------------------------------------
+
+    def heal(self) -> None:
+        for pid in list(self.paused):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self.paused.clear()
+        if self.zk_pid() is None:
+            self.start_zk()
+
+    led: Ledger | None = None
+
+
+@contextlib.contextmanager
+def interrupts_unwind() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise, so the finally that kills every process runs (Ctrl-C raises anyway)."""
+    def raise_(signum: int, _frame: object) -> None:
+        raise Interrupted(f"signal {signum}")
+
+    old = {s: signal.signal(s, raise_) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def execute(run: Run, drain_timeout: float = 600.0) -> dict[str, Any]:
+    """Run the chain under the nemesis and return what the checker needs (raises on a broken run)."""
+    run.outdir.mkdir(parents=True, exist_ok=True)
+    stack = EmbeddedStack(workdir=run.outdir / "stack")
+    (run.outdir / "stack").mkdir(parents=True, exist_ok=True)
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+    try:
+        with interrupts_unwind():
+            run.info = stack.start()
+            run.zk_argv = Path(f"/proc/{run.info.zk_pid}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
+            run.say(f"stack: ZooKeeper {run.info.zk} (pid {run.info.zk_pid}), Kafka {run.info.kafka} "
+                    f"(pid {run.info.kafka_pid}); logs in {run.outdir}")
+            run.led = Ledger.connect(run.info.zk, ROOT)
+            return _play(run, drain_timeout)
+    finally:
+        for proc in list(run.procs.values()):
+            proc.kill()
+        if run.zk_proc is not None:
+            run.zk_proc.kill()
+        if run.led is not None:
+            with contextlib.suppress(Exception):
+                run.led.close()
+        stack.stop()
+
+
+def _play(run: Run, drain_timeout: float) -> dict[str, Any]:
+    healing = False
+    run.started = time.time()
+    run.start_chain()
+    loops: list[Step] = [run.restarter(lambda: healing), run.nemesis()]
+    lane = run.lane(run.ops)
+    loops.append(lane)
+    done: set[int] = set()
+
+    def tick() -> None:
+        for i, g in enumerate(loops):
+            if i in done:
+                continue
+            try:
+                next(g)
+            except StopIteration:
+                done.add(i)
+        time.sleep(0.05)
+
+    while not {1, 2} <= done:  # the nemesis and the coordinator's lane
+        tick()
+    nemesis_end = run.rel()
+    run.say(f"{run.rel():7.1f}s  nemesis over: healing, finishing the input, draining")
+    healing = True
+    run.heal()
+    if not run.swap_committed:
+        loops.append(run.hotswap())
+    deadline = time.time() + drain_timeout
+
+    def until(cond: Callable[[], bool], what: str) -> None:
+        while not cond():
+            looping = [p.name for p in run.procs.values()
+                       if p.long_running and sum(1 for rc in p.exits if rc not in (0, -signal.SIGKILL)) >= 3]
+            if looping:
+                raise RuntimeError(f"drain: {', '.join(looping)} keep exiting with errors; see their .err logs")
+            if time.time() > deadline:
+                raise TimeoutError(f"drain: {what} not reached in {drain_timeout:.0f}s")
+            tick()
+
+    until(lambda: len(done) == len(loops) - 1, "the coordinator's last operations")
+    producer = run.procs["producer"]
+    producer.signal(signal.SIGTERM)
+    until(lambda: not producer.alive(), "the producer's flush")
+    produced = json.loads((run.outdir / "producer.json").read_text())
+    run.say(f"{run.rel():7.1f}s  producer: sent {produced['sent']}, acked {len(produced['acked'])}")
+    marker = run.procs["marker"]
+    marker.supervised = False
+    if marker.terminate(30) != 0:
+        run.observe("marker", f"SIGTERM: exit {marker.returncode()}", marker)
+    assert run.led is not None and run.info is not None
+    last_in = _finish_input(run.led, run.info.kafka)
+    run.say(f"{run.rel():7.1f}s  input finished at epoch {last_in}")
+    workers = run.workers()
+    until(lambda: all(p.returncode() == 0 for p in workers), "job A's workers finishing subject a")
+    if run.faust:
+        until(lambda: any(line.startswith("finished") for line in run.procs["faust"].stdout_lines()),
+              "the Faust job finishing subject f")
+        run.procs["faust"].supervised = False
+        run.procs["faust"].terminate(30)
+    until(lambda: run.procs["spark"].returncode() == 0, "the Spark query reading every epoch of a")
+    drained = run.rel()
+    run.say(f"{drained:7.1f}s  drained; checking every subject by epoch")
+    from experiments.chaos.checker import check
+
+    result = check(run.led, run.info.kafka, produced, NAMES, faust=run.faust)
+    return {"check": result, "nemesis_end": nemesis_end, "drained": drained, "checked": run.rel()}
+
+
+def _finish_input(led: Ledger, kafka: str) -> int | None:
+    """The outside producer is done: cut one last epoch up to the stable ends and finish the subject."""
+    from connectors.marker import EpochMarker
+
+    marker = EpochMarker(led, kafka, IN).open()
+    try:
+        marker.mark()
+        return marker.finish()
+    finally:
+        marker.close()
