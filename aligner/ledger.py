@@ -127,6 +127,13 @@ class Ledger:
         """Set it to make every pending and later ZooKeeper wait raise :class:`StoppedError`."""
         return self.zk.stop
 
+    def stop_on(self, event: threading.Event) -> None:
+        """Also end ZooKeeper waits when ``event`` is set (the stop flag of the component using it)."""
+        self.zk.stop_on(event)
+
+    def stopping(self) -> bool:
+        return self.zk.stopping()
+
     def close(self) -> None:
         self.zk.stop_session()
 

@@ -103,8 +103,9 @@ class RetryingClient:
     def __init__(self, kazoo: KazooClient, stop: threading.Event | None = None) -> None:
         self.kazoo = kazoo
         self.stop = stop or threading.Event()
+        self._stops = [self.stop]
         self._retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, ignore_expire=True,
-                                 interrupt=self.stop.is_set)
+                                 interrupt=self.stopping)
         self._down_since: float | None = None
         kazoo.add_listener(self._on_state)
         ZK_CONNECTED.set(1 if kazoo.connected else 0)
@@ -127,6 +128,14 @@ class RetryingClient:
         else:
             log.warning("ZooKeeper connection lost; retrying")
 
+    def stop_on(self, event: threading.Event) -> None:
+        """Also end waits when ``event`` is set (a component's own stop flag)."""
+        if all(e is not event for e in self._stops):
+            self._stops.append(event)
+
+    def stopping(self) -> bool:
+        return any(e.is_set() for e in self._stops)
+
     @property
     def connected(self) -> bool:
         return bool(self.kazoo.connected)
@@ -137,7 +146,7 @@ class RetryingClient:
         """Send a request (``send`` returns a kazoo async result) and wait for it, retrying."""
 
         def attempt() -> Any:
-            if self.stop.is_set():
+            if self.stopping():
                 raise StoppedError("stopped while waiting for ZooKeeper")
             if not self.kazoo.connected:
                 raise ConnectionLoss("ZooKeeper session is down")  # retried after the policy's backoff
@@ -146,7 +155,7 @@ class RetryingClient:
                 try:
                     return pending.get(timeout=_SLICE)
                 except KazooTimeoutError:
-                    if self.stop.is_set():
+                    if self.stopping():
                         raise StoppedError("stopped while waiting for ZooKeeper") from None
 
         try:

@@ -7,6 +7,7 @@ the data was never stamped, so readers keep every record in range.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
@@ -14,9 +15,13 @@ from confluent_kafka import Consumer
 
 from aligner.ledger import Lease, Ledger
 from aligner.models import Range
+from aligner.zk import StoppedError
 from connectors.kafka import consumer_config, end_offsets, fetched_end_offsets
+from connectors.sink import TRANSIENT
 
 MARKER_SINK = "marker"
+
+log = logging.getLogger("aligner.marker")
 
 
 class EpochMarker:
@@ -46,7 +51,9 @@ class EpochMarker:
         return self
 
     def _ends(self) -> dict[int, int]:
-        return fetched_end_offsets(self._consumer, self.topic, self.partitions, self.bootstrap)
+        # A short timeout: an unreachable broker fails this epoch soon, and run() retries it, so
+        # a stop request is never kept waiting behind a long client call.
+        return fetched_end_offsets(self._consumer, self.topic, self.partitions, self.bootstrap, timeout=3.0)
 
     def finish(self) -> int | None:
         """The outside producers are done: mark the subject finished so aligned readers drain and stop."""
@@ -68,10 +75,24 @@ class EpochMarker:
 
     def run(self, interval: float, stop: threading.Event, count: int | None = None,
             on_epoch: Callable[[int, dict[int, Range]], None] | None = None) -> int:
-        """Mark every ``interval`` seconds until ``stop`` is set or ``count`` epochs are marked."""
-        marked = 0
+        """Mark every ``interval`` seconds until ``stop`` is set or ``count`` epochs are marked.
+
+        Always on: a broker or ZooKeeper outage delays the next epoch (retried with backoff, the
+        same epoch number: a half-done mark is finished, never doubled), and ``stop`` ends any wait.
+        """
+        self.ledger.stop_on(stop)
+        marked = failures = 0
         while not stop.is_set() and (count is None or marked < count):
-            epoch, ranges = self.mark()
+            try:
+                epoch, ranges = self.mark()
+            except StoppedError:
+                break
+            except TRANSIENT as exc:
+                failures += 1
+                log.warning("marker of %s: epoch failed (%s); retrying", self.subject, " ".join(str(exc).split()))
+                stop.wait(min(0.2 * 2 ** min(failures, 5), 5.0))
+                continue
+            failures = 0
             marked += 1
             if on_epoch:
                 on_epoch(epoch, ranges)

@@ -30,8 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaException
-from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.exceptions import NoNodeError
 
 from aligner.alignment import Command, ConsumerAlignment, IllegalTransition, State
 from aligner.errors import AlignerError
@@ -40,7 +39,7 @@ from aligner.ledger import Ledger
 from aligner.metrics import INPUT_WAIT, KAFKA_RETRIES
 from aligner.models import CommandNode, ConsumerNode, JobNode, Mode, Span, SwapNode, WorkerEpochNode, parse
 from aligner.zk import StoppedError
-from connectors.sink import EpochFailedError, FaultHook, SinkProducer, partitions_for
+from connectors.sink import TRANSIENT, FaultHook, SinkProducer, partitions_for
 from connectors.source import SourceRecord, SubjectSource
 
 log = logging.getLogger("aligner.runtime")
@@ -84,10 +83,6 @@ class KeyedState:
             return cls()
         return cls(json.loads(zlib.decompress(base64.b64decode(snapshot))))
 
-
-TRANSIENT: tuple[type[BaseException], ...] = (EpochFailedError, KafkaException, KazooException, TimeoutError,
-                                             ConnectionError)
-"""Failures of the broker or ZooKeeper, not of the job: the epoch is aborted and run again."""
 
 WAIT_LOG_AFTER = 30.0
 """Seconds without input after which a worker says (once, then every 10 minutes) that it waits."""
@@ -583,6 +578,7 @@ class JobWorker:
         once the worker has reopened from its last committed epoch (with backoff, as long as the
         outage lasts). Mistakes and fencing by another incarnation of this worker end the run.
         """
+        self.ledger.stop_on(stop)
         done = 0
         failures = 0
         while not stop.is_set() and (max_epochs is None or done < max_epochs):

@@ -24,6 +24,7 @@ from time import time_ns
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
+from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpiredError
 
 from aligner.epochs import ranges_for
 from aligner.errors import AlignerError
@@ -51,6 +52,10 @@ class EpochFailedError(AlignerError):
     """Kafka did not take the epoch (delivery failed, the commit was refused or timed out); it was
     aborted and can be written again under a new attempt: a transient failure, not a mistake."""
 
+
+TRANSIENT: tuple[type[BaseException], ...] = (EpochFailedError, KafkaException, ConnectionLoss, SessionExpiredError,
+                                             OperationTimeoutError, TimeoutError, ConnectionError)
+"""Failures of the broker or ZooKeeper, not of the caller: the epoch is aborted and written again."""
 
 _SLICE = 1.0
 """Seconds a blocking Kafka call waits before the stop event is checked again."""
@@ -153,14 +158,13 @@ class SinkProducer:
     def _patiently(self, call: Callable[[float], Any]) -> Any:
         """Run a blocking transactional call in slices until it answers: a paused or unreachable
         broker is waited for (retriable timeouts), a stop request ends the wait."""
-        stop = self.ledger.stop
         while True:
             try:
                 return call(_SLICE)
             except KafkaException as exc:
                 if not _retriable(exc):
                     raise
-            if stop.is_set():
+            if self.ledger.stopping():
                 raise StoppedError(f"producer {self.producer_id} of {self.subject!r}: stopped waiting for Kafka")
 
     def close(self) -> None:
@@ -306,7 +310,7 @@ class SinkProducer:
             self._error = self._error or exc  # the epoch aborts below
         self._fault("before_kafka_commit")
         while kp.flush(_SLICE) and self._error is None:  # librdkafka fails a delivery after its own timeout
-            if self.ledger.stop.is_set():
+            if self.ledger.stopping():
                 raise StoppedError(f"producer {self.producer_id} of {self.subject!r}: stopped during epoch {epoch}")
         if self._error is not None:
             self.abort()

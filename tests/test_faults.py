@@ -1,0 +1,284 @@
+"""Always on: quiet inputs, ZooKeeper outages and session expiry, a paused broker, SIGTERM.
+
+These tests run on a stack of their own (they kill its ZooKeeper and pause its broker). Every
+component is a real process: an outside producer (a thread of the test, plain confluent-kafka),
+the epoch marker (``aligner markers``) and two job workers (``python -m connectors.runtime``).
+Outage lengths are the tests' input; every other wait is on a condition with a liveness bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+from confluent_kafka import Producer
+
+from aligner.ledger import Ledger
+from connectors.subjects import create_subject
+from coordinator.alignment import Coordinator
+from coordinator.stack import EmbeddedStack, StackInfo, _zk_ok, wait_for
+from tests.helpers import Worker
+from tests.streams import assert_exactly_once, read_all
+
+LIVE = 180.0
+"""Liveness bound (seconds) on waits for progress: generous, for a busy machine; never a speed check."""
+
+STOP_WITHIN = 5.0
+"""SIGTERM must end a long-running component within this many seconds (product rule)."""
+
+
+@pytest.fixture(scope="module")
+def own_stack() -> Iterator[tuple[EmbeddedStack, StackInfo]]:
+    stack = EmbeddedStack()
+    info = stack.start()
+    try:
+        yield stack, info
+    finally:
+        stack.stop()
+
+
+def restart_zookeeper(stack: EmbeddedStack, info: StackInfo) -> None:
+    """Start ZooKeeper again on its port and data directory (committed znodes come back)."""
+    port = int(info.zk.rsplit(":", 1)[1])
+    stack._start_zookeeper(port)
+    wait_for(lambda: _zk_ok(port), LIVE, "ZooKeeper to come back")
+
+
+def zk_pid(stack: EmbeddedStack) -> int:
+    """The live ZooKeeper process of the stack (the newest one after restarts)."""
+    procs = [p for p in stack._procs if p.poll() is None and "ZooKeeperServerMain" in " ".join(p.args)]
+    assert procs, "ZooKeeper is not running"
+    return procs[-1].pid
+
+
+@dataclass
+class OutsideProducer:
+    """Numbered JSON records {"n": i} into a topic, at a steady pace, until stopped."""
+
+    kafka: str
+    topic: str
+    pace: float = 0.004
+    sent: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+    error: list[BaseException] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.thread = threading.Thread(target=self._run, daemon=True, name="outside-producer")
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            p = Producer({"bootstrap.servers": self.kafka, "linger.ms": 5, "log_level": 3})
+            while not self.stop.is_set():
+                p.produce(self.topic, json.dumps({"n": self.sent}).encode(), str(self.sent).encode())
+                self.sent += 1
+                p.poll(0)
+                self.stop.wait(self.pace)
+            while p.flush(1.0):  # a paused broker delays the last records; they are not dropped
+                pass
+        except BaseException as exc:
+            self.error.append(exc)
+
+    def close(self) -> int:
+        self.stop.set()
+        self.thread.join(LIVE)
+        assert not self.thread.is_alive(), "outside producer did not flush"
+        assert not self.error, self.error
+        return self.sent
+
+
+@dataclass
+class Chain:
+    """Outside producer -> marker -> job (2 workers), all stopped by the fixture on every path."""
+
+    info: StackInfo
+    root: str
+    inp: str
+    out: str
+    job: str
+    ledger: Ledger
+    procs: list[Worker] = field(default_factory=list)
+    producer: OutsideProducer | None = None
+
+    def cli_args(self) -> list[str]:
+        return ["--zk", self.info.zk, "--kafka", self.info.kafka, "--root", self.root]
+
+    def start_marker(self, interval: float = 0.3) -> Worker:
+        w = Worker("coordinator", *self.cli_args(), "markers", self.inp, "--interval", str(interval))
+        self.procs.append(w)
+        return w
+
+    def start_worker(self, index: int, interval: float = 0.3) -> Worker:
+        w = Worker("connectors.runtime", "--zk", self.info.zk, "--kafka", self.info.kafka, "--root", self.root,
+                   "--job", self.job, "--function", "tests.jobs:tag_v1", "--input", self.inp, "--output", self.out,
+                   "--worker", str(index), "--parallelism", "2", "--interval", str(interval))
+        self.procs.append(w)
+        w.wait_line(lambda line: line.startswith("open"), timeout=LIVE)
+        return w
+
+    def output_count(self) -> int:
+        return len({v["in"]["n"] for _, v in read_all(self.ledger, self.info.kafka, self.out)})
+
+    def drain_and_check(self, sent: int) -> None:
+        """Wait until every input has its result, then check each one has exactly one."""
+        wait_for(lambda: self.output_count() >= sent, LIVE, f"all {sent} inputs to reach {self.out}", interval=0.5)
+        assert_exactly_once(read_all(self.ledger, self.info.kafka, self.out), sent)
+
+    def alive(self) -> None:
+        dead = [(w.args[:1], w.proc.returncode) for w in self.procs if w.proc.poll() is not None]
+        assert not dead, f"components exited during the fault: {dead}"
+
+    def terminate_all(self) -> None:
+        """SIGTERM every component; each must exit 0 within STOP_WITHIN seconds."""
+        for w in self.procs:
+            w.proc.send_signal(signal.SIGTERM)
+        slow = []
+        for w in self.procs:
+            try:
+                code = w.proc.wait(STOP_WITHIN + 2)
+            except Exception:
+                slow.append(w.args[:1])
+                continue
+            assert code == 0, f"exit {code}: {''.join(w._stderr)[-2000:]}"
+        assert not slow, f"not stopped within {STOP_WITHIN}s of SIGTERM: {slow}"
+
+
+@pytest.fixture
+def chain(own_stack: tuple[EmbeddedStack, StackInfo]) -> Iterator[Chain]:
+    stack, info = own_stack
+    root = f"/aligner-faults-{uuid.uuid4().hex[:8]}"
+    name = f"f-{uuid.uuid4().hex[:8]}"
+    ledger = Ledger.connect(info.zk, root)
+    c = Chain(info, root, name, f"{name}-out", f"{name}-job", ledger)
+    try:
+        create_subject(ledger, info.kafka, c.inp, 2)
+        create_subject(ledger, info.kafka, c.out, 2)
+        yield c
+    finally:
+        if c.producer is not None:
+            c.producer.stop.set()
+            c.producer.thread.join(30)
+        for w in c.procs:
+            w.stop()
+            print(f"--- {' '.join(w.args[:12])}: exit {w.proc.returncode}\n{''.join(w._stderr)[-1500:]}")
+        if stack.info is not None and not _zk_ok(int(info.zk.rsplit(":", 1)[1])):
+            restart_zookeeper(stack, info)  # a failed test must not leave the next one without ZooKeeper
+        for p in stack._procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+        ledger.close()
+
+
+def _start(chain: Chain) -> tuple[Worker, list[Worker]]:
+    chain.producer = OutsideProducer(chain.info.kafka, chain.inp)
+    marker = chain.start_marker()
+    workers = [chain.start_worker(i) for i in range(2)]
+    for w in workers:
+        w.wait_line(lambda line: line.startswith("committed"), timeout=LIVE)
+    return marker, workers
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(") ", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.parametrize("outage", [10, 60])
+def test_zookeeper_down_and_back_no_component_exits(chain: Chain, own_stack, outage: int) -> None:
+    stack, info = own_stack
+    _start(chain)
+    os.kill(zk_pid(stack), signal.SIGKILL)
+    time.sleep(outage)  # the outage itself is the test's input, not a wait for progress
+    chain.alive()
+    restart_zookeeper(stack, info)
+    for w in chain.procs[1:]:
+        w.wait_line(lambda line: line.startswith("committed"), timeout=LIVE)
+    sent = chain.producer.close()  # type: ignore[union-attr]
+    chain.alive()
+    chain.drain_and_check(sent)
+    chain.terminate_all()
+
+
+def test_worker_session_expiry_is_ridden_out(chain: Chain) -> None:
+    _, workers = _start(chain)
+    paused = workers[0]
+    paused.proc.send_signal(signal.SIGSTOP)
+    time.sleep(15)  # longer than the 10 s session timeout: ZooKeeper expires the worker's session
+    paused.proc.send_signal(signal.SIGCONT)
+    paused.wait_line(lambda line: line.startswith("committed"), timeout=LIVE)
+    sent = chain.producer.close()  # type: ignore[union-attr]
+    chain.alive()
+    chain.drain_and_check(sent)
+    chain.terminate_all()
+
+
+def test_broker_paused_thirty_seconds(chain: Chain, own_stack) -> None:
+    _, info = own_stack
+    _, workers = _start(chain)
+    os.kill(info.kafka_pid, signal.SIGSTOP)
+    try:
+        time.sleep(30)  # a long GC pause or network stall, as clients see it
+        chain.alive()
+    finally:
+        os.kill(info.kafka_pid, signal.SIGCONT)
+    for w in workers:
+        w.wait_line(lambda line: line.startswith("committed"), timeout=LIVE)
+    sent = chain.producer.close()  # type: ignore[union-attr]
+    chain.alive()
+    chain.drain_and_check(sent)
+    chain.terminate_all()
+
+
+def test_quiet_aligned_input_waits_idle_and_resumes(chain: Chain) -> None:
+    """The input commits no epoch for a while: the aligned job keeps running, idles, and resumes."""
+    marker, workers = _start(chain)
+    Coordinator(chain.ledger).align(chain.job, timeout=LIVE)
+    for w in workers:
+        w.wait_line(lambda line: "aligned=True" in line, timeout=LIVE)
+    marker.proc.send_signal(signal.SIGTERM)  # no new subject epoch from here on
+    assert marker.proc.wait(STOP_WITHIN + 2) == 0
+    chain.procs.remove(marker)
+    last = chain.ledger.frontier(chain.inp)
+    jobs_done = [w.lines[-1] for w in workers]
+    before = [_cpu_seconds(w.proc.pid) for w in workers]
+    time.sleep(12)  # the silence (the old runtime died after a fixed 120 s; the point here is idling)
+    used = [_cpu_seconds(w.proc.pid) - b for w, b in zip(workers, before, strict=True)]
+    chain.alive()
+    assert all(u < 1.0 for u in used), f"CPU seconds used while waiting 12 s: {used}"
+    assert chain.ledger.frontier(chain.inp) == last, "the input committed an epoch during the silence"
+    resumed = time.monotonic()
+    chain.start_marker()
+    for w in workers:
+        w.wait_line(lambda line: line.startswith("committed"), timeout=LIVE)
+    print(f"first job epoch after the silence committed {time.monotonic() - resumed:.2f}s after the marker "
+          f"restarted (incl. its start-up); jobs were at {jobs_done}")
+    sent = chain.producer.close()  # type: ignore[union-attr]
+    chain.drain_and_check(sent)
+    chain.terminate_all()
+
+
+def test_sigterm_during_silence_and_mid_stream_exits_zero_and_loses_nothing(chain: Chain) -> None:
+    marker, workers = _start(chain)
+    workers[0].proc.send_signal(signal.SIGTERM)  # mid-stream
+    assert workers[0].proc.wait(STOP_WITHIN + 2) == 0
+    marker.proc.send_signal(signal.SIGTERM)
+    assert marker.proc.wait(STOP_WITHIN + 2) == 0
+    started = time.monotonic()
+    workers[1].proc.send_signal(signal.SIGTERM)  # waiting for an epoch that does not come
+    assert workers[1].proc.wait(STOP_WITHIN + 2) == 0
+    assert time.monotonic() - started < STOP_WITHIN
+    chain.procs.clear()
+    chain.start_marker()
+    for i in range(2):
+        chain.start_worker(i)
+    sent = chain.producer.close()  # type: ignore[union-attr]
+    chain.drain_and_check(sent)
+    chain.terminate_all()
