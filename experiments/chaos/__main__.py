@@ -82,9 +82,35 @@ def main(
         sys.exit(130)
     summary = summarize(reports)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    console.print(f"summary: {out / 'summary.json'}")
+    (out / "summary.md").write_text(table(reports))
+    console.print(table(reports))
+    console.print(f"summary: {out / 'summary.json'}, {out / 'summary.md'}")
     bad = sum(summary["anomalies"].values()) + summary["observations"] + len(summary["broken_runs"])
     sys.exit(1 if bad else 0)
+
+
+SHORT = {"kill-worker": "kill worker", "kill-coordinator": "kill coord", "kill-marker": "kill marker",
+         "kill-spark": "kill Spark", "kill-faust": "kill Faust", "pause-zk": "pause ZK", "pause-broker": "pause broker",
+         "restart-zk": "restart ZK", "expire-session": "expire session"}
+
+
+def table(reports: list[dict[str, Any]]) -> str:
+    """A markdown table of the runs: faults by kind, records checked, anomalies by class."""
+    from experiments.chaos.checker import CLASSES
+
+    lines = ["| seed | faults | faults by kind | records checked | anomalies by class | components exited unasked |",
+             "|---|---|---|---|---|---|"]
+    for r in reports:
+        kinds = ", ".join(f"{SHORT.get(k, k)} {n}" for k, n in sorted(r["faults_by_kind"].items()))
+        if r["check"] is None:
+            lines.append(f"| {r['seed']} | {r['faults_total']} | {kinds} | - | run broke: {r['error']} | "
+                         f"{len(r['observations'])} |")
+            continue
+        totals = r["check"]["anomalies"]["totals"]
+        classes = ", ".join(f"{c.replace('_', ' ')} {totals.get(c, 0)}" for c in CLASSES)
+        lines.append(f"| {r['seed']} | {r['faults_total']} | {kinds} | {r['check']['records_checked']:,} | "
+                     f"{classes} | {len(r['observations'])} |")
+    return "\n".join(lines) + "\n"
 
 
 def summarize(reports: list[dict[str, Any]]) -> dict[str, Any]:

@@ -41,7 +41,7 @@ def plot(report: dict[str, Any], path: Path) -> Path:
         if s["commits"]:
             xs, ys = zip(*((t - started, e) for t, e in s["commits"]), strict=True)
             top.step(xs, ys, where="post", label=f"{subject} epochs")
-        if s["latency"]:
+        if s["latency"] and subject != "in":  # the input's own latency is zero by definition
             xs, ys = zip(*((t - started, max(lat, 1e-3)) for t, lat in s["latency"]), strict=True)
             bottom.plot(xs, ys, ".", ms=3, label=subject)
     top.set_ylabel("committed epoch")
