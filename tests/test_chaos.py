@@ -60,3 +60,29 @@ def test_short_seeded_chaos_run_has_no_anomalies(chaos: tuple[subprocess.Popen[s
     assert report["swap_committed"] and report["check"]["swap"]["v2_records"] > 0
     assert (out / f"seed-{SEED}.png").stat().st_size > 0
     assert proc.returncode == 0, output[-4000:]
+
+
+def test_schedule_is_a_function_of_the_seed() -> None:
+    from experiments.chaos.nemesis import FAULT_WEIGHTS, schedule
+
+    first, ops = schedule(5, 50, 120)
+    assert (first, ops) == schedule(5, 50, 120)
+    assert first != schedule(6, 50, 120)[0]
+    assert len(first) == 50 and {f.kind for f in first} <= set(FAULT_WEIGHTS)
+    assert [f.at for f in first] == sorted(f.at for f in first)
+    assert all(f.duration > 10 for f in first if f.kind == "expire-session")  # beyond the session timeout
+    assert [o.kind for o in ops].count("hotswap") == 1
+    assert all(f.kind != "kill-faust" for f in schedule(5, 50, 120, faust=False)[0])
+
+
+def test_checker_classes_count_what_they_name() -> None:
+    from collections import Counter
+
+    from experiments.chaos.checker import Anomalies, exactly_once, monotonic
+
+    an = Anomalies()
+    exactly_once(an, "a", Counter({1: 1, 2: 3, 9: 1}), {1, 2, 3, 4})
+    monotonic(an, "a", [((0, 10), 5), ((0, 11), 4), ((1, 3), 1), ((0, 12), 6)])
+    totals = an.totals()
+    assert (totals["lost"], totals["duplicated"], totals["unexpected"], totals["non_monotonic"]) == (2, 2, 1, 1)
+    assert an.as_json()["examples"]["lost"] == ["a: inputs [3, 4]"]
