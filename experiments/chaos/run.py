@@ -13,6 +13,7 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -52,7 +53,7 @@ def wait_for(cond: Callable[[], bool], timeout: float) -> Generator[None, None, 
     return True
 
 
-class Interrupted(Exception):
+class Interrupted(BaseException):  # not swallowed by any "except Exception"
     """SIGTERM/SIGHUP of the checker: unwind through every finally."""
 
 
@@ -206,13 +207,27 @@ class Run:
             self.say(f"  [yellow]{label}: failed (exit {rc})[/]")
         return rc == 0
 
-    def aligned(self, job: str, subject: str) -> bool:
-        assert self.led is not None
+    def ask(self, fn: Callable[[], Any], timeout: float = 60.0) -> Generator[None, None, Any]:
+        """Ask ZooKeeper on a helper thread: the main loop must never block on a ZooKeeper that the nemesis
+        paused (it is the main loop that resumes it). None when no answer came in time."""
+        box: list[Any] = []
+
+        def call() -> None:
+            try:
+                box.append(fn())
+            except Exception:
+                box.append(None)
+
+        threading.Thread(target=call, daemon=True, name="chaos-zk-probe").start()
+        yield from wait_for(lambda: bool(box), timeout)
+        return box[0] if box else None
+
+    def aligned(self, job: str, subject: str) -> Generator[None, None, bool]:
         from aligner.alignment import State
 
-        with contextlib.suppress(Exception):
-            return JobLedger(self.led).source_state(job, subject).state is State.ALIGNED
-        return False
+        assert self.led is not None
+        led = self.led
+        return bool((yield from self.ask(lambda: JobLedger(led).source_state(job, subject).state is State.ALIGNED)))
 
     def lane(self, ops: list[Fault], until_all: bool = True) -> Step:
         """The coordinator: each operation at its time (at once when late), one at a time."""
@@ -230,7 +245,7 @@ class Run:
     def hotswap(self) -> Step:
         """Align A (unless it is), start A2 beside it, wait until A2 follows, swap; retried until done."""
         for attempt in range(5):
-            if not self.aligned(JOB_A, IN):
+            if not (yield from self.aligned(JOB_A, IN)):
                 yield from self.command("align A (for the swap)", "align", JOB_A, "--subject", IN)
             if "A2-0" not in self.procs:
                 for i in range(2):
@@ -238,18 +253,26 @@ class Run:
                                                                      "--output-partitions", "2,3"]),
                              {"CHAOS_WORKER": str(i), "CHAOS_VERSION": "2"})
                     self.event("start", f"A2-{i}", 0.0)
-                yield from wait_for(self._v2_follows, 180)
+                yield from self._v2_follows()
             if (yield from self.command("hotswap A -> A2", "hotswap", "--old", JOB_A, "--new", JOB_A2,
                                         "--subject", A_OUT)):
                 self.swap_committed = True
                 return
             self.say(f"  hot-swap attempt {attempt + 1} failed; again")
 
-    def _v2_follows(self) -> bool:
+    def _v2_follows(self) -> Generator[None, None, bool]:
         assert self.led is not None
-        with contextlib.suppress(Exception):
-            c = JobLedger(self.led).consumers(JOB_A2, IN)
+        led = self.led
+
+        def follows() -> bool:
+            c = JobLedger(led).consumers(JOB_A2, IN)
             return len(c) == 2 and all(n.job_epoch is not None for n in c.values())
+
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            if (yield from self.ask(follows)):
+                return True
+            yield from wait_until(time.time() + 0.5)
         return False
 
     # ---- the nemesis ---------------------------------------------------------------------------
@@ -278,6 +301,13 @@ class Run:
     def perform(self, f: Fault, rng: random.Random) -> Step:
         assert self.info is not None
         ev = self.event(f.kind, f.target, f.duration)
+        if f.kind == "kill-coordinator" and (self.coordinator is None or not self.coordinator.alive()):
+            # No operation under way: start one (idempotent: align the running version of A) to kill.
+            job = JOB_A2 if "A2-0" in self.procs else JOB_A
+            self.coordinator = self.add(f"coord-x{len(self.events)}",
+                                        self.cli("align", job, "--subject", IN, "--timeout", "240", "--json"))
+            self.coordinator.long_running = False
+            yield from wait_until(time.time() + rng.uniform(0.3, 2.0))
         if f.kind in KILLS:
             proc = self.kill_target(f, rng)
             ev["target"] = proc.name if proc is not None else "(none alive)"
