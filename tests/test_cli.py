@@ -54,7 +54,8 @@ def test_wrong_arguments_exit_2_with_usage(cli_env):
                  ["lineage", "--epoch", "1"]):
         r = run_cli(cli_env, *args)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
-        assert "Usage" in r.stderr or "Error" in r.stderr
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "usage error" in lines[0] and "--help" in lines[0], (args, r.stderr)
 
 
 def test_unreachable_zookeeper_is_a_clear_error(cli_env):
@@ -76,6 +77,7 @@ def test_stack_up_env_down_leaves_no_process(cli_env):
     finally:
         down = run_cli(env, "stack", "down")
     assert down.returncode == 0 and "stack stopped" in down.stdout
+    assert f"removed data dir {info['workdir']}" in down.stdout
     assert not _alive(info["zk_pid"]) and not _alive(info["kafka_pid"])
     assert run_cli(env, "stack", "env").returncode == 1
 

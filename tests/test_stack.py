@@ -1,0 +1,150 @@
+"""The detached embedded stack (`aligner stack up|status|env|down`) never destroys data because one
+component died: ordinary commands name the dead component and how to restart it, `stack up`
+restarts only what is down on its own port and data, and only `stack down` removes state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from aligner.ledger import Ledger
+from connectors.kafka import QUIET, consumer_config
+from connectors.marker import EpochMarker
+from connectors.subjects import create_subject
+from coordinator.stack import _alive, _kill_group, wait_for
+from tests.conftest import ROOT, run_cli
+
+
+def _one_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def _count_records(bootstrap: str, topic: str) -> int:
+    """Records in partition 0 of ``topic`` as the broker holds them (stamps and epochs ignored)."""
+    consumer = Consumer(consumer_config(bootstrap))
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        count, deadline = 0, time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for m in consumer.consume(1000, timeout=0.5):
+                if m.error() is None:
+                    count += 1
+                elif m.error().code() == KafkaError._PARTITION_EOF:
+                    return count
+        raise AssertionError(f"no end of partition from {topic} within 60s")
+    finally:
+        consumer.close()
+
+
+@pytest.fixture
+def home_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """CLI environment of a private ALIGNER_HOME; its detached stack is stopped on every path."""
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if k not in ("ALIGNER_ZK", "ALIGNER_KAFKA", "ALIGNER_DEBUG")}
+    env.update({"ALIGNER_HOME": str(home), "ALIGNER_ROOT": f"/aligner-stack-{uuid.uuid4().hex[:8]}",
+                "PYTHONPATH": str(ROOT)})
+    yield env
+    pids: set[int] = set()
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        pids = set(_pids(env).values())
+    try:
+        down = run_cli(env, "stack", "down", timeout=120)
+    finally:
+        for pid in pids:  # whatever `stack down` could not stop
+            if _alive(pid):
+                _kill_group(pid)
+    assert down.returncode == 0, down.stderr
+
+
+def _pids(env: dict[str, str]) -> dict[str, int]:
+    state = json.loads((Path(env["ALIGNER_HOME"]) / "stack.json").read_text())
+    return {"zk": state["zk_pid"], "kafka": state["kafka_pid"]}
+
+
+def _states(env: dict[str, str]) -> dict[str, str]:
+    r = run_cli(env, "stack", "status", "--json")
+    assert r.returncode == 0, r.stderr
+    return {c["name"]: c["state"] for c in json.loads(r.stdout)["components"]}
+
+
+def test_a_dead_zookeeper_is_reported_and_restarted_with_its_data(home_env: dict[str, str]) -> None:
+    env = home_env
+    up = run_cli(env, "stack", "up", "--json")
+    assert up.returncode == 0, up.stderr
+    info = json.loads(up.stdout)
+    assert info["actions"] == {"zookeeper": "started", "kafka": "started"}
+    subject = f"s-{uuid.uuid4().hex[:8]}"
+    with Ledger.connect(info["zk"], env["ALIGNER_ROOT"]) as led:
+        create_subject(led, info["kafka"], subject, 1)
+        producer = Producer({"bootstrap.servers": info["kafka"], **QUIET})
+        for n in range(5):
+            producer.produce(subject, json.dumps({"n": n}).encode(), partition=0)
+        producer.flush(30)
+        marker = EpochMarker(led, info["kafka"], subject).open()
+        try:
+            marker.mark()  # epoch 0, committed in ZooKeeper
+        finally:
+            marker.close()
+
+    os.kill(info["zk_pid"], signal.SIGKILL)
+    wait_for(lambda: not _alive(info["zk_pid"]), 30, "ZooKeeper to die")
+
+    r = run_cli(env, "status")
+    line = _one_line(r.stderr)
+    assert r.returncode == 1
+    assert f"cannot reach ZooKeeper at {info['zk']}" in line
+    assert f"the embedded stack's ZooKeeper (pid {info['zk_pid']}) is down" in line and "aligner stack up" in line
+    # Nothing was stopped or removed because ZooKeeper died.
+    assert _alive(info["kafka_pid"]) and _count_records(info["kafka"], subject) == 5
+    assert (Path(info["workdir"]) / "zk-data").is_dir() and (Path(env["ALIGNER_HOME"]) / "stack.json").exists()
+    assert _states(env) == {"zookeeper": "down", "kafka": "up"}
+    status = run_cli(env, "stack", "status")
+    assert status.returncode == 0 and "down" in status.stdout and str(info["zk_pid"]) in status.stdout
+
+    again = run_cli(env, "stack", "up", "--json")
+    assert again.returncode == 0, again.stderr
+    restarted = json.loads(again.stdout)
+    assert restarted["actions"] == {"zookeeper": "restarted", "kafka": "running"}
+    assert restarted["zk"] == info["zk"] and restarted["kafka"] == info["kafka"]  # same ports
+    assert restarted["kafka_pid"] == info["kafka_pid"] and restarted["zk_pid"] != info["zk_pid"]
+    assert _states(env) == {"zookeeper": "up", "kafka": "up"}
+    # The committed znodes came back with ZooKeeper, and the broker kept the records.
+    epochs = json.loads(run_cli(env, "epochs", subject, "--json").stdout)["epochs"]
+    assert [(e["epoch"], e["committed"]) for e in epochs] == [(0, True)]
+    read = run_cli(env, "read", subject, "--epoch", "0", "--json")
+    assert read.returncode == 0, read.stderr
+    assert sorted(rec["value"]["n"] for rec in json.loads(read.stdout)["records"]) == list(range(5))
+
+    # A dead broker is restarted alone, on its port; ZooKeeper and its data are untouched.
+    os.kill(info["kafka_pid"], signal.SIGKILL)
+    wait_for(lambda: not _alive(info["kafka_pid"]), 30, "Tansu to die")
+    r = run_cli(env, "read", subject, "--epoch", "0")
+    line = _one_line(r.stderr)
+    assert r.returncode == 1 and f"cannot reach Kafka at {info['kafka']}" in line and "aligner stack up" in line
+    third = json.loads(run_cli(env, "stack", "up", "--json").stdout)
+    assert third["actions"] == {"zookeeper": "running", "kafka": "restarted"}
+    assert third["kafka"] == info["kafka"] and third["zk_pid"] == restarted["zk_pid"]
+    assert json.loads(run_cli(env, "epochs", subject, "--json").stdout)["epochs"][0]["committed"]
+
+    pids = _pids(env)
+    down = run_cli(env, "stack", "down")
+    assert down.returncode == 0, down.stderr
+    assert f"stopped ZooKeeper pid {pids['zk']}" in down.stdout
+    assert f"stopped Kafka (Tansu) pid {pids['kafka']}" in down.stdout
+    assert f"removed data dir {info['workdir']}" in down.stdout and "removed state file" in down.stdout
+    assert not _alive(pids["zk"]) and not _alive(pids["kafka"]) and not Path(info["workdir"]).exists()
+    nothing = run_cli(env, "stack", "down")
+    assert nothing.returncode == 0 and "nothing removed" in nothing.stdout
