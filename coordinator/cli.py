@@ -38,11 +38,12 @@ if TYPE_CHECKING:
 # The ledger, its models and the Kafka and ZooKeeper clients are imported where they are used, so
 # that a usage error is reported without loading them (the CLI starts in about half the time).
 
-ZK_CONNECT_TIMEOUT = 10.0
+ZK_CONNECT_TIMEOUT = 8.0
 """Seconds to wait for a ZooKeeper session before a command gives up (the address is named)."""
 ZK_OUTAGE_LIMIT = 12.0
-"""Seconds a command rides out a lost ZooKeeper connection before it gives up."""
-KAFKA_CONNECT_TIMEOUT = 10.0
+"""Seconds a one-shot command rides out a lost ZooKeeper connection before it gives up (commands that
+wait, like align, ride out as long as their --timeout; the marker rides out any outage)."""
+KAFKA_CONNECT_TIMEOUT = 8.0
 """Seconds to wait for the first Kafka metadata answer before a command gives up."""
 
 app = typer.Typer(help="Epoch alignment for chained Kafka streaming jobs.", no_args_is_help=True,
@@ -154,8 +155,8 @@ def _probe_zookeeper(address: str) -> None:
         raise _unreachable(stack_mod.ZOOKEEPER, address, detail)
 
 
-def _bound_outages(led: Ledger, gave_up: threading.Event, closing: threading.Event) -> None:
-    """Make a command give up once its ZooKeeper connection has been down ``ZK_OUTAGE_LIMIT`` s.
+def _bound_outages(led: Ledger, limit: float, gave_up: threading.Event, closing: threading.Event) -> None:
+    """Make a command give up once its ZooKeeper connection has been down ``limit`` seconds.
 
     The ledger's session retries forever (right for long-running components); for a command, the
     ledger's stop event is set instead, which ends its wait with an error the ledger context names."""
@@ -176,7 +177,7 @@ def _bound_outages(led: Ledger, gave_up: threading.Event, closing: threading.Eve
             while timers:
                 timers.pop().cancel()
         elif not timers:
-            timer = threading.Timer(ZK_OUTAGE_LIMIT, expire)
+            timer = threading.Timer(limit, expire)
             timer.daemon = True
             timers.append(timer)
             timer.start()
@@ -185,8 +186,11 @@ def _bound_outages(led: Ledger, gave_up: threading.Event, closing: threading.Eve
 
 
 @contextmanager
-def ledger() -> Iterator[Ledger]:
-    """A ledger session for one command; an unreachable ZooKeeper is one clear error naming its address."""
+def ledger(outage_limit: float | None = ZK_OUTAGE_LIMIT) -> Iterator[Ledger]:
+    """A ledger session for one command; an unreachable ZooKeeper is one clear error naming its address.
+
+    A connection lost for ``outage_limit`` seconds ends the command with that error; None rides
+    out outages of any length (long-running components: the marker)."""
     from kazoo.handlers.threading import KazooTimeoutError
 
     from aligner.ledger import Ledger
@@ -198,13 +202,14 @@ def ledger() -> Iterator[Ledger]:
     except KazooTimeoutError:
         raise _unreachable(stack_mod.ZOOKEEPER, s.zk, f"no session within {ZK_CONNECT_TIMEOUT:.0f}s") from None
     gave_up, closing = threading.Event(), threading.Event()
-    _bound_outages(led, gave_up, closing)
+    if outage_limit is not None:
+        _bound_outages(led, outage_limit, gave_up, closing)
     try:
         yield led
     except AlignerError:
         if gave_up.is_set():
             raise _unreachable(stack_mod.ZOOKEEPER, s.zk,
-                               f"the connection was lost for more than {ZK_OUTAGE_LIMIT:.0f}s") from None
+                               f"the connection was lost for more than {outage_limit:.0f}s") from None
         raise
     finally:
         closing.set()  # closing the session reports LOST; that is no outage
@@ -472,13 +477,23 @@ def markers(
     interval: Annotated[float, typer.Option(min=0.05, help="Seconds between epochs")] = 1.0,
     count: Annotated[int | None, typer.Option(min=1, help="Stop after N epochs")] = None,
     from_end: Annotated[bool, typer.Option(help="Start at the current end instead of the log start")] = False,
+    metrics_port: Annotated[int | None, typer.Option(min=1, max=65535, help="Serve Prometheus metrics on this port")
+                            ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Cut epochs of a subject written by outside producers, from stable end offsets."""
+    """Cut epochs of a subject written by outside producers, from stable end offsets.
+
+    Long-running: it rides out ZooKeeper and broker outages, and SIGTERM or SIGINT stops it
+    within seconds with exit code 0."""
     from connectors.marker import EpochMarker
 
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port)  # a port in use is an OSError: one line, exit 1
 
     def show(epoch: int, ranges: dict) -> None:
         data = {"epoch": epoch, "ranges": {str(p): [r.start, r.end] for p, r in ranges.items()}}
@@ -486,11 +501,13 @@ def markers(
             out.print(f"epoch {epoch}: " + " ".join(f"{p}:[{s},{e})" for p, (s, e) in data["ranges"].items()))
 
     logging.getLogger("aligner").setLevel(logging.WARNING)  # a long-running component reports outages
-    with ledger() as led:
+    with ledger(outage_limit=None) as led:
         led.subject(subject)
         marker = EpochMarker(led, kafka(), subject, from_beginning=not from_end).open()
-        with suppress(KeyboardInterrupt):
+        try:
             marker.run(interval, stop, count, show)
+        finally:
+            marker.close()
 
 
 # ---- jobs and alignment --------------------------------------------------------------------------
@@ -529,7 +546,7 @@ def align(
 
     from coordinator.alignment import Coordinator, leadership
 
-    with ledger() as led, leadership(led, timeout=timeout):
+    with ledger(max(ZK_OUTAGE_LIMIT, timeout)) as led, leadership(led, timeout=timeout):
         coord = Coordinator(led)
         if as_json:
             decision = coord.align(job, subject, at_epoch, timeout=timeout)
@@ -557,7 +574,7 @@ def abort(
     """Return a job's sources to unaligned mode from any alignment state."""
     from coordinator.alignment import Coordinator, leadership
 
-    with ledger() as led, leadership(led, timeout=timeout):
+    with ledger(max(ZK_OUTAGE_LIMIT, timeout)) as led, leadership(led, timeout=timeout):
         decision = Coordinator(led).abort(job, timeout=timeout)
     if not emit({"decision": decision.model_dump()}, as_json):
         out.print(f"[yellow]aborted[/] alignment of {job}: sources unaligned")
@@ -601,7 +618,7 @@ def hotswap(
         usage("--old and --new must name two different jobs")
     if abort_swap and at_epoch is not None:
         usage("--abort takes no --at-epoch")
-    with ledger() as led, leadership(led, timeout=timeout):
+    with ledger(max(ZK_OUTAGE_LIMIT, timeout)) as led, leadership(led, timeout=timeout):
         swapper = HotSwap(led)
         if abort_swap:
             node = swapper.abort(old)
