@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -19,42 +18,48 @@ from aligner.errors import AlignerError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import AlignmentDecision, now_ms
-from coordinator.stack import wait_for
+from coordinator.waiting import Waiter
 
 Progress = Callable[[str, dict[str, Any]], None]
 
 
 @contextlib.contextmanager
-def leadership(ledger: Ledger, timeout: float = 60.0, identifier: str | None = None) -> Iterator[None]:
-    """Hold coordinator leadership (an ephemeral sequential node, lowest wins) for the block."""
-    path = ledger.layout.election
-    ledger.zk.ensure_path(path)
-    me = ledger.zk.create(f"{path}/c-", (identifier or uuid.uuid4().hex).encode(), ephemeral=True, sequence=True)
-    name = me.rsplit("/", 1)[1]
-    deadline = time.monotonic() + timeout
+def leadership(ledger: Ledger, timeout: float | None = None, identifier: str | None = None) -> Iterator[None]:
+    """Hold coordinator leadership for the block (kazoo's Election recipe: its lock survives
+    connection loss and recognises its own node after a retried create). Waits for the current
+    leader as long as it leads, unless ``timeout`` (seconds) is given."""
+    from kazoo.exceptions import LockTimeout
+
+    me = identifier or uuid.uuid4().hex
+    election = ledger.zk.Election(ledger.layout.election, me)
     try:
-        while True:
-            children = sorted(ledger.zk.get_children(path))
-            if children[0] == name:
-                break
-            if time.monotonic() > deadline:
-                raise AlignerError(f"another coordinator ({children[0]}) is leading; gave up after {timeout:.0f}s")
-            gone = threading.Event()
-            predecessor = f"{path}/{children[children.index(name) - 1]}"
-            if ledger.zk.exists(predecessor, watch=lambda _e, gone=gone: gone.set()) is not None:
-                gone.wait(max(0.0, deadline - time.monotonic()))
+        acquired = election.lock.acquire(timeout=timeout)
+    except LockTimeout:
+        acquired = False
+    if not acquired:
+        leaders = [c for c in election.contenders() if c != me]
+        raise AlignerError(f"another coordinator ({', '.join(leaders) or 'unknown'}) is leading; "
+                           f"gave up after {timeout:.0f}s")
+    try:
         yield
     finally:
         with contextlib.suppress(Exception):
-            ledger.zk.delete(me)
+            election.lock.release()
 
 
 class Coordinator:
-    def __init__(self, ledger: Ledger, margin: int = 3, poll: float = 0.05) -> None:
+    def __init__(self, ledger: Ledger, margin: int = 3, stop: threading.Event | None = None) -> None:
         self.ledger = ledger
         self.jobs = JobLedger(ledger)
         self.margin = margin
-        self.poll = poll
+        self.waiter = Waiter(ledger, stop)
+
+    def watch_job(self, job: str, subjects: Sequence[str]) -> None:
+        """Wake waits on this job's consumer reports (new consumers and every state change)."""
+        lay = self.ledger.layout
+        parallelism = self.jobs.job(job).parallelism
+        self.waiter.watch((lay.consumer(job, s, i) for s in subjects for i in range(parallelism)),
+                          (lay.consumers(job, s) for s in subjects))
 
     # ---- status -------------------------------------------------------------------------------
 
@@ -98,16 +103,18 @@ class Coordinator:
             if current.seq < command.seq:
                 self.jobs.send(job, s, command, version)
 
-    def _wait(self, what: str, cond: Callable[[], bool], timeout: float, progress: Progress | None,
+    def _wait(self, what: str, cond: Callable[[], bool], timeout: float | None, progress: Progress | None,
               job: str, subjects: Sequence[str]) -> None:
         def show() -> None:
             if progress:
                 progress(what, {s: self.source_status(job, s) for s in subjects})
 
-        wait_for(cond, timeout, f"job {job}: {what}", self.poll, show)
+        self.watch_job(job, subjects)
+        self.waiter.until(cond, f"job {job}: {what}", timeout, show)
 
     def align(self, job: str, subjects: Sequence[str] | None = None, at_epoch: int | None = None,
-              timeout: float = 300.0, progress: Progress | None = None) -> AlignmentDecision:
+              timeout: float | None = None, progress: Progress | None = None) -> AlignmentDecision:
+        """Align the job's sources; waits as long as the job takes unless ``timeout`` (seconds)."""
         subjects = self._subjects(job, subjects)
         decision, version = self.jobs.decision(job)
         if decision is None or decision.phase in ("aligned", "aborted") or decision.subjects != subjects:
@@ -155,24 +162,22 @@ class Coordinator:
             "job_epoch": base + self.margin, "updated_at": now_ms()})
         return decision, self.jobs.decide(decision, version)
 
-    def _await_aligned(self, job: str, subjects: Sequence[str], decision: AlignmentDecision, timeout: float,
-                       progress: Progress | None) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            rejected = any(c.rejected_seq == decision.seq for s in subjects
-                           for c in self.jobs.consumers(job, s).values())
-            if rejected:
-                return "rejected"
-            states = [self.jobs.source_state(job, s) for s in subjects]
-            if all(st.state is State.ALIGNED and st.job_epoch == decision.job_epoch for st in states):
-                return "aligned"
-            if progress:
-                progress("aligning", {s: self.source_status(job, s) for s in subjects})
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"job {job}: not aligned at job epoch {decision.job_epoch} within {timeout:.0f}s")
-            time.sleep(self.poll)
+    def _await_aligned(self, job: str, subjects: Sequence[str], decision: AlignmentDecision,
+                       timeout: float | None, progress: Progress | None) -> str:
+        outcome: list[str] = []
 
-    def abort(self, job: str, timeout: float = 300.0, progress: Progress | None = None) -> AlignmentDecision:
+        def settled() -> bool:
+            if any(c.rejected_seq == decision.seq for s in subjects for c in self.jobs.consumers(job, s).values()):
+                outcome.append("rejected")
+            elif all(st.state is State.ALIGNED and st.job_epoch == decision.job_epoch
+                     for st in (self.jobs.source_state(job, s) for s in subjects)):
+                outcome.append("aligned")
+            return bool(outcome)
+
+        self._wait(f"alignment at job epoch {decision.job_epoch}", settled, timeout, progress, job, subjects)
+        return outcome[0]
+
+    def abort(self, job: str, timeout: float | None = None, progress: Progress | None = None) -> AlignmentDecision:
         """Return every source of the job to Unaligned, from any state, and clean up the decision."""
         subjects = self._subjects(job, None)
         decision, version = self.jobs.decision(job)

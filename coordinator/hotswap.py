@@ -10,7 +10,7 @@ recorded before it takes effect, so the coordinator or either job can be killed 
 
 from __future__ import annotations
 
-import time
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +21,6 @@ from aligner.layout import split_writer
 from aligner.ledger import Ledger
 from aligner.models import JobNode, SwapNode, now_ms
 from coordinator.alignment import Coordinator
-from coordinator.stack import wait_for
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -31,12 +30,12 @@ class HotSwapRefused(AlignerError):
 
 
 class HotSwap:
-    def __init__(self, ledger: Ledger, margin: int = 2, poll: float = 0.05) -> None:
+    def __init__(self, ledger: Ledger, margin: int = 2, stop: threading.Event | None = None) -> None:
         self.ledger = ledger
         self.jobs = JobLedger(ledger)
-        self.coordinator = Coordinator(ledger)
+        self.coordinator = Coordinator(ledger, stop=stop)
+        self.waiter = self.coordinator.waiter
         self.margin = margin
-        self.poll = poll
 
     def check(self, old: str, new: str, target: str) -> tuple[JobNode, JobNode]:
         o, n = self.jobs.job(old), self.jobs.job(new)
@@ -66,21 +65,25 @@ class HotSwap:
                   if c.job_epoch is not None]
         return max(epochs, default=-1)
 
-    def _wait(self, what: str, cond: Callable[[], bool], timeout: float, progress: Progress | None,
+    def _wait(self, what: str, cond: Callable[[], bool], timeout: float | None, progress: Progress | None,
               info: Callable[[], dict[str, Any]]) -> None:
         def show() -> None:
             if progress:
                 progress(what, info())
 
-        wait_for(cond, timeout, f"hot-swap: {what}", self.poll, show)
+        self.waiter.until(cond, f"hot-swap: {what}", timeout, show)
 
     def status(self, old: str) -> dict[str, Any]:
         swap, _ = self.jobs.swap(old)
         return {} if swap is None else swap.model_dump()
 
-    def run(self, old: str, new: str, target: str, at_epoch: int | None = None, timeout: float = 300.0,
+    def run(self, old: str, new: str, target: str, at_epoch: int | None = None, timeout: float | None = None,
             progress: Progress | None = None) -> SwapNode:
+        """Swap ``old`` for ``new`` at the target; waits as long as the jobs take unless ``timeout``."""
         o, n = self.check(old, new, target)
+        for job in (o, n):
+            self.coordinator.watch_job(job.job, job.inputs)
+        self.waiter.watch([self.ledger.layout.swap(old)])
         swap, version = self.jobs.swap(old)
         if swap is not None and swap.phase == "done":
             return swap
@@ -95,17 +98,12 @@ class HotSwap:
             swap, version = self._precommit(o, n, swap, version, at_epoch)
         info = lambda: self.status(old)  # noqa: E731
         while swap.phase == "precommit":
-            acks = self._acks(o, n, swap)
+            acks = self._await_acks(o, n, swap, timeout, progress, info)
             if acks == "late":  # a worker passed S before it saw S: choose a later S
                 swap, version = self._precommit(o, n, swap, version, at_epoch)
                 continue
-            if acks == "all":
-                swap = swap.model_copy(update={"phase": "commit", "updated_at": now_ms()})
-                version = self.jobs.write_swap(swap, version)
-                break
-            if progress:
-                progress("waiting for both jobs to acknowledge S", info())
-            time.sleep(self.poll)
+            swap = swap.model_copy(update={"phase": "commit", "updated_at": now_ms()})
+            version = self.jobs.write_swap(swap, version)
         if swap.phase == "commit":
             self._wait(f"{target} epoch {swap.epoch + 1} from {new}",
                        lambda: self.ledger.frontier(target) is not None and self.ledger.frontier(target) > swap.epoch,
@@ -122,6 +120,18 @@ class HotSwap:
         node = SwapNode(old=o.job, new=n.job, target=o.output, epoch=s, phase="precommit",
                         seq=(swap.seq + 1) if swap else 1)
         return node, self.jobs.write_swap(node, version)
+
+    def _await_acks(self, o: JobNode, n: JobNode, swap: SwapNode, timeout: float | None,
+                    progress: Progress | None, info: Callable[[], dict[str, Any]]) -> str:
+        """Wait until every worker of both jobs acknowledged S ("all") or one saw it too late ("late")."""
+        seen: list[str] = []
+
+        def settled() -> bool:
+            seen.append(self._acks(o, n, swap))
+            return seen[-1] != "waiting"
+
+        self._wait(f"both jobs to acknowledge S={swap.epoch}", settled, timeout, progress, info)
+        return seen[-1]
 
     def _acks(self, o: JobNode, n: JobNode, swap: SwapNode) -> str:
         seen = []
