@@ -7,8 +7,8 @@ Python workers on executors), so it keeps no state beyond per-process connection
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
+import logging
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -273,17 +273,22 @@ _LOCK = threading.Lock()
 
 
 def ledger_for(zk: str, root: str) -> Ledger:
-    """One ZooKeeper session per process and (hosts, root); reconnects after a lost session."""
+    """One ZooKeeper session per process and (hosts, root).
+
+    The session rides out outages by itself (every request is retried until ZooKeeper is back), so
+    a disconnected session is kept; a ZooKeeper that is down when the first session opens is
+    waited for too: a Spark query must not fail because ZooKeeper restarted under it."""
+    from kazoo.handlers.threading import KazooTimeoutError
+
     key = (zk, root, os.getpid())
     with _LOCK:
         led = _LEDGERS.get(key)
-        if led is not None and not led.zk.connected:
-            with contextlib.suppress(Exception):
-                led.close()
-            led = None
-        if led is None:
-            led = Ledger.connect(zk, root)
-            _LEDGERS[key] = led
+        while led is None:
+            try:
+                led = Ledger.connect(zk, root, timeout=5.0)
+            except KazooTimeoutError:
+                logging.getLogger("aligner.spark").warning("ZooKeeper at %s unreachable; retrying", zk)
+        _LEDGERS[key] = led
         return led
 
 
