@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import queue
 import signal
@@ -9,25 +11,44 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from tests import guard
+
 ROOT = Path(__file__).resolve().parent.parent
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Child pre-exec hook: its own process group (so its whole tree can be stopped together) and
+    SIGKILL when the test process dies, even by SIGKILL (Linux only)."""
+    os.setsid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class Worker:
-    """A Python module run as a child process whose stdout lines can be awaited."""
+    """A Python module run as a child process whose stdout lines can be awaited.
+
+    Stopped on every path: ``stop()`` / ``close()`` / leaving its ``with`` block kills its whole process
+    group (a Spark driver's JVM too) and reaps it; the ``spawn`` fixture does so whatever the test did.
+    """
 
     def __init__(self, module: str, *args: str, env: dict[str, str] | None = None) -> None:
         self.args = args
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, cwd=ROOT, preexec_fn=_die_with_parent,
         )
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._stderr: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-        threading.Thread(target=lambda: self._stderr.extend(self.proc.stderr), daemon=True).start()  # type: ignore[arg-type]
+        self._threads = [threading.Thread(target=self._pump, daemon=True, name=f"{module}-{self.proc.pid}-out"),
+                         threading.Thread(target=self._drain, daemon=True, name=f"{module}-{self.proc.pid}-err")]
+        guard.register(self)
+        for t in self._threads:
+            t.start()
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
@@ -35,8 +56,17 @@ class Worker:
             self._queue.put(line.rstrip("\n"))
         self._queue.put(None)
 
-    def wait_line(self, predicate, timeout: float = 60.0) -> str:
-        """The first new stdout line satisfying ``predicate``; fails with the worker's stderr."""
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        self._stderr.extend(self.proc.stderr)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self._stderr)[-3000:]
+
+    def wait_line(self, predicate: Callable[[str], bool], timeout: float = 120.0) -> str:
+        """The first new stdout line satisfying ``predicate``; fails with the worker's stderr. ``timeout`` is
+        a liveness bound: generous, since the machine may be busy."""
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -47,23 +77,58 @@ class Worker:
             except queue.Empty:
                 continue
             if line is None:
+                self._queue.put(None)  # stays at the end for the next caller
                 self.proc.wait(10)
-                raise AssertionError(f"worker exited {self.proc.returncode}: {''.join(self._stderr)[-3000:]}")
+                raise AssertionError(f"worker exited {self.proc.returncode}: {self.stderr}")
             self.lines.append(line)
             if predicate(line):
                 return line
 
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
+    def healthy(self) -> None:
+        """Fails with the worker's stderr if it exited with an error: pass as ``on_wait`` while waiting on
+        its effects, so a crash fails the wait at once instead of at its bound."""
+        if self.proc.poll() not in (None, 0):
+            for t in self._threads:
+                t.join(5)
+            raise AssertionError(f"worker {self.args} exited {self.proc.returncode}: {self.stderr}")
 
-    def finish(self, timeout: float = 120.0) -> None:
+    def kill(self) -> None:
+        """SIGKILL the worker process (a crash, for fault injection) and reap it."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def wait(self, timeout: float = 180.0) -> int:
+        """The exit code once the worker ends by itself (a liveness bound)."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"worker {self.args} still running after {timeout:.0f}s: {self.stderr}") from None
+
+    def finish(self, timeout: float = 180.0) -> None:
         self.wait_line(lambda line: line == "done", timeout)
-        assert self.proc.wait(timeout) == 0, "".join(self._stderr)[-3000:]
+        assert self.wait(timeout) == 0, self.stderr
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.kill()
+        """Kill the worker's whole process group if anything of it still runs, reap it, end the pump threads."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # its own group (setsid): children too
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        self.proc.wait(30)
+        for t in self._threads:
+            t.join(10)
+
+    close = stop
+
+    def owns(self, thread: threading.Thread) -> bool:
+        return any(thread is t for t in self._threads)
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def raw_records(bootstrap: str, topic: str, partitions: int) -> list:

@@ -17,7 +17,10 @@ from coordinator.alignment import Coordinator, leadership
 from coordinator.lineage import flatten, job_epoch_lineage
 from coordinator.stack import wait_for
 from tests.jobs import tag_v1
-from tests.streams import Generator, JobThread, assert_exactly_once, read_all
+from tests.streams import assert_exactly_once, read_all
+
+LIVE = 180
+"""Liveness bound (seconds) on waits for progress: generous, for a busy machine; never a speed check."""
 
 
 def _subjects(ledger, stack, *names, partitions=2):
@@ -38,22 +41,21 @@ def _aligned_epochs(jobs: JobLedger, job: str) -> dict[int, int]:
     return out
 
 
-def test_two_independent_jobs_align_on_identical_epochs(stack, root, ledger, subject_name):
+def test_two_independent_jobs_align_on_identical_epochs(stack, ledger, subject_name, spawn):
     raw, x1, x2 = subject_name, f"{subject_name}-x1", f"{subject_name}-x2"
     _subjects(ledger, stack, raw, x1, x2)
     aligned = threading.Event()
-    gen = Generator(stack, root, raw, epochs=90, pace=0.04, hold=aligned).start()
-    a = JobThread(stack, root, JobSpec(job=f"{raw}-a", inputs=(raw,), output=x1, interval=0.15), tag_v1)
-    wait_for(lambda: (ledger.frontier(raw) or 0) >= 5, 30, "upstream epochs before the second job starts")
-    b = JobThread(stack, root, JobSpec(job=f"{raw}-b", inputs=(raw,), output=x2, interval=0.35), tag_v1)
+    gen = spawn.generator(raw, epochs=40, pace=0.04, hold=aligned)
+    a = spawn.job(JobSpec(job=f"{raw}-a", inputs=(raw,), output=x1, interval=0.15), tag_v1)
+    wait_for(lambda: (ledger.frontier(raw) or 0) >= 5, LIVE, "upstream epochs before the second job starts")
+    b = spawn.job(JobSpec(job=f"{raw}-b", inputs=(raw,), output=x2, interval=0.35), tag_v1)
     coord = Coordinator(ledger)
-    coord.align(f"{raw}-a", timeout=60)
-    coord.align(f"{raw}-b", timeout=60)
-    aligned.set()
-    gen.done.wait(60)
-    assert not gen.error
-    a.join(60)
-    b.join(60)
+    coord.align(f"{raw}-a", timeout=LIVE)
+    coord.align(f"{raw}-b", timeout=LIVE)
+    aligned.set()  # 40 more upstream epochs, which both aligned jobs cover
+    gen.finished()
+    a.join()
+    b.join()
 
     jobs = JobLedger(ledger)
     map_a, map_b = _aligned_epochs(jobs, f"{raw}-a"), _aligned_epochs(jobs, f"{raw}-b")
@@ -69,20 +71,20 @@ def test_two_independent_jobs_align_on_identical_epochs(stack, root, ledger, sub
         assert_exactly_once(read_all(ledger, stack.kafka, out), gen.sent)
 
 
-def test_chain_lineage_reads_a_consistent_cut(stack, root, ledger, subject_name):
+def test_chain_lineage_reads_a_consistent_cut(stack, ledger, subject_name, spawn):
     raw, x, y = subject_name, f"{subject_name}-x", f"{subject_name}-y"
     _subjects(ledger, stack, raw, x, y)
     aligned = threading.Event()
-    gen = Generator(stack, root, raw, epochs=60, pace=0.04, hold=aligned).start()
-    a = JobThread(stack, root, JobSpec(job=f"{raw}-A", inputs=(raw,), output=x, interval=0.2), tag_v1)
-    b = JobThread(stack, root, JobSpec(job=f"{raw}-B", inputs=(x,), output=y, interval=0.3), tag_v1)
+    gen = spawn.generator(raw, epochs=40, pace=0.04, hold=aligned)
+    a = spawn.job(JobSpec(job=f"{raw}-A", inputs=(raw,), output=x, interval=0.2), tag_v1)
+    b = spawn.job(JobSpec(job=f"{raw}-B", inputs=(x,), output=y, interval=0.3), tag_v1)
     coord = Coordinator(ledger)
-    coord.align(f"{raw}-A", timeout=60)
-    coord.align(f"{raw}-B", timeout=60)
-    aligned.set()
-    gen.done.wait(60)
-    a.join(90)
-    b.join(90)
+    coord.align(f"{raw}-A", timeout=LIVE)
+    coord.align(f"{raw}-B", timeout=LIVE)
+    aligned.set()  # 40 more upstream epochs through the aligned chain
+    gen.finished()
+    a.join()
+    b.join()
 
     jobs = JobLedger(ledger)
     outputs = read_all(ledger, stack.kafka, y)
@@ -114,13 +116,13 @@ def read_all_epochs(ledger, bootstrap, subject, epochs):
             yield from ((r.epoch, r.value) for r in reader.read(subject, e))
 
 
-def test_abort_in_every_state_loses_and_duplicates_nothing(stack, root, ledger, subject_name):
+def test_abort_in_every_state_loses_and_duplicates_nothing(stack, ledger, subject_name, spawn):
     raw, x = subject_name, f"{subject_name}-x"
     _subjects(ledger, stack, raw, x)
     job = f"{raw}-j"
     walked = threading.Event()
-    gen = Generator(stack, root, raw, epochs=40, pace=0.04, hold=walked).start()
-    t = JobThread(stack, root, JobSpec(job=job, inputs=(raw,), output=x, interval=0.15), tag_v1)
+    gen = spawn.generator(raw, epochs=10, pace=0.04, hold=walked)
+    t = spawn.job(JobSpec(job=job, inputs=(raw,), output=x, interval=0.15), tag_v1)
     jobs, coord = JobLedger(ledger), Coordinator(ledger)
 
     def state() -> State:
@@ -130,30 +132,30 @@ def test_abort_in_every_state_loses_and_duplicates_nothing(stack, root, ledger, 
         cmd, version = jobs.command(job, raw)
         jobs.send(job, raw, Command(seq=cmd.seq + 1, kind=kind, **kw), version)
 
-    wait_for(lambda: jobs.consumers(job, raw), 30, "the consumer to report")
+    wait_for(lambda: jobs.consumers(job, raw), LIVE, "the consumer to report")
     seen = []
     command("catch_up")
-    wait_for(lambda: state() in (State.CATCHING_UP, State.READY), 30, "catching up")
+    wait_for(lambda: state() in (State.CATCHING_UP, State.READY), LIVE, "catching up")
     seen.append(state())
-    coord.abort(job, timeout=30)
+    coord.abort(job, timeout=LIVE)
     assert state() is State.UNALIGNED
     command("catch_up")
-    wait_for(lambda: state() is State.READY, 30, "ready")
-    coord.abort(job, timeout=30)
+    wait_for(lambda: state() is State.READY, LIVE, "ready")
+    coord.abort(job, timeout=LIVE)
     assert state() is State.UNALIGNED
     command("catch_up")
-    wait_for(lambda: state() is State.READY, 30, "ready again")
+    wait_for(lambda: state() is State.READY, LIVE, "ready again")
     command("align", subject_epoch=10**6, job_epoch=10**6)  # a far future point: stays Aligning
-    wait_for(lambda: state() is State.ALIGNING, 30, "aligning")
-    coord.abort(job, timeout=30)
+    wait_for(lambda: state() is State.ALIGNING, LIVE, "aligning")
+    coord.abort(job, timeout=LIVE)
     assert state() is State.UNALIGNED
-    coord.align(job, timeout=60)
+    coord.align(job, timeout=LIVE)
     assert state() is State.ALIGNED
-    coord.abort(job, timeout=30)
+    coord.abort(job, timeout=LIVE)
     assert state() is State.UNALIGNED
     walked.set()
-    gen.done.wait(60)
-    t.join(90)
+    gen.finished()
+    t.join()
     assert_exactly_once(read_all(ledger, stack.kafka, x), gen.sent)
 
 
@@ -169,18 +171,17 @@ def test_leader_election_admits_one_coordinator(stack, root, ledger):
         other.close()
 
 
-def test_variable_interval_spans_k_subject_epochs(stack, root, ledger, subject_name):
+def test_variable_interval_spans_k_subject_epochs(stack, ledger, subject_name, spawn):
     raw, x = subject_name, f"{subject_name}-x"
     _subjects(ledger, stack, raw, x)
     job = f"{raw}-k3"
     aligned = threading.Event()
-    gen = Generator(stack, root, raw, epochs=80, pace=0.03, hold=aligned).start()
-    t = JobThread(stack, root, JobSpec(job=job, inputs=(raw,), output=x, interval=0.2, epochs_per_checkpoint=3),
-                  tag_v1)
-    Coordinator(ledger).align(job, timeout=60)
-    aligned.set()
-    gen.done.wait(60)
-    t.join(90)
+    gen = spawn.generator(raw, epochs=30, pace=0.03, hold=aligned)
+    t = spawn.job(JobSpec(job=job, inputs=(raw,), output=x, interval=0.2, epochs_per_checkpoint=3), tag_v1)
+    Coordinator(ledger).align(job, timeout=LIVE)
+    aligned.set()  # 30 more subject epochs: at least 9 full job epochs of 3
+    gen.finished()
+    t.join()
     jobs = JobLedger(ledger)
     spans = [jobs.job_epoch(job, e).covered[raw] for e in jobs.job_epoch_numbers(job)]
     full = [s for s in spans[:-1] if s is not None]
@@ -189,20 +190,20 @@ def test_variable_interval_spans_k_subject_epochs(stack, root, ledger, subject_n
     assert_exactly_once(read_all(ledger, stack.kafka, x), gen.sent)
 
 
-def test_multi_subject_job_aligns_on_an_epoch_vector(stack, root, ledger, subject_name):
+def test_multi_subject_job_aligns_on_an_epoch_vector(stack, ledger, subject_name, spawn):
     left, right, x = f"{subject_name}-l", f"{subject_name}-r", f"{subject_name}-x"
     _subjects(ledger, stack, left, right, x)
     job = f"{subject_name}-m"
     aligned = threading.Event()
-    gl = Generator(stack, root, left, epochs=60, pace=0.03, hold=aligned).start()
-    gr = Generator(stack, root, right, epochs=25, pace=0.09, hold=aligned).start()
-    t = JobThread(stack, root, JobSpec(job=job, inputs=(left, right), output=x, interval=0.2), tag_v1)
-    decision = Coordinator(ledger).align(job, timeout=60)
+    gl = spawn.generator(left, epochs=40, pace=0.03, hold=aligned)
+    gr = spawn.generator(right, epochs=3, pace=0.09, hold=aligned)
+    t = spawn.job(JobSpec(job=job, inputs=(left, right), output=x, interval=0.2), tag_v1)
+    decision = Coordinator(ledger).align(job, timeout=LIVE)
     assert set(decision.subject_epochs) == {left, right}
-    aligned.set()
-    gl.done.wait(60)
-    gr.done.wait(60)
-    t.join(90)
+    aligned.set()  # the right subject finishes after 3 more epochs, the left one goes on for 40
+    gl.finished()
+    gr.finished()
+    t.join()
     jobs = JobLedger(ledger)
     vectors = [jobs.job_epoch(job, e) for e in jobs.job_epoch_numbers(job)]
     assert len(vectors) >= 10
