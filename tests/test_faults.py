@@ -23,7 +23,7 @@ from confluent_kafka import Producer
 from aligner.ledger import Ledger
 from connectors.subjects import create_subject
 from coordinator.alignment import Coordinator
-from coordinator.stack import EmbeddedStack, StackInfo, _zk_ok, wait_for
+from coordinator.stack import ZOOKEEPER, EmbeddedStack, StackInfo, _await_ready, _spawn_component, _zk_ok, wait_for
 from tests.helpers import Worker
 from tests.streams import assert_exactly_once, read_all
 
@@ -46,9 +46,10 @@ def own_stack() -> Iterator[tuple[EmbeddedStack, StackInfo]]:
 
 def restart_zookeeper(stack: EmbeddedStack, info: StackInfo) -> None:
     """Start ZooKeeper again on its port and data directory (committed znodes come back)."""
-    port = int(info.zk.rsplit(":", 1)[1])
-    stack._start_zookeeper(port)
-    wait_for(lambda: _zk_ok(port), LIVE, "ZooKeeper to come back")
+    port = info.port(ZOOKEEPER)
+    proc = _spawn_component(ZOOKEEPER, stack.workdir, port, tie_to_parent=True)
+    stack._procs.append(proc)
+    _await_ready(ZOOKEEPER, proc, port, stack.workdir, LIVE)
 
 
 def zk_pid(stack: EmbeddedStack) -> int:
