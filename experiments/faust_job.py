@@ -63,8 +63,12 @@ OUTPUT_PARTITIONS = tuple(int(p) for p in os.environ.get("FAUST_JOB_OUTPUT_PARTI
 
 
 def say(line: str) -> None:
-    # The faust CLI redirects sys.stdout into its log; event lines go to the real stdout.
-    print(line, file=sys.__stdout__, flush=True)
+    # The faust CLI redirects sys.stdout into its log; event lines go to the real stdout, in one write that
+    # starts a new line: Faust's start-up spinner leaves unterminated escape codes there until it is ready.
+    out = sys.__stdout__
+    assert out is not None
+    out.write(f"\n{line}\n")
+    out.flush()
 
 
 def tag(record: SourceRecord, state: KeyedState) -> Iterator[tuple[bytes | None, bytes]]:

@@ -1,20 +1,26 @@
-"""Faust jobs on aligned subjects: a real ``faust`` worker process, SIGKILLed, restarted and aligned.
+"""Faust jobs on aligned subjects: real ``faust`` worker processes, SIGKILLed, stopped, restarted and aligned.
 
-The worker is ``python -m experiments.faust_job worker`` (Faust's own CLI). Its input subject is
-written live by a stamped SinkProducer in this process; its output is read back by epoch.
+The workers are ``python -m experiments.faust_job worker`` (the adapter's ``faust_app()``) and
+``python -m tests.workers.faust_plain worker`` (a plain ``faust.App``), both through Faust's own CLI. Their
+input subject is written live by a stamped SinkProducer in this process; their output is read back by
+epoch. Every process and thread a test starts is owned by the ``spawn`` fixture and stopped on every path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import signal
 import threading
+import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
+from typing import Any
 
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
-from connectors.faust.job import _sync_function
+from connectors.faust.job import GROUP_SETTINGS, _sync_function, _tune
 from connectors.reader import EpochReader
 from connectors.runtime import KeyedState
 from connectors.sink import SinkProducer
@@ -27,16 +33,24 @@ from tests.helpers import Worker, raw_count
 
 RECORDS = 20
 """Input records per input epoch."""
+LIVENESS = 30.0
+"""Generous bound (seconds) on a Faust worker's start and resume in tests; measured figures are in the README."""
+STOP_WITHIN = 5.0
+"""SIGTERM / SIGINT stop a Faust worker within this many seconds, exit code 0."""
 
 
 class Feeder(threading.Thread):
-    """Writes one input epoch every ``pace`` seconds until told to finish, then marks the sink finished."""
+    """Writes one input epoch every ``pace`` seconds (none while ``quiet`` is set) until ``finish``, then
+    marks the sink finished. ``close()`` (the ``spawn`` fixture) finishes and joins it on every path."""
 
     def __init__(self, zk: str, root: str, kafka: str, subject: str, pace: float = 0.1) -> None:
-        super().__init__(daemon=True)
+        super().__init__(daemon=True, name=f"feeder-{subject}")
         self.args = (zk, root, kafka, subject)
         self.pace = pace
         self.finish = threading.Event()
+        self.quiet = threading.Event()
+        self.paused = threading.Event()
+        """Set while quiet, once the epoch the feeder was writing when told committed."""
         self.last = -1
         self.error: BaseException | None = None
 
@@ -46,6 +60,11 @@ class Feeder(threading.Thread):
         try:
             with SinkProducer(ledger, kafka, subject, "feeder", 0, [0, 1, 2, 3]) as producer:
                 while not self.finish.is_set():
+                    if self.quiet.is_set():
+                        self.paused.set()
+                        self.finish.wait(0.05)
+                        continue
+                    self.paused.clear()
                     epoch = producer.begin()
                     for j in range(RECORDS):
                         producer.send(json.dumps({"e": epoch, "j": j}).encode(), key=f"k{j % 7}".encode())
@@ -58,92 +77,276 @@ class Feeder(threading.Thread):
         finally:
             ledger.close()
 
+    def done(self) -> None:
+        """Stop writing, mark the input finished, and fail on any error the feeder had."""
+        self.finish.set()
+        self.quiet.clear()
+        self.join(60)
+        assert not self.is_alive(), "feeder did not finish"
+        assert self.error is None, self.error
 
-def _start(stack, root: str, home: str, job: str, src: str, out: str, pause: str = "", **extra: str) -> Worker:
-    env = {"ALIGNER_ZK": stack.zk, "ALIGNER_KAFKA": stack.kafka, "ALIGNER_ROOT": root, "ALIGNER_HOME": home,
-           "FAUST_JOB_ID": job, "FAUST_JOB_INPUT": src, "FAUST_JOB_OUTPUT": out, "FAUST_JOB_INTERVAL": "0.3",
-           "FAUST_JOB_PAUSE": pause, **{f"FAUST_JOB_{k.upper()}": v for k, v in extra.items()}}
-    return Worker("experiments.faust_job", "worker", "-l", "warn", "--without-web", env=env)
+    def close(self) -> None:
+        self.finish.set()
+        self.join(60)
+
+
+def _env(stack, root: str, home: str, job: str, src: str, out: str, **extra: str) -> dict[str, str]:
+    return {"ALIGNER_ZK": stack.zk, "ALIGNER_KAFKA": stack.kafka, "ALIGNER_ROOT": root, "ALIGNER_HOME": home,
+            "FAUST_JOB_ID": job, "FAUST_JOB_INPUT": src, "FAUST_JOB_OUTPUT": out, "FAUST_JOB_INTERVAL": "0.3",
+            "FAUST_DATADIR": f"{home}-faust-{job}", **{f"FAUST_JOB_{k.upper()}": v for k, v in extra.items()}}
+
+
+def _start(spawn, root: str, home: str, job: str, src: str, out: str, pause: str = "", **extra: str) -> Worker:
+    """A Faust worker of ``experiments.faust_job`` (the adapter's ``faust_app()``)."""
+    env = _env(spawn.stack, root, home, job, src, out, pause=pause, **extra)
+    return spawn.worker("experiments.faust_job", "worker", "-l", "warn", "--without-web", env=env)
+
+
+def _start_plain(spawn, root: str, home: str, job: str, src: str, out: str) -> Worker:
+    """A Faust worker on a plain ``faust.App`` (``tests.workers.faust_plain``)."""
+    env = _env(spawn.stack, root, home, job, src, out)
+    return spawn.worker("tests.workers.faust_plain", "worker", "-l", "warn", "--without-web", env=env)
 
 
 def _committed(line: str) -> int | None:
     return int(line.split()[1]) if line.startswith("committed ") else None
 
 
-def test_faust_worker_killed_restarted_and_aligned_exactly_once(stack, root, ledger, subject_name, tmp_path):
-    home = str(tmp_path / "home")
-    src, out, job = f"{subject_name}-in", f"{subject_name}-out", f"faust-{subject_name}"
-    create_subject(ledger, stack.kafka, src, 4)
-    create_subject(ledger, stack.kafka, out, 4)
-    feeder = Feeder(stack.zk, root, stack.kafka, src)
-    feeder.start()
-    worker = _start(stack, root, home, job, src, out, pause="2:after_kafka_commit")
+def _is(kind: str) -> Callable[[str], bool]:
+    """Matches event lines ``kind ...`` (``open``, ``finished``)."""
+    return lambda line: line.startswith(f"{kind} ")
+
+
+def _next_epoch(opened: str) -> int:
+    return int(next(f for f in opened.split() if f.startswith("next=")).removeprefix("next="))
+
+
+def _stop(worker: Worker, signum: int) -> float:
+    """Send ``signum``; the seconds until the worker exited (bounded by STOP_WITHIN), which must be with 0."""
+    sent = time.monotonic()
+    worker.proc.send_signal(signum)
     try:
-        # 1. Killed between the Kafka commit and the ZooKeeper commit of epoch 2: that attempt never counts.
-        worker.wait_line(lambda line: line == "paused 2 after_kafka_commit", timeout=60)
-        worker.kill()
-        worker = _start(stack, root, home, job, src, out)
-        opened = worker.wait_line(lambda line: line.startswith("open"), timeout=60)
-        assert "next=2 " in opened and "attempt=2" in opened, opened
-        # 2. Killed at an arbitrary point of a running epoch (its transaction open, records flushed or not).
-        worker.wait_line(lambda line: (_committed(line) or 0) >= 4, timeout=60)
-        worker.kill()
-        worker = _start(stack, root, home, job, src, out)
-        worker.wait_line(lambda line: line.startswith("open"), timeout=60)
+        code = worker.proc.wait(STOP_WITHIN + 5)
+    except Exception:
+        raise AssertionError(f"still running {STOP_WITHIN + 5:.0f}s after signal {signum}: {worker.stderr}") from None
+    took = time.monotonic() - sent
+    assert code == 0, f"exit code {code} after signal {signum}: {worker.stderr}"
+    assert took < STOP_WITHIN, f"stopped {took:.1f}s after signal {signum}"
+    return took
 
-        # 3. The coordinator aligns the running Faust job like any other job.
-        decision = Coordinator(ledger).align(job, timeout=60)
-        aligned_from = decision.job_epoch
-        assert aligned_from is not None
-        worker.wait_line(lambda line: (_committed(line) or -1) >= aligned_from + 2, timeout=60)
-        assert "aligned=True" in worker.lines[-1]
 
-        # 4. Killed while aligned: it restarts aligned, from the alignment state of its last epoch.
-        worker.kill()
-        worker = _start(stack, root, home, job, src, out)
-        worker.wait_line(lambda line: line.startswith("open"), timeout=60)
-        line = worker.wait_line(lambda line: _committed(line) is not None, timeout=60)
-        assert "aligned=True" in line, line
+def _rest(worker: Worker) -> list[str]:
+    """All stdout lines of an exited worker, including those no wait_line has read yet."""
+    worker.proc.wait(30)
+    while True:
+        try:
+            line = worker._queue.get(timeout=10)
+        except queue.Empty:
+            raise AssertionError("the worker's stdout did not reach its end") from None
+        if line is None:
+            worker._queue.put(None)
+            return worker.lines
+        worker.lines.append(line)
 
-        # 5. Finite input: the job drains the last input epoch, finishes its output and Faust stops on SIGTERM.
-        feeder.finish.set()
-        feeder.join(30)
-        assert feeder.error is None, feeder.error
-        worker.wait_line(lambda line: line.startswith("finished"), timeout=60)
-        worker.proc.send_signal(signal.SIGTERM)
-        assert worker.proc.wait(60) == 0
-    finally:
-        feeder.finish.set()
-        worker.stop()
 
-    jobs = JobLedger(ledger)
+def _last_committed(lines: list[str]) -> int | None:
+    epochs = [e for e in map(_committed, lines) if e is not None]
+    return epochs[-1] if epochs else None
+
+
+def _check_exactly_once(ledger: Ledger, kafka: str, src: str, out: str, feeder: Feeder) -> dict[int, list[Any]]:
+    """Every input record's result exactly once in the output read by epoch, with its content; per key,
+    the keyed state ("seen") counts 1..n without gaps or repeats. Returns the output values by epoch."""
     in_epochs = ledger.epoch_numbers(src)
     out_epochs = ledger.epoch_numbers(out)
     assert ledger.finished(src) == in_epochs[-1] == feeder.last
     assert ledger.finished(out) == out_epochs[-1]
-    with EpochReader(ledger, stack.kafka) as reader:
+    with EpochReader(ledger, kafka) as reader:
         inputs = {(r.partition, r.offset): r for r in reader.read(src, 0, in_epochs[-1])}
         by_epoch = {e: [json.loads(r.value) for r in reader.read(out, e)] for e in out_epochs}
-
-    # Every input's result exactly once, across three kills.
     results = Counter((v["src"][1], v["src"][2]) for rs in by_epoch.values() for v in rs)
     assert len(inputs) == len(in_epochs) * RECORDS
     assert set(results) == set(inputs), "lost or invented results"
     assert max(results.values()) == 1, [k for k, n in results.items() if n > 1][:5]
-    for rs in by_epoch.values():
-        for v in rs:
-            assert json.loads(inputs[(v["src"][1], v["src"][2])].value) == v["in"]
-
-    # The broker holds more than that (the attempt killed after its Kafka commit); the stamps drop it.
-    assert raw_count(stack.kafka, ledger.subject(out).topic, 4) > len(results)
-
-    # Keyed state consistent with the last committed epoch after every crash: per key, "seen" is 1..n.
     seen = defaultdict(list)
     for e in out_epochs:
         for v in by_epoch[e]:
+            assert json.loads(inputs[(v["src"][1], v["src"][2])].value) == v["in"]
             seen[f"k{v['in']['j'] % 7}"].append(v["seen"])
     for key, counts in seen.items():
         assert sorted(counts) == list(range(1, len(counts) + 1)), key
+    return by_epoch
+
+
+def test_adapter_sets_short_group_timeouts_on_a_plain_app_and_keeps_explicit_ones():
+    import faust
+
+    from connectors.faust.job import configure
+
+    plain = configure(faust.App("plain-settings", broker="kafka://127.0.0.1:1"))
+    assert {name: getattr(plain.conf, name) for name in GROUP_SETTINGS} == GROUP_SETTINGS
+    mine = configure(faust.App("mine-settings", broker="kafka://127.0.0.1:1", broker_session_timeout=20.0))
+    assert mine.conf.broker_session_timeout == 20.0
+    assert mine.conf.broker_rebalance_timeout == GROUP_SETTINGS["broker_rebalance_timeout"]
+    late = faust.App("late-settings", broker="kafka://127.0.0.1:1")
+    assert late.conf.broker_rebalance_timeout == 60.0  # configured before the job was declared
+    _tune(late.conf)
+    assert late.conf.broker_rebalance_timeout == GROUP_SETTINGS["broker_rebalance_timeout"]
+
+
+def test_plain_faust_app_starts_and_resumes_after_sigkill_within_seconds_exactly_once(
+        stack, root, ledger, subject_name, tmp_path, spawn):
+    """Issue 11 item 7: a worker on a plain faust.App used to need ~30 s to start its job and ~113 s to
+    resume after a SIGKILL (Faust's consumer group held it back). Now the job starts with the app's
+    services; the figures measured here (printed) are well under 10 s, the bounds are liveness bounds."""
+    home = str(tmp_path / "home")
+    src, out, job = f"{subject_name}-in", f"{subject_name}-out", f"plain-{subject_name}"
+    create_subject(ledger, stack.kafka, src, 4)
+    create_subject(ledger, stack.kafka, out, 4)
+    feeder = spawn(Feeder(stack.zk, root, stack.kafka, src))
+    feeder.start()
+
+    started = time.monotonic()
+    worker = _start_plain(spawn, root, home, job, src, out)
+    opened = worker.wait_line(_is("open"), timeout=LIVENESS)
+    assert _next_epoch(opened) == 0, opened
+    worker.wait_line(lambda line: _committed(line) is not None, timeout=LIVENESS)
+    start_s = time.monotonic() - started
+
+    resume_s = []
+    for _ in range(2):
+        worker.wait_line(lambda line: _committed(line) is not None, timeout=LIVENESS)
+        worker.kill()  # at an arbitrary point of a running epoch
+        last = _last_committed(_rest(worker))
+        killed = time.monotonic()
+        worker = _start_plain(spawn, root, home, job, src, out)
+        opened = worker.wait_line(_is("open"), timeout=LIVENESS)
+        # Resumes from its last committed epoch (one may have committed after the line we last saw).
+        assert last is not None and _next_epoch(opened) in (last + 1, last + 2), (last, opened)
+        worker.wait_line(lambda line: _committed(line) is not None, timeout=LIVENESS)
+        resume_s.append(time.monotonic() - killed)
+
+    feeder.done()
+    worker.wait_line(_is("finished"), timeout=LIVENESS * 2)
+    _stop(worker, signal.SIGTERM)
+    _check_exactly_once(ledger, stack.kafka, src, out, feeder)
+    print(f"plain faust.App: first epoch committed {start_s:.1f}s after start; after SIGKILL the next process "
+          f"committed an epoch {', '.join(f'{s:.1f}' for s in resume_s)}s after the kill")
+
+
+def test_faust_worker_stops_on_sigterm_and_sigint_within_5s_and_resumes_exactly_once(
+        stack, root, ledger, subject_name, tmp_path, spawn):
+    """Issue 11 item 2 for Faust: SIGTERM mid-epoch and SIGINT while an aligned job waits for quiet
+    input both stop the worker within 5 s with exit code 0; the open epoch is aborted and the next
+    start resumes from the last committed epoch; nothing is lost or repeated."""
+    home = str(tmp_path / "home")
+    src, out, job = f"{subject_name}-in", f"{subject_name}-out", f"plain-{subject_name}"
+    create_subject(ledger, stack.kafka, src, 4)
+    create_subject(ledger, stack.kafka, out, 4)
+    feeder = spawn(Feeder(stack.zk, root, stack.kafka, src))
+    feeder.start()
+    jobs = JobLedger(ledger)
+
+    # 1. SIGTERM while input flows: the open epoch is aborted.
+    worker = _start_plain(spawn, root, home, job, src, out)
+    worker.wait_line(lambda line: (_committed(line) or 0) >= 2, timeout=LIVENESS)
+    took = {"SIGTERM busy": _stop(worker, signal.SIGTERM)}
+    last = _last_committed(_rest(worker))
+    assert last is not None
+
+    # 2. Restarted: from the epoch after the last committed one; then aligned by the coordinator.
+    worker = _start_plain(spawn, root, home, job, src, out)
+    opened = worker.wait_line(_is("open"), timeout=LIVENESS)
+    assert _next_epoch(opened) == last + 1, (last, opened)
+    worker.wait_line(lambda line: _committed(line) is not None, timeout=LIVENESS)
+    aligned_from = Coordinator(ledger).align(job, timeout=60).job_epoch
+    assert aligned_from is not None
+    worker.wait_line(lambda line: (_committed(line) or -1) >= aligned_from, timeout=LIVENESS)
+
+    # 3. The input goes quiet: the aligned job drains it, then waits for the next subject epoch.
+    feeder.quiet.set()
+    wait_for(feeder.paused.is_set, 30, "the feeder to pause")
+    fed = feeder.last
+
+    def drained(line: str) -> bool:
+        epoch = _committed(line)
+        if epoch is None:
+            return False
+        span = jobs.job_epoch(job, epoch).covered[src]
+        return span is not None and span.last >= fed
+
+    worker.wait_line(drained, timeout=LIVENESS)
+    took["SIGINT quiet"] = _stop(worker, signal.SIGINT)
+    last = _last_committed(_rest(worker))
+
+    # 4. Restarted while still quiet: aligned, from the epoch after the last committed one; input resumes.
+    worker = _start_plain(spawn, root, home, job, src, out)
+    opened = worker.wait_line(_is("open"), timeout=LIVENESS)
+    assert _next_epoch(opened) == last + 1, (last, opened)
+    feeder.quiet.clear()
+    line = worker.wait_line(lambda line: _committed(line) is not None, timeout=LIVENESS)
+    assert "aligned=True" in line, line
+
+    # 5. Finite input: the job finishes its output; SIGTERM then stops the idle Faust worker.
+    feeder.done()
+    worker.wait_line(_is("finished"), timeout=LIVENESS * 2)
+    took["SIGTERM finished"] = _stop(worker, signal.SIGTERM)
+
+    by_epoch = _check_exactly_once(ledger, stack.kafka, src, out, feeder)
+    for e in range(aligned_from, max(by_epoch) + 1):
+        assert jobs.worker_epoch(job, 0, e).mode == "aligned"
+    print("faust worker stop: " + ", ".join(f"{k} {v:.1f}s" for k, v in took.items()))
+
+
+def test_faust_worker_killed_restarted_and_aligned_exactly_once(stack, root, ledger, subject_name, tmp_path, spawn):
+    home = str(tmp_path / "home")
+    src, out, job = f"{subject_name}-in", f"{subject_name}-out", f"faust-{subject_name}"
+    create_subject(ledger, stack.kafka, src, 4)
+    create_subject(ledger, stack.kafka, out, 4)
+    feeder = spawn(Feeder(stack.zk, root, stack.kafka, src))
+    feeder.start()
+    worker = _start(spawn, root, home, job, src, out, pause="2:after_kafka_commit")
+    # 1. Killed between the Kafka commit and the ZooKeeper commit of epoch 2: that attempt never counts.
+    worker.wait_line(lambda line: line == "paused 2 after_kafka_commit", timeout=60)
+    worker.kill()
+    worker = _start(spawn, root, home, job, src, out)
+    opened = worker.wait_line(_is("open"), timeout=60)
+    assert "next=2 " in opened and "attempt=2" in opened, opened
+    # 2. Killed at an arbitrary point of a running epoch (its transaction open, records flushed or not).
+    worker.wait_line(lambda line: (_committed(line) or 0) >= 4, timeout=60)
+    worker.kill()
+    worker = _start(spawn, root, home, job, src, out)
+    worker.wait_line(_is("open"), timeout=60)
+
+    # 3. The coordinator aligns the running Faust job like any other job.
+    decision = Coordinator(ledger).align(job, timeout=60)
+    aligned_from = decision.job_epoch
+    assert aligned_from is not None
+    worker.wait_line(lambda line: (_committed(line) or -1) >= aligned_from + 2, timeout=60)
+    assert "aligned=True" in worker.lines[-1]
+
+    # 4. Killed while aligned: it restarts aligned, from the alignment state of its last epoch.
+    worker.kill()
+    worker = _start(spawn, root, home, job, src, out)
+    worker.wait_line(_is("open"), timeout=60)
+    line = worker.wait_line(lambda line: _committed(line) is not None, timeout=60)
+    assert "aligned=True" in line, line
+
+    # 5. Finite input: the job drains the last input epoch, finishes its output and Faust stops on SIGTERM.
+    feeder.done()
+    worker.wait_line(_is("finished"), timeout=60)
+    _stop(worker, signal.SIGTERM)
+
+    jobs = JobLedger(ledger)
+    in_epochs = ledger.epoch_numbers(src)
+    out_epochs = ledger.epoch_numbers(out)
+    # Every input's result exactly once, across three kills, with keyed state consistent with the last
+    # committed epoch after every crash.
+    by_epoch = _check_exactly_once(ledger, stack.kafka, src, out, feeder)
+    results = sum(len(rs) for rs in by_epoch.values())
+
+    # The broker holds more than that (the attempt killed after its Kafka commit); the stamps drop it.
+    assert raw_count(stack.kafka, ledger.subject(out).topic, 4) > results
 
     # Aligned epochs map onto input epochs: job epoch e holds exactly the results of the input epochs it covers.
     assert out_epochs[-1] >= aligned_from + 2
@@ -162,57 +365,43 @@ def test_faust_worker_killed_restarted_and_aligned_exactly_once(stack, root, led
     assert expected_first == in_epochs[-1] + 1
 
 
-def _terminate(worker: Worker) -> None:
-    """Faust stops cleanly on SIGTERM once its aligned job finished."""
-    worker.proc.send_signal(signal.SIGTERM)
-    assert worker.proc.wait(60) == 0, "".join(worker._stderr)[-3000:]
-
-
-def test_faust_workers_hot_swapped_v1_to_v2_exactly_once(stack, root, ledger, subject_name, tmp_path):
+def test_faust_workers_hot_swapped_v1_to_v2_exactly_once(stack, root, ledger, subject_name, tmp_path, spawn):
     """Two real Faust workers, v1 aligned and v2 following it, swapped under continuous input."""
     home = str(tmp_path / "home")
     src, target = f"{subject_name}-in", f"{subject_name}-t"
     v1, v2 = f"faust-{subject_name}-v1", f"faust-{subject_name}-v2"
     create_subject(ledger, stack.kafka, src, 4)
     create_subject(ledger, stack.kafka, target, 4)
-    feeder = Feeder(stack.zk, root, stack.kafka, src)
+    feeder = spawn(Feeder(stack.zk, root, stack.kafka, src))
     feeder.start()
-    old = _start(stack, root, home, v1, src, target, output_partitions="0,1")
-    new: Worker | None = None
-    try:
-        old.wait_line(lambda line: _committed(line) is not None, timeout=60)
-        Coordinator(ledger).align(v1, timeout=60)
-        new = _start(stack, root, home, v2, src, target, version="2", follows=v1, output_partitions="2,3")
-        new.wait_line(lambda line: line.startswith("open"), timeout=60)
-        # v2 follows v1's aligned epochs with its output voided: nothing of it reaches the target yet.
-        line = new.wait_line(lambda line: _committed(line) is not None, timeout=60)
-        assert "aligned=True" in line, line
+    old = _start(spawn, root, home, v1, src, target, output_partitions="0,1")
+    old.wait_line(lambda line: _committed(line) is not None, timeout=60)
+    Coordinator(ledger).align(v1, timeout=60)
+    new = _start(spawn, root, home, v2, src, target, version="2", follows=v1, output_partitions="2,3")
+    new.wait_line(_is("open"), timeout=60)
+    # v2 follows v1's aligned epochs with its output voided: nothing of it reaches the target yet.
+    line = new.wait_line(lambda line: _committed(line) is not None, timeout=60)
+    assert "aligned=True" in line, line
 
-        fed_before, frontier_before = feeder.last, ledger.frontier(target)
-        accepted = max(c.job_epoch or 0 for j in (v1, v2) for c in JobLedger(ledger).consumers(j, src).values())
-        swap = HotSwap(ledger).run(v1, v2, target, timeout=60)
-        fed_after = feeder.last
-        assert swap.phase == "done" and swap.old == v1 and swap.new == v2
-        # S is picked a margin (2) ahead of both jobs, a few epochs more if they moved on meanwhile.
-        assert accepted < swap.epoch <= accepted + 6, f"swap at {swap.epoch}, job epoch {accepted} when accepted"
-        # v1 writes its last epoch S and finishes; the input kept flowing during the swap.
-        done = old.wait_line(lambda line: line.startswith("finished"), timeout=60)
-        assert done.endswith(f"last={swap.epoch}"), done
-        assert fed_after > fed_before, "no input epoch was written during the swap"
-        _terminate(old)
-        wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, 60, "v2 output after the swap")
+    fed_before, frontier_before = feeder.last, ledger.frontier(target)
+    accepted = max(c.job_epoch or 0 for j in (v1, v2) for c in JobLedger(ledger).consumers(j, src).values())
+    swap = HotSwap(ledger).run(v1, v2, target, timeout=60)
+    fed_after = feeder.last
+    assert swap.phase == "done" and swap.old == v1 and swap.new == v2
+    # S is picked a margin ahead of both jobs (how far is a benchmark figure, not a test assertion).
+    assert accepted < swap.epoch, f"swap at {swap.epoch}, job epoch {accepted} when accepted"
+    # v1 writes its last epoch S and finishes; the input kept flowing during the swap.
+    done = old.wait_line(_is("finished"), timeout=60)
+    assert done.endswith(f"last={swap.epoch}"), done
+    assert fed_after > fed_before, "no input epoch was written during the swap"
+    _stop(old, signal.SIGTERM)
+    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, 60, "v2 output after the swap",
+             on_wait=new.running)
 
-        # Finite input: v2 drains the last input epoch and finishes the target.
-        feeder.finish.set()
-        feeder.join(30)
-        assert feeder.error is None, feeder.error
-        new.wait_line(lambda line: line.startswith("finished"), timeout=60)
-        _terminate(new)
-    finally:
-        feeder.finish.set()
-        old.stop()
-        if new is not None:
-            new.stop()
+    # Finite input: v2 drains the last input epoch and finishes the target.
+    feeder.done()
+    new.wait_line(_is("finished"), timeout=60)
+    _stop(new, signal.SIGTERM)
 
     in_epochs = ledger.epoch_numbers(src)
     out_epochs = ledger.epoch_numbers(target)

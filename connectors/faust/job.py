@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import inspect
 import logging
 import os
+import signal
+import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import faust
+from faust.types.settings import Settings as FaustSettings
 from mode import Service
+from mode import Worker as ModeWorker
 
 from aligner.ledger import Ledger
 from aligner.models import Mode
 from aligner.settings import Settings
+from aligner.zk import StoppedError
 from connectors.runtime import JobSpec, JobWorker, KeyedState
-from connectors.sink import FaultHook
+from connectors.sink import TRANSIENT, FaultHook
 from connectors.source import SourceRecord
 
 log = logging.getLogger("aligner.faust")
@@ -25,12 +33,57 @@ log = logging.getLogger("aligner.faust")
 Emitted = Iterable[tuple[bytes | None, bytes]]
 Report = Callable[[str], None]
 
+GROUP_SETTINGS: dict[str, float] = {
+    "broker_session_timeout": 3.0,
+    "broker_heartbeat_interval": 0.5,
+    "broker_rebalance_timeout": 3.0,
+}
+"""Consumer group timeouts an app running aligned jobs gets when it left Faust's defaults (60 s, 3 s, 60 s).
+
+The aligned job does not use Faust's consumer group (the job runtime owns its partitions), but the
+Faust worker still joins one for its internal leader topic. With Faust's defaults the broker holds
+the first JoinGroup of a fresh group for ~30 s and, after a SIGKILL, waits out the dead member's 60 s
+session before the new one is admitted: ~110 s until Faust says "Ready". Short timeouts make that ~3 s."""
+
+STOP_GRACE = 4.0
+"""Seconds after SIGTERM/SIGINT after which a Faust worker running aligned jobs exits (code 0) even if a
+client call stuck on an unreachable service holds it; the open epoch is uncommitted and runs again."""
+
+JOB_STOP_WAIT = 3.0
+"""Seconds the Faust worker's shutdown waits for the job thread (which checks its stop flag every second)."""
+
+
+def _tune(conf: Any) -> None:
+    """Shorten the consumer group timeouts the user left at Faust's defaults (explicit values are kept)."""
+    for name, value in GROUP_SETTINGS.items():
+        if getattr(conf, name) == FaustSettings.SETTINGS[name].default:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # set before any consumer exists; Faust warns anyway
+                setattr(conf, name, value)
+
+
+def configure(app: faust.App) -> faust.App:
+    """Set what aligned jobs need on a Faust app the user built (idempotent; :func:`job` calls it).
+
+    Only consumer group timeouts still at Faust's defaults change (see :data:`GROUP_SETTINGS`): the
+    app's own agents and tables rebalance faster too, which is what a restarted worker wants.
+    """
+    if getattr(app, "_aligned_configured", False):
+        return app
+    app._aligned_configured = True  # type: ignore[attr-defined]
+    if app.configured:
+        _tune(app.conf)
+    else:
+        app.on_configured.connect(lambda _sender, conf=None, **_kw: _tune(conf))
+    return app
+
 
 def faust_app(app_id: str, *, kafka: str | None = None, **overrides: Any) -> faust.App:
     """A ``faust.App`` configured for aligned jobs on the embedded broker (or any Kafka).
 
-    Faust still starts its own (non-transactional) consumer for its internal leader topic; the
-    short session timeout makes a restarted worker rejoin within a few seconds after a SIGKILL.
+    A plain ``faust.App`` works as well (:func:`job` sets the group timeouts it needs); this one also
+    keeps Faust's data directory under ``ALIGNER_HOME`` and uses in-memory stores and single-partition
+    internal topics, which suit the embedded single-node broker.
     """
     env = Settings()
     bootstrap = kafka or env.kafka
@@ -41,12 +94,10 @@ def faust_app(app_id: str, *, kafka: str | None = None, **overrides: Any) -> fau
         "store": "memory://",
         "topic_replication_factor": 1,
         "topic_partitions": 1,
-        "broker_session_timeout": 3.0,
-        "broker_heartbeat_interval": 0.5,
-        "broker_rebalance_timeout": 3.0,
+        **GROUP_SETTINGS,
     }
     settings.update(overrides)
-    return faust.App(app_id, **settings)
+    return configure(faust.App(app_id, **settings))
 
 
 def _sync_function(fn: Callable[..., Any],
@@ -67,31 +118,47 @@ def _sync_function(fn: Callable[..., Any],
     return call
 
 
+def _retrying(what: str, stop: threading.Event, attempt: Callable[[], Any]) -> Any:
+    """``attempt()`` until it works, retrying broker and ZooKeeper failures with backoff; None once stopped.
+
+    A worker started while ZooKeeper or the broker is unreachable waits for them instead of crashing."""
+    delay = 0.2
+    while not stop.is_set():
+        try:
+            return attempt()
+        except StoppedError:
+            return None
+        except TRANSIENT as exc:
+            if stop.is_set():
+                return None
+            log.warning("%s failed (%s: %s); retrying in %.1fs", what, type(exc).__name__,
+                        " ".join(str(exc).split())[:200], delay)
+        stop.wait(delay)
+        delay = min(delay * 2, 5.0)
+    return None
+
+
 class AlignedJob:
     """One worker of an epoch job inside a Faust app; created by :func:`job`."""
 
     def __init__(self, app: faust.App, fn: Callable[..., Any], spec: JobSpec, *, worker: int | None = None,
-                 settings: Settings | None = None, fault: FaultHook | None = None, report: Report | None = None,
-                 wait_timeout: float = 120.0) -> None:
-        self.app = app
+                 settings: Settings | None = None, fault: FaultHook | None = None,
+                 report: Report | None = None, stop_grace: float | None = STOP_GRACE) -> None:
+        self.app = configure(app)
         self.fn = fn
         self.spec = spec
         self.index = worker
         self.settings = settings
         self.fault = fault
         self.report = report or (lambda line: log.info("%s", line))
-        self.wait_timeout = wait_timeout
+        self.stop_grace = stop_grace
         self.worker: JobWorker | None = None
         """The running library worker (for status pages and fault hooks); None before start."""
         self.finished = threading.Event()
-        self._service: _JobService | None = None
-
-        @app.task
-        async def _start_aligned_job() -> None:
-            self._service = _JobService(self, loop=asyncio.get_running_loop(), beacon=app.beacon)
-            await app.add_runtime_dependency(self._service)
-
-        self._task = _start_aligned_job
+        # Started with the app's own services, not as an @app.task: tasks wait until Faust's consumer
+        # group settled, and the aligned job does not depend on that group at all.
+        self._service = _JobService(self, beacon=app.beacon)
+        app.add_dependency(self._service)
 
         @app.page(f"/aligned/{spec.job}/", name=f"aligned-{spec.job}")
         async def _status(view: Any, request: Any) -> Any:
@@ -100,35 +167,49 @@ class AlignedJob:
 
     def status(self) -> dict[str, Any]:
         w = self.worker
-        if w is None:
+        if w is None or w.sink is None:
             return {"job": self.spec.job, "running": False}
         return {"job": self.spec.job, "worker": w.worker, "running": not self.finished.is_set(),
                 "committed_epoch": w.sink.lease.node.committed_epoch, "aligned": w.aligned,
                 "follows": self.spec.follows, "swap": w._swap.model_dump() if w._swap is not None else None,
                 "modes": {s: w.mode_of(s) for s in self.spec.inputs}, "records_in": w.records_in,
-                "records_out": w.records_out}
+                "records_out": w.records_out, "waiting_since": w.waiting_since}
 
     def run(self, stop: threading.Event, loop: asyncio.AbstractEventLoop) -> None:
-        """The blocking step loop: one job epoch per step until finished or stopped."""
+        """The blocking epoch loop: from the last committed epoch until the inputs finish or ``stop``.
+
+        Broker and ZooKeeper failures are ridden out (the open epoch is aborted and written again); on
+        ``stop`` the open epoch is aborted and the next start resumes from the last committed one."""
         settings = self.settings or Settings()
         index = self.index if self.index is not None else int(os.environ.get("ALIGNER_WORKER", "0"))
-        ledger = Ledger.connect(settings.zk, settings.root)
+        ledger: Ledger | None = _retrying(f"connecting to ZooKeeper at {settings.zk}", stop,
+                                          lambda: Ledger.connect(settings.zk, settings.root, stop=stop))
+        if ledger is None:
+            return
         try:
             worker = JobWorker(ledger, settings.kafka, self.spec, index, _sync_function(self.fn, loop),
-                               fault=self.fault, wait_timeout=self.wait_timeout).open()
-            self.worker = worker
+                               fault=self.fault)
+
+            def open_worker() -> JobWorker:
+                try:
+                    return worker.open()
+                except BaseException:
+                    worker.close()  # a partly opened sink or source; the next attempt opens anew
+                    raise
+
             try:
+                if _retrying(f"opening job {self.spec.job} worker {index}", stop, open_worker) is None:
+                    return
+                self.worker = worker
+                assert worker.sink is not None
                 self.report(f"open job={self.spec.job} worker={index} next={worker.sink.next_epoch} "
                             f"attempt={worker.sink.attempt}")
-                while not stop.is_set():
-                    if not worker.step(stop):
-                        break
-                    self.report(f"committed {worker.sink.lease.node.committed_epoch} aligned={worker.aligned} "
-                                f"in={worker.records_in} out={worker.records_out}")
+                worker.run(stop, on_epoch=lambda epoch: self.report(
+                    f"committed {epoch} aligned={worker.aligned} in={worker.records_in} out={worker.records_out}"))
                 if not stop.is_set():
                     self.finished.set()
-                    self.report(f"finished job={self.spec.job} worker={index} "
-                                f"last={worker.sink.lease.node.committed_epoch}")
+                    last = worker.sink.lease.node.committed_epoch if worker.sink is not None else None
+                    self.report(f"finished job={self.spec.job} worker={index} last={last}")
             finally:
                 worker.close()
         finally:
@@ -136,9 +217,7 @@ class AlignedJob:
 
 
 class _JobService(Service):
-    """Runs an AlignedJob's step loop in a thread for as long as the Faust app runs."""
-
-    stop_timeout = 60.0
+    """Runs an AlignedJob's epoch loop in a thread for as long as the Faust app runs."""
 
     def __init__(self, job: AlignedJob, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -146,14 +225,19 @@ class _JobService(Service):
         self._stop_flag = threading.Event()
         self._done: asyncio.Future[None] | None = None
         self._crashing: asyncio.Future[None] | None = None
+        self._thread: threading.Thread | None = None
 
     @property
     def label(self) -> str:
         return f"AlignedJob[{self.job.spec.job}]"
 
     async def on_start(self) -> None:
+        app = self.job.app
+        if app.producer_only or app.client_only:
+            return  # e.g. ``faust send``: only a worker runs the job
         loop = asyncio.get_running_loop()
         self._done = loop.create_future()
+        self._chain_stop_signals(loop)
 
         def target() -> None:
             error: BaseException | None = None
@@ -161,40 +245,85 @@ class _JobService(Service):
                 self.job.run(self._stop_flag, loop)
             except BaseException as exc:
                 error = exc
-            loop.call_soon_threadsafe(self._finished, error)
+            with contextlib.suppress(RuntimeError):  # the loop closed: the process is exiting anyway
+                loop.call_soon_threadsafe(self._finished, error)
 
-        threading.Thread(target=target, name=self.label, daemon=True).start()
+        self._thread = threading.Thread(target=target, name=self.label, daemon=True)
+        self._thread.start()
+
+    def _chain_stop_signals(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Under a Faust worker, SIGTERM/SIGINT first stop the job (its open epoch is aborted), then go
+        on to Faust's own handler; a watchdog ends the process if shutdown outlasts the grace period."""
+        root = self.job.app.beacon.root
+        worker = root.data if root is not None else None
+        if not isinstance(worker, ModeWorker) or threading.current_thread() is not threading.main_thread():
+            return
+        for signum, name in ((signal.SIGTERM, "_on_sigterm"), (signal.SIGINT, "_on_sigint")):
+            faust_handler = getattr(worker, name, None)
+            if callable(faust_handler):
+                loop.add_signal_handler(signum, self._on_stop_signal, worker, faust_handler)
+
+    def _on_stop_signal(self, worker: ModeWorker, faust_handler: Callable[[], None]) -> None:
+        first = not self._stop_flag.is_set()
+        self._stop_flag.set()
+        if first and self.job.stop_grace is not None:
+            timer = threading.Timer(self.job.stop_grace, _exit_now, ("stop took longer than %.1fs; exiting now",
+                                                                     self.job.stop_grace))
+            timer.daemon = True
+            timer.start()
+            # Once Faust has shut down cleanly, skip the interpreter's teardown of Faust's many modules and
+            # objects (seconds on a busy machine): every committed epoch is safe in ZooKeeper.
+            atexit.register(lambda: worker.crash_reason is None and _exit_now(None))
+        faust_handler()
 
     def _finished(self, error: BaseException | None) -> None:
         assert self._done is not None
         if not self._done.done():
             self._done.set_result(None)
         if error is not None and not self._stop_flag.is_set():
-            # A failed job worker crashes the Faust worker: restart it to resume from the last epoch.
+            # A job that cannot go on (a mistake, or fenced by another incarnation) crashes the Faust
+            # worker; its supervisor restarts it and it resumes from the last committed epoch.
+            log.error("%s failed: %s: %s", self.label, type(error).__name__, error)
             self._crashing = asyncio.ensure_future(self.crash(error))
 
     async def on_stop(self) -> None:
         self._stop_flag.set()  # the open epoch is aborted; it is written again after restart
         if self._done is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(self._done), self.stop_timeout)
+                await asyncio.wait_for(asyncio.shield(self._done), JOB_STOP_WAIT)
             except TimeoutError:
-                log.warning("%s did not stop within %.0fs", self.label, self.stop_timeout)
+                log.warning("%s still in a client call after %.0fs; leaving it (its epoch stays uncommitted)",
+                            self.label, JOB_STOP_WAIT)
+
+
+def _exit_now(why: str | None, *args: Any) -> None:
+    """Exit 0 at once, output flushed (a stopping worker: every committed epoch is safe in ZooKeeper)."""
+    if why is not None:
+        log.warning(why, *args)
+    with contextlib.suppress(Exception):
+        logging.shutdown()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        with contextlib.suppress(Exception):
+            stream.flush()  # type: ignore[union-attr]
+    os._exit(0)
 
 
 def job(app: faust.App, *, job_id: str, inputs: Sequence[str], output: str, parallelism: int = 1,
         version: str = "1", interval: float = 1.0, mode: Mode = "exactly_once", epochs_per_checkpoint: int = 1,
         deterministic: bool = True, follows: str | None = None, output_partitions: Sequence[int] | None = None,
         worker: int | None = None, settings: Settings | None = None, fault: FaultHook | None = None,
-        report: Report | None = None, wait_timeout: float = 120.0) -> Callable[[Callable[..., Any]], AlignedJob]:
+        report: Report | None = None, stop_grace: float | None = STOP_GRACE,
+        ) -> Callable[[Callable[..., Any]], AlignedJob]:
     """Declare an epoch job of ``app``: aligned-capable sources ``inputs``, stamped sink ``output``.
 
-    The decorated function takes ``(record, state)`` (a :class:`SourceRecord` and the job's
-    :class:`KeyedState`) and returns or yields ``(key, value)`` byte pairs; it may be a plain
-    function or an ``async def`` generator. The job starts in ``mode`` (own epochs every
-    ``interval`` seconds) and the coordinator aligns it on its inputs. Connection settings come from
-    ``settings`` or the ``ALIGNER_*`` environment at worker start, the worker index from ``worker``
-    or ``ALIGNER_WORKER``.
+    ``app`` may be any ``faust.App``: the job sets what it needs on it (:func:`configure`) and starts
+    with the app's services, without waiting for Faust's consumer group. The decorated function takes
+    ``(record, state)`` (a :class:`SourceRecord` and the job's :class:`KeyedState`) and returns or
+    yields ``(key, value)`` byte pairs; it may be a plain function or an ``async def`` generator. The
+    job starts in ``mode`` (own epochs every ``interval`` seconds) and the coordinator aligns it on
+    its inputs. It waits for input as long as it takes. Connection settings come from ``settings``
+    or the ``ALIGNER_*`` environment at worker start, the worker index from ``worker`` or
+    ``ALIGNER_WORKER``. SIGTERM or SIGINT stops the worker within ``stop_grace`` seconds, exit code 0.
 
     Hot-swap: ``follows=OLD_JOB`` runs this app as the new version of ``OLD_JOB`` (it follows the old
     job's aligned epochs and voids its output until ``aligner hotswap`` commits the swap), and
@@ -209,6 +338,6 @@ def job(app: faust.App, *, job_id: str, inputs: Sequence[str], output: str, para
 
     def decorate(fn: Callable[..., Any]) -> AlignedJob:
         return AlignedJob(app, fn, spec, worker=worker, settings=settings, fault=fault, report=report,
-                          wait_timeout=wait_timeout)
+                          stop_grace=stop_grace)
 
     return decorate
