@@ -135,6 +135,11 @@ def _stop(worker: Worker, signum: int) -> float:
     return took
 
 
+def _alive(worker: Worker) -> None:
+    """Fails with the worker's stderr if it exited (``on_wait`` while waiting on its effects)."""
+    assert worker.proc.poll() is None, f"worker exited {worker.proc.returncode}: {worker.stderr}"
+
+
 def _rest(worker: Worker) -> list[str]:
     """All stdout lines of an exited worker, including those no wait_line has read yet."""
     worker.proc.wait(30)
@@ -396,7 +401,7 @@ def test_faust_workers_hot_swapped_v1_to_v2_exactly_once(stack, root, ledger, su
     assert fed_after > fed_before, "no input epoch was written during the swap"
     _stop(old, signal.SIGTERM)
     wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, 60, "v2 output after the swap",
-             on_wait=new.running)
+             on_wait=lambda: _alive(new))
 
     # Finite input: v2 drains the last input epoch and finishes the target.
     feeder.done()
