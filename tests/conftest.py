@@ -258,6 +258,15 @@ def run_cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess
                           text=True, timeout=timeout)
 
 
+class _StopsQuery:
+    def __init__(self, query: Any) -> None:
+        self.query = query
+
+    def close(self) -> None:
+        if self.query.isActive:
+            self.query.stop()
+
+
 class Spawn:
     """The threads and processes of one test. Everything started through it is stopped at teardown, in
     reverse order, on every path (passed, failed, timed out), before the per-test leak guard looks."""
@@ -283,6 +292,12 @@ class Spawn:
     def worker(self, module: str, *args: str, env: dict[str, str] | None = None) -> Worker:
         """A started :class:`Worker` process running ``python -m module args``."""
         return self(Worker(module, *args, env=env))
+
+    def query(self, query: Any) -> Any:
+        """A started Spark ``StreamingQuery``: stopped at teardown if it still runs (a failed wait for it
+        would otherwise leave it reading the stack until the module's session stops)."""
+        self(_StopsQuery(query))
+        return query
 
     def close(self) -> None:
         errors: list[str] = []

@@ -14,6 +14,8 @@ from connectors.subjects import create_subject
 pytest.importorskip("pyspark")
 
 TEST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # the first session of the run starts the JVM
+LIVE = 300
+"""Liveness bound (seconds) on a query's run: generous, for a busy machine; never a speed check."""
 
 
 @pytest.fixture(scope="module")
@@ -42,27 +44,27 @@ def _write_epochs(producer: SinkProducer, epochs: range, records: int, abort_at:
         producer.commit()
 
 
-def _run_available_now(spark, stack, root, subject, checkpoint, seen: list) -> str:
+def _run_available_now(spark, spawn, stack, root, subject, checkpoint, seen: list) -> str:
     def collect(df, batch_id):
         rows = df.select("epoch", "partition", "offset", "value").collect()
         seen.append((batch_id, [(r.epoch, r.partition, r.offset, bytes(r.value)) for r in rows]))
 
-    query = (spark.readStream.format("aligned").options(**_opts(stack, root, subject)).load()
-             .writeStream.foreachBatch(collect).option("checkpointLocation", str(checkpoint))
-             .trigger(availableNow=True).start())
-    assert query.awaitTermination(180), "availableNow query did not finish"
+    query = spawn.query(spark.readStream.format("aligned").options(**_opts(stack, root, subject)).load()
+                        .writeStream.foreachBatch(collect).option("checkpointLocation", str(checkpoint))
+                        .trigger(availableNow=True).start())
+    assert query.awaitTermination(LIVE), "availableNow query did not finish"
     assert query.exception() is None, query.exception()
     return query.id
 
 
 def test_stream_reads_every_epoch_once_and_resumes_from_checkpoint(spark, stack, root, ledger, subject_name,
-                                                                   tmp_path):
+                                                                   tmp_path, spawn):
     create_subject(ledger, stack.kafka, subject_name, 3)
     producer = SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0, 1, 2]).open()
     try:
         _write_epochs(producer, range(4), 30, abort_at=1)
         first: list = []
-        _run_available_now(spark, stack, root, subject_name, tmp_path / "cp", first)
+        _run_available_now(spark, spawn, stack, root, subject_name, tmp_path / "cp", first)
         # One micro-batch per committed epoch, in order, each holding exactly that epoch's records.
         assert [b for b, _ in first] == [0, 1, 2, 3]
         for batch_id, rows in first:
@@ -71,7 +73,7 @@ def test_stream_reads_every_epoch_once_and_resumes_from_checkpoint(spark, stack,
         producer.begin()
         producer.commit()  # epoch 6: empty
         second: list = []
-        query_id = _run_available_now(spark, stack, root, subject_name, tmp_path / "cp", second)
+        query_id = _run_available_now(spark, spawn, stack, root, subject_name, tmp_path / "cp", second)
     finally:
         producer.close()
     assert [b for b, _ in second] == [4, 5, 6]
@@ -88,18 +90,17 @@ def test_stream_reads_every_epoch_once_and_resumes_from_checkpoint(spark, stack,
 
     # epochsPerBatch = 2 under the default trigger: admission control caps each batch at two epochs.
     pairs: list = []
-    query = (spark.readStream.format("aligned").options(**_opts(stack, root, subject_name))
-             .option("epochsPerBatch", "2").load()
-             .writeStream.foreachBatch(lambda df, b: pairs.append(sorted({r.epoch for r in df.collect()})))
-             .option("checkpointLocation", str(tmp_path / "cp2")).start())
-    try:
-        query.processAllAvailable()
-    finally:
-        query.stop()
+    query = spawn.query(spark.readStream.format("aligned").options(**_opts(stack, root, subject_name))
+                        .option("epochsPerBatch", "2").load()
+                        .writeStream.foreachBatch(lambda df, b: pairs.append(sorted({r.epoch for r in df.collect()})))
+                        .option("checkpointLocation", str(tmp_path / "cp2")).start())
+    query.processAllAvailable()
+    query.stop()
     assert pairs == [[0, 1], [2, 3], [4, 5], []]
 
 
-def test_multi_subject_stream_follows_epoch_vectors_and_resumes(spark, stack, root, ledger, subject_name, tmp_path):
+def test_multi_subject_stream_follows_epoch_vectors_and_resumes(spark, stack, root, ledger, subject_name, tmp_path,
+                                                                spawn):
     from connectors.spark.lineage import source_batch
 
     fast, slow = f"{subject_name}-f", f"{subject_name}-s"
@@ -115,10 +116,10 @@ def test_multi_subject_stream_follows_epoch_vectors_and_resumes(spark, stack, ro
             seen.append((batch_id, [(r.subject, r.epoch, r.partition, r.offset, bytes(r.value)) for r in rows]))
 
         opts = {"zk": stack.zk, "kafka": stack.kafka, "root": root, "subjects": f"{fast},{slow}"}
-        query = (spark.readStream.format("aligned").options(**opts).load()
-                 .writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "cp"))
-                 .trigger(availableNow=True).start())
-        assert query.awaitTermination(180), "availableNow query did not finish"
+        query = spawn.query(spark.readStream.format("aligned").options(**opts).load()
+                            .writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "cp"))
+                            .trigger(availableNow=True).start())
+        assert query.awaitTermination(LIVE), "availableNow query did not finish"
         assert query.exception() is None, query.exception()
         return query.id
 
@@ -150,7 +151,7 @@ def test_multi_subject_stream_follows_epoch_vectors_and_resumes(spark, stack, ro
 
 
 def test_pr_hotness_job_on_spark_reduces_both_subjects_exactly_once(spark, stack, root, ledger, subject_name,
-                                                                    tmp_path):
+                                                                    tmp_path, spawn):
     """Job 2 of the hotness chain: the multi-subject aligned source, a stateful reduce, the aligned sink."""
     from experiments.hotness import pr_hotness_query
 
@@ -179,10 +180,10 @@ def test_pr_hotness_job_on_spark_reduces_both_subjects_exactly_once(spark, stack
             ph.commit()
             pc.commit()
     conn = {"zk": stack.zk, "kafka": stack.kafka, "root": root}
-    query = (pr_hotness_query(spark, conn, hot, comments, epochs_per_batch=2)
-             .writeStream.format("aligned").options(**conn, subject=out, sinkId="hotness")
-             .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
-    assert query.awaitTermination(180), "availableNow query did not finish"
+    query = spawn.query(pr_hotness_query(spark, conn, hot, comments, epochs_per_batch=2)
+                        .writeStream.format("aligned").options(**conn, subject=out, sinkId="hotness")
+                        .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
+    assert query.awaitTermination(LIVE), "availableNow query did not finish"
     assert query.exception() is None, query.exception()
     with EpochReader(ledger, stack.kafka) as reader:
         rows = [json.loads(r.value) for r in reader.read(out, 0, ledger.frontier(out))]

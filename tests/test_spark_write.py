@@ -17,6 +17,8 @@ pytest.importorskip("pyspark")
 TEST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # the first session of the run starts the JVM
 
 RECORDS = 200
+LIVE = 300
+"""Liveness bound (seconds) on a query's run: generous, for a busy machine; never a speed check."""
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +32,7 @@ def spark():
     session.stop()
 
 
-def _run(spark, stack, root, source, target, checkpoint) -> None:
+def _run(spark, spawn, stack, root, source, target, checkpoint) -> None:
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType
 
@@ -41,10 +43,10 @@ def _run(spark, stack, root, source, target, checkpoint) -> None:
                                              F.col("partition").alias("src_partition"),
                                              F.col("offset").alias("src_offset"),
                                              j_of("value").alias("j"))).alias("value")))
-    query = (out.writeStream.format("aligned").options(**conn, subject=target, sinkId="spark")
-             .option("failFirstAttemptAfter", RECORDS // 8)
-             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
-    assert query.awaitTermination(240), "availableNow query did not finish"
+    query = spawn.query(out.writeStream.format("aligned").options(**conn, subject=target, sinkId="spark")
+                        .option("failFirstAttemptAfter", RECORDS // 8)
+                        .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    assert query.awaitTermination(LIVE), "availableNow query did not finish"
     assert query.exception() is None, query.exception()
 
 
@@ -74,7 +76,7 @@ def _check_target(ledger, stack, source, target, source_epochs: int) -> None:
     assert {e: s for e, s in per_epoch.items()} == {batch_to_epoch[b]: {b} for b in range(source_epochs)}
 
 
-def test_task_retries_write_each_result_once(spark, stack, root, ledger, tmp_path):
+def test_task_retries_write_each_result_once(spark, stack, root, ledger, tmp_path, spawn):
     source, target = "x-" + tmp_path.name[-8:], "y-" + tmp_path.name[-8:]
     create_subject(ledger, stack.kafka, source, 2)
     create_subject(ledger, stack.kafka, target, 2)
@@ -85,7 +87,7 @@ def test_task_retries_write_each_result_once(spark, stack, root, ledger, tmp_pat
             for j in range(RECORDS):
                 producer.send(json.dumps({"e": e, "j": j}).encode(), key=str(j).encode())
             producer.commit()
-        _run(spark, stack, root, source, target, tmp_path / "cp")
+        _run(spark, spawn, stack, root, source, target, tmp_path / "cp")
         _check_target(ledger, stack, source, target, 3)
         leaked = raw_count(stack.kafka, target, 2) - 3 * RECORDS
         assert leaked > 0, "the failed first attempts should have left records that readers must drop"
@@ -95,7 +97,8 @@ def test_task_retries_write_each_result_once(spark, stack, root, ledger, tmp_pat
     # driver kill: tests/test_spark_kill.py.
 
 
-def test_rows_become_json_records_and_too_many_tasks_is_a_clear_error(spark, stack, root, ledger, tmp_path):
+def test_rows_become_json_records_and_too_many_tasks_is_a_clear_error(spark, stack, root, ledger, tmp_path,
+                                                                      spawn):
     from pyspark.errors import StreamingQueryException
     from pyspark.sql import functions as F
 
@@ -116,10 +119,10 @@ def test_rows_become_json_records_and_too_many_tasks_is_a_clear_error(spark, sta
             .select("e", "j", F.col("timestamp").alias("at")))
 
     def run(df, checkpoint):
-        query = (df.writeStream.format("aligned").options(**conn, subject=target, sinkId="json")
-                 .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+        query = spawn.query(df.writeStream.format("aligned").options(**conn, subject=target, sinkId="json")
+                            .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
         try:
-            assert query.awaitTermination(120), "availableNow query did not finish"
+            assert query.awaitTermination(LIVE), "availableNow query did not finish"
         except StreamingQueryException as exc:
             return exc
         return None
