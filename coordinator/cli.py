@@ -120,9 +120,11 @@ def _stack_hint(name: str, address: str) -> str:
         return ""
     comp = stack_mod.component(info, name)
     label = f"the embedded stack's {comp.label} (pid {comp.pid})"
+    if comp.state == "down" and name == stack_mod.KAFKA:
+        return f"{label} is down (it kept topics in memory: they are gone): `aligner stack up` restarts it " \
+               f"on the same port"
     if comp.state == "down":
-        lost = " (its topics were in memory and are gone)" if name == stack_mod.KAFKA else ""
-        return f"{label} is down{lost}: `aligner stack up` restarts it on the same port and data"
+        return f"{label} is down: `aligner stack up` restarts it on the same port and data dir"
     if comp.state == "paused":
         return f"{label} is paused (SIGSTOP): `kill -CONT {comp.pid}` resumes it"
     return f"{label} is {comp.state}; see `aligner stack status` and {comp.log}"

@@ -128,6 +128,19 @@ def test_a_dead_zookeeper_is_reported_and_restarted_with_its_data(home_env: dict
     assert read.returncode == 0, read.stderr
     assert sorted(rec["value"]["n"] for rec in json.loads(read.stdout)["records"]) == list(range(5))
 
+    # A paused ZooKeeper is named as such (a command gives up in bounded time) and left alone by `stack up`.
+    os.kill(restarted["zk_pid"], signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        r = run_cli(env, "subjects", "list")
+        line = _one_line(r.stderr)
+        assert r.returncode == 1 and time.monotonic() - started < 15
+        assert f"cannot reach ZooKeeper at {info['zk']}" in line and f"kill -CONT {restarted['zk_pid']}" in line
+        assert _states(env) == {"zookeeper": "paused", "kafka": "up"}
+        assert json.loads(run_cli(env, "stack", "up", "--json").stdout)["actions"]["zookeeper"] == "paused"
+    finally:
+        os.kill(restarted["zk_pid"], signal.SIGCONT)
+
     # A dead broker is restarted alone, on its port; ZooKeeper and its data are untouched.
     os.kill(info["kafka_pid"], signal.SIGKILL)
     wait_for(lambda: not _alive(info["kafka_pid"]), 30, "Tansu to die")
