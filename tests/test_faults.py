@@ -34,7 +34,7 @@ STOP_WITHIN = 5.0
 """SIGTERM must end a long-running component within this many seconds (product rule)."""
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def own_stack() -> Iterator[tuple[EmbeddedStack, StackInfo]]:
     stack = EmbeddedStack()
     info = stack.start()
