@@ -18,6 +18,7 @@ Environment:
     FAUST_JOB_OUTPUT_PARTITIONS  comma-separated output partitions this job writes (default: all); the old
                         and the new version of a hot-swap write different partitions of the same target
     FAUST_JOB_ASYNC     ``1``: the same function as an ``async def`` generator (agent style)
+    FAUST_JOB_PLAIN     ``1``: on a plain ``faust.App`` (Faust's defaults) instead of ``aligned.faust_app()``
     FAUST_JOB_PAUSE     ``EPOCH:POINT`` park the worker at a commit point (crash tests), e.g.
                         ``3:after_kafka_commit``; it prints ``paused EPOCH POINT`` and waits to be killed
     ALIGNER_WORKER      worker index (default 0; each worker process is its own Faust app)
@@ -25,6 +26,9 @@ Environment:
 
 The worker prints one line per event to stdout: ``open ...``, ``committed E aligned=...``,
 ``finished ... last=E`` (input finished, or for the old version of a hot-swap: E is the swap epoch S).
+Each starts a new line (blank lines between are Faust's start-up spinner finishing its own).
+SIGTERM or SIGINT stops the worker within a few seconds with exit code 0; the next start resumes from
+the last committed epoch. The same job on a plain ``faust.App`` is ``tests/workers/faust_plain.py``.
 
 Hot-swap v1 -> v2 of this job (two Faust workers writing one target)::
 
@@ -46,7 +50,10 @@ import sys
 import threading
 from collections.abc import Iterator
 
+import faust
+
 import connectors.faust as aligned
+from aligner.settings import Settings
 from connectors.runtime import KeyedState
 from connectors.source import SourceRecord
 
@@ -104,7 +111,15 @@ def pause_at(spec: str):
     return fault
 
 
-app = aligned.faust_app(f"aligned-{JOB_ID}-{os.environ.get('ALIGNER_WORKER', '0')}")
+APP_ID = f"aligned-{JOB_ID}-{os.environ.get('ALIGNER_WORKER', '0')}"
+if os.environ.get("FAUST_JOB_PLAIN") == "1":
+    # A plain faust.App, as a user would build it (Faust's defaults; the data directory only kept out of cwd).
+    _env = Settings()
+    (_env.home / "faust").mkdir(parents=True, exist_ok=True)
+    app = faust.App(APP_ID, broker=",".join(f"kafka://{h}" for h in _env.kafka.split(",")),
+                    datadir=str(_env.home / "faust" / APP_ID))
+else:
+    app = aligned.faust_app(APP_ID)
 job = aligned.job(app, job_id=JOB_ID, inputs=INPUTS, output=OUTPUT, version=VERSION, interval=INTERVAL,
                   parallelism=PARALLELISM, follows=FOLLOWS, output_partitions=OUTPUT_PARTITIONS,
                   fault=pause_at(PAUSE),

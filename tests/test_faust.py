@@ -303,6 +303,15 @@ def test_faust_worker_stops_on_sigterm_and_sigint_within_5s_and_resumes_exactly_
     print("faust worker stop: " + ", ".join(f"{k} {v:.1f}s" for k, v in took.items()))
 
 
+def test_faust_worker_of_a_job_on_an_unknown_subject_exits_1_with_one_line(stack, root, subject_name, tmp_path, spawn):
+    worker = _start_plain(spawn, root, str(tmp_path / "home"), f"plain-{subject_name}", f"{subject_name}-nope",
+                          f"{subject_name}-out")
+    assert worker.wait(LIVENESS) == 1
+    lines = [line for line in worker.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"unknown subject '{subject_name}-nope'" in lines[0], lines
+    assert "Traceback" not in worker.stderr
+
+
 def test_faust_worker_killed_restarted_and_aligned_exactly_once(stack, root, ledger, subject_name, tmp_path, spawn):
     home = str(tmp_path / "home")
     src, out, job = f"{subject_name}-in", f"{subject_name}-out", f"faust-{subject_name}"

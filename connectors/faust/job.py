@@ -225,7 +225,9 @@ class _JobService(Service):
         self._stop_flag = threading.Event()
         self._done: asyncio.Future[None] | None = None
         self._crashing: asyncio.Future[None] | None = None
-        self._thread: threading.Thread | None = None
+        self._faust_worker: ModeWorker | None = None
+        """The Faust worker whose SIGTERM/SIGINT handling this service chained into (None when not run by one)."""
+        self._exit_code = 0
 
     @property
     def label(self) -> str:
@@ -248,42 +250,51 @@ class _JobService(Service):
             with contextlib.suppress(RuntimeError):  # the loop closed: the process is exiting anyway
                 loop.call_soon_threadsafe(self._finished, error)
 
-        self._thread = threading.Thread(target=target, name=self.label, daemon=True)
-        self._thread.start()
+        threading.Thread(target=target, name=self.label, daemon=True).start()
 
     def _chain_stop_signals(self, loop: asyncio.AbstractEventLoop) -> None:
         """Under a Faust worker, SIGTERM/SIGINT first stop the job (its open epoch is aborted), then go
-        on to Faust's own handler; a watchdog ends the process if shutdown outlasts the grace period."""
+        on to Faust's own handler."""
         root = self.job.app.beacon.root
         worker = root.data if root is not None else None
         if not isinstance(worker, ModeWorker) or threading.current_thread() is not threading.main_thread():
             return
-        for signum, name in ((signal.SIGTERM, "_on_sigterm"), (signal.SIGINT, "_on_sigint")):
-            faust_handler = getattr(worker, name, None)
-            if callable(faust_handler):
-                loop.add_signal_handler(signum, self._on_stop_signal, worker, faust_handler)
+        handlers = {signum: getattr(worker, name, None)
+                    for signum, name in ((signal.SIGTERM, "_on_sigterm"), (signal.SIGINT, "_on_sigint"))}
+        if not all(callable(h) for h in handlers.values()):
+            return
+        self._faust_worker = worker
+        for signum, faust_handler in handlers.items():
+            loop.add_signal_handler(signum, self._on_stop_signal, faust_handler)
 
-    def _on_stop_signal(self, worker: ModeWorker, faust_handler: Callable[[], None]) -> None:
+    def _on_stop_signal(self, faust_handler: Callable[[], None]) -> None:
+        """Stop the job at once; a watchdog ends the process if Faust's shutdown outlasts the grace
+        period, and a clean shutdown skips the interpreter's slow teardown of Faust's many modules
+        (seconds on a busy machine). Every committed epoch is safe in ZooKeeper either way."""
         first = not self._stop_flag.is_set()
         self._stop_flag.set()
-        if first and self.job.stop_grace is not None:
-            timer = threading.Timer(self.job.stop_grace, _exit_now, ("stop took longer than %.1fs; exiting now",
-                                                                     self.job.stop_grace))
+        worker = self._faust_worker
+        if first and worker is not None and self.job.stop_grace is not None:
+            grace = self.job.stop_grace
+            timer = threading.Timer(grace, lambda: _exit_now(self._exit_code, f"stop took over {grace:.1f}s"))
             timer.daemon = True
             timer.start()
-            # Once Faust has shut down cleanly, skip the interpreter's teardown of Faust's many modules and
-            # objects (seconds on a busy machine): every committed epoch is safe in ZooKeeper.
-            atexit.register(lambda: worker.crash_reason is None and _exit_now(None))
+            atexit.register(lambda: worker.crash_reason is None and _exit_now(self._exit_code))
         faust_handler()
 
     def _finished(self, error: BaseException | None) -> None:
         assert self._done is not None
         if not self._done.done():
             self._done.set_result(None)
-        if error is not None and not self._stop_flag.is_set():
-            # A job that cannot go on (a mistake, or fenced by another incarnation) crashes the Faust
-            # worker; its supervisor restarts it and it resumes from the last committed epoch.
-            log.error("%s failed: %s: %s", self.label, type(error).__name__, error)
+        if error is None or self._stop_flag.is_set():
+            return
+        # A job that cannot go on (a mistake, or fenced by another incarnation) stops the Faust worker
+        # with exit code 1 and one line saying why; a supervisor restarts it from the last committed epoch.
+        log.error("%s failed: %s: %s", self.label, type(error).__name__, " ".join(str(error).split())[:500])
+        if self._faust_worker is not None:
+            self._exit_code = 1
+            os.kill(os.getpid(), signal.SIGTERM)  # Faust's orderly shutdown, as on SIGTERM
+        else:
             self._crashing = asyncio.ensure_future(self.crash(error))
 
     async def on_stop(self) -> None:
@@ -296,16 +307,16 @@ class _JobService(Service):
                             self.label, JOB_STOP_WAIT)
 
 
-def _exit_now(why: str | None, *args: Any) -> None:
-    """Exit 0 at once, output flushed (a stopping worker: every committed epoch is safe in ZooKeeper)."""
+def _exit_now(code: int, why: str | None = None) -> None:
+    """Exit at once with output flushed (a stopping worker: every committed epoch is safe in ZooKeeper)."""
     if why is not None:
-        log.warning(why, *args)
+        log.warning("%s; exiting now", why)
     with contextlib.suppress(Exception):
         logging.shutdown()
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         with contextlib.suppress(Exception):
             stream.flush()  # type: ignore[union-attr]
-    os._exit(0)
+    os._exit(code)
 
 
 def job(app: faust.App, *, job_id: str, inputs: Sequence[str], output: str, parallelism: int = 1,
