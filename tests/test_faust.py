@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import queue
 import signal
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import pytest
 
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
@@ -301,6 +304,54 @@ def test_faust_worker_stops_on_sigterm_and_sigint_within_5s_and_resumes_exactly_
     for e in range(aligned_from, max(by_epoch) + 1):
         assert jobs.worker_epoch(job, 0, e).mode == "aligned"
     print("faust worker stop: " + ", ".join(f"{k} {v:.1f}s" for k, v in took.items()))
+
+
+@pytest.fixture
+def broker_pause(stack) -> Iterator[Callable[[], None]]:
+    """Pauses the broker (SIGSTOP, as clients see a long GC pause or a network stall) when called; it is
+    resumed (SIGCONT) at teardown on every path."""
+    if not stack.kafka_pid:
+        pytest.skip("needs the embedded broker's process")
+    paused = []
+
+    def pause() -> None:
+        os.kill(stack.kafka_pid, signal.SIGSTOP)
+        paused.append(True)
+
+    try:
+        yield pause
+    finally:
+        if paused:
+            os.kill(stack.kafka_pid, signal.SIGCONT)
+
+
+def test_faust_worker_stops_within_5s_on_sigterm_while_the_broker_is_paused(
+        stack, root, ledger, subject_name, tmp_path, spawn, broker_pause):
+    """Every client call of the job and of Faust hangs on the paused broker: the worker still exits 0
+    within 5 s (the open epoch stays uncommitted), and the next start resumes exactly once."""
+    home = str(tmp_path / "home")
+    src, out, job = f"{subject_name}-in", f"{subject_name}-out", f"plain-{subject_name}"
+    create_subject(ledger, stack.kafka, src, 4)
+    create_subject(ledger, stack.kafka, out, 4)
+    feeder = spawn(Feeder(stack.zk, root, stack.kafka, src))
+    feeder.start()
+    worker = _start_plain(spawn, root, home, job, src, out)
+    worker.wait_line(lambda line: (_committed(line) or 0) >= 1, timeout=LIVENESS)
+    broker_pause()
+    time.sleep(1.0)  # the fault window: the job's and Faust's broker calls are in flight and hang
+    took = _stop(worker, signal.SIGTERM)
+    last = _last_committed(_rest(worker))
+    os.kill(stack.kafka_pid, signal.SIGCONT)
+
+    worker = _start_plain(spawn, root, home, job, src, out)
+    opened = worker.wait_line(_is("open"), timeout=LIVENESS)
+    assert last is not None and _next_epoch(opened) == last + 1, (last, opened)
+    worker.wait_line(lambda line: _committed(line) is not None, timeout=LIVENESS)
+    feeder.done()
+    worker.wait_line(_is("finished"), timeout=LIVENESS * 2)
+    _stop(worker, signal.SIGTERM)
+    _check_exactly_once(ledger, stack.kafka, src, out, feeder)
+    print(f"faust worker stop with the broker paused: {took:.1f}s")
 
 
 def test_faust_worker_of_a_job_on_an_unknown_subject_exits_1_with_one_line(stack, root, subject_name, tmp_path, spawn):

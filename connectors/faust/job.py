@@ -45,7 +45,7 @@ Faust worker still joins one for its internal leader topic. With Faust's default
 the first JoinGroup of a fresh group for ~30 s and, after a SIGKILL, waits out the dead member's 60 s
 session before the new one is admitted: ~110 s until Faust says "Ready". Short timeouts make that ~3 s."""
 
-STOP_GRACE = 4.0
+STOP_GRACE = 3.5
 """Seconds after SIGTERM/SIGINT after which a Faust worker running aligned jobs exits (code 0) even if a
 client call stuck on an unreachable service holds it; the open epoch is uncommitted and runs again."""
 
