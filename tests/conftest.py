@@ -141,7 +141,7 @@ def _leak_guard(request: pytest.FixtureRequest) -> Iterator[None]:
     (after naming and stopping it), so one test's leak neither hangs nor disturbs the rest of the run."""
     before = guard.Snapshot.take()
     yield
-    leaked_t, leaked_p = before.settle(_fixture_owned, SETTLE)
+    leaked_t, leaked_p = before.settle(_fixture_owned, SETTLE, skip=guard.long_lived)
     if leaked_t or leaked_p:
         lines = guard.stop_all(leaked_t, leaked_p)
         pytest.fail(f"{request.node.nodeid} leaked (now stopped):\n  " + "\n  ".join(lines), pytrace=False)

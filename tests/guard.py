@@ -18,6 +18,7 @@ import threading
 import time
 import traceback
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -148,6 +149,18 @@ def threads() -> dict[int, threading.Thread]:
     return {id(t): t for t in threading.enumerate() if t is not me and t.is_alive()}
 
 
+LONG_LIVED = ("py4j.",)
+"""Modules whose daemon threads serve a client that lives longer than a test: PySpark's gateway starts its
+callback server threads on first use and keeps them until the session fixture stops the gateway."""
+
+
+def long_lived(thread: threading.Thread) -> bool:
+    """A daemon thread of a client that outlives tests by design (checked at session end, not per test)."""
+    target = getattr(thread, "_target", None)
+    module = getattr(target, "__module__", None) or type(getattr(target, "__self__", None)).__module__
+    return thread.daemon and module.startswith(LONG_LIVED)
+
+
 def describe(thread: threading.Thread) -> str:
     """Name, kind and where the thread is now (its innermost frames)."""
     kind = "daemon" if thread.daemon else "NON-DAEMON"
@@ -192,14 +205,28 @@ class Snapshot:
         """Threads and processes alive now that this snapshot (and ``ignore``) did not hold."""
         skip_t = {**self.threads, **(ignore.threads if ignore else {})}
         skip_p = {**self.procs, **(ignore.procs if ignore else {})}
-        return ([t for k, t in threads().items() if k not in skip_t],
-                [p for k, p in descendants().items() if k not in skip_p])
+        procs = descendants()
+        by_pid = {p.pid: p for p in procs.values()}
 
-    def settle(self, ignore: Snapshot | None, grace: float) -> tuple[list[threading.Thread], list[Proc]]:
-        """Like :meth:`new_since`, after giving threads and processes that are ending ``grace`` seconds to end."""
+        def known(p: Proc) -> bool:
+            """Held before, or started by a process held before (a Spark JVM's Python workers)."""
+            while p is not None:
+                if p.key in skip_p:
+                    return True
+                p = by_pid.get(p.ppid)  # type: ignore[assignment]
+            return False
+
+        return ([t for k, t in threads().items() if k not in skip_t],
+                [p for p in procs.values() if not known(p)])
+
+    def settle(self, ignore: Snapshot | None, grace: float,
+               skip: Callable[[threading.Thread], bool] = lambda t: False) -> tuple[list[threading.Thread], list[Proc]]:
+        """Like :meth:`new_since` (less threads ``skip`` accepts), after giving threads and processes that are
+        ending ``grace`` seconds to end."""
         deadline = time.monotonic() + grace
         while True:
             leaked_t, leaked_p = self.new_since(ignore)
+            leaked_t = [t for t in leaked_t if not skip(t)]
             if (not leaked_t and not leaked_p) or time.monotonic() >= deadline:
                 return leaked_t, leaked_p
             _reap()
