@@ -31,7 +31,7 @@ from connectors.source import SourceRecord
 from connectors.subjects import create_subject
 from coordinator.alignment import Coordinator
 from coordinator.hotswap import HotSwap
-from coordinator.stack import wait_for
+from coordinator.stack import free_port, wait_for
 from tests.helpers import Worker, raw_count
 
 RECORDS = 20
@@ -352,6 +352,18 @@ def test_faust_worker_stops_within_5s_on_sigterm_while_the_broker_is_paused(
     _stop(worker, signal.SIGTERM)
     _check_exactly_once(ledger, stack.kafka, src, out, feeder)
     print(f"faust worker stop with the broker paused: {took:.1f}s")
+
+
+def test_faust_worker_started_while_zookeeper_is_unreachable_waits_and_stops_on_sigterm(
+        stack, root, subject_name, tmp_path, spawn):
+    """No ZooKeeper at the given address: the worker keeps trying (it does not crash), and SIGTERM
+    still stops it within 5 s with exit code 0."""
+    env = _env(stack, root, str(tmp_path / "home"), f"plain-{subject_name}", "in", "out")
+    env["ALIGNER_ZK"] = f"127.0.0.1:{free_port()}"
+    worker = spawn.worker("tests.workers.faust_plain", "worker", "-l", "warn", "--without-web", env=env)
+    wait_for(lambda: "connecting to ZooKeeper" in worker.stderr, LIVENESS, "a retry of the ZooKeeper connection",
+             on_wait=lambda: _alive(worker))
+    _stop(worker, signal.SIGTERM)
 
 
 def test_faust_worker_of_a_job_on_an_unknown_subject_exits_1_with_one_line(stack, root, subject_name, tmp_path, spawn):

@@ -17,6 +17,7 @@ from typing import Any
 
 import faust
 from faust.types.settings import Settings as FaustSettings
+from kazoo.handlers.threading import KazooTimeoutError
 from mode import Service
 from mode import Worker as ModeWorker
 
@@ -118,7 +119,8 @@ def _sync_function(fn: Callable[..., Any],
     return call
 
 
-def _retrying(what: str, stop: threading.Event, attempt: Callable[[], Any]) -> Any:
+def _retrying(what: str, stop: threading.Event, attempt: Callable[[], Any],
+              transient: tuple[type[BaseException], ...] = TRANSIENT) -> Any:
     """``attempt()`` until it works, retrying broker and ZooKeeper failures with backoff; None once stopped.
 
     A worker started while ZooKeeper or the broker is unreachable waits for them instead of crashing."""
@@ -128,7 +130,7 @@ def _retrying(what: str, stop: threading.Event, attempt: Callable[[], Any]) -> A
             return attempt()
         except StoppedError:
             return None
-        except TRANSIENT as exc:
+        except transient as exc:
             if stop.is_set():
                 return None
             log.warning("%s failed (%s: %s); retrying in %.1fs", what, type(exc).__name__,
@@ -183,7 +185,8 @@ class AlignedJob:
         settings = self.settings or Settings()
         index = self.index if self.index is not None else int(os.environ.get("ALIGNER_WORKER", "0"))
         ledger: Ledger | None = _retrying(f"connecting to ZooKeeper at {settings.zk}", stop,
-                                          lambda: Ledger.connect(settings.zk, settings.root, stop=stop))
+                                          lambda: Ledger.connect(settings.zk, settings.root, timeout=5.0, stop=stop),
+                                          (*TRANSIENT, KazooTimeoutError))
         if ledger is None:
             return
         try:
