@@ -56,6 +56,7 @@ class Generator:
     def _run(self) -> None:
         try:
             led = self._ledger = Ledger.connect(self.stack.zk, self.root)
+            led.stop_on(self._stop)  # close() ends ZooKeeper and Kafka waits (an outage) at once
             try:
                 parts = list(range(led.subject(self.subject).partitions))
                 with SinkProducer(led, self.stack.kafka, self.subject, "gen", 0, parts) as p:
@@ -73,7 +74,8 @@ class Generator:
             finally:
                 led.close()
         except BaseException as exc:  # surfaced by the test through .error / .finished()
-            self.error.append(exc)
+            if not self._stop.is_set():  # a wait ended by close() is no error
+                self.error.append(exc)
         finally:
             self.done.set()
 
