@@ -116,6 +116,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 _session_start: guard.Snapshot | None = None
 _fixture_owned = guard.Snapshot({}, {})
 """Threads and processes started by session- and module-scoped fixtures: theirs to stop, not a test's."""
+_blamed: dict[int, str] = {}
+"""Threads a test leaked that could not be stopped, by identity: the test that leaked them."""
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -144,6 +146,7 @@ def _leak_guard(request: pytest.FixtureRequest) -> Iterator[None]:
     leaked_t, leaked_p = before.settle(_fixture_owned, SETTLE, skip=guard.long_lived)
     if leaked_t or leaked_p:
         lines = guard.stop_all(leaked_t, leaked_p)
+        _blamed.update({id(t): request.node.nodeid for t in leaked_t if t.is_alive()})
         pytest.fail(f"{request.node.nodeid} leaked (now stopped):\n  " + "\n  ".join(lines), pytrace=False)
 
 
@@ -151,12 +154,14 @@ def _leak_guard(request: pytest.FixtureRequest) -> Iterator[None]:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> Iterator[None]:
     """After every fixture is torn down and the summary printed: anything still running leaked. Name it,
     stop it and fail the run."""
+    _arm(EXIT_GRACE + 300)  # the session's fixtures are torn down in here (with -x or ^C too)
     result = yield
     if _session_start is None:
         return result
     leaked_t, leaked_p = _session_start.settle(None, SETTLE)
     if leaked_t or leaked_p:
-        lines = guard.stop_all(leaked_t, leaked_p)
+        blame = [f"thread {t.name!r} was leaked by {_blamed[id(t)]}" for t in leaked_t if id(t) in _blamed]
+        lines = guard.stop_all(leaked_t, leaked_p) + blame
         out = _watchdog_file or sys.stderr
         out.write("\n=== LEAKED at the end of the session (stopped; the run fails) ===\n")
         out.write("".join(f"  {line}\n" for line in lines))

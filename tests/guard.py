@@ -108,11 +108,14 @@ def alive(proc: Proc) -> bool:
     return st is not None and st[0] != "Z" and st[3] == proc.start
 
 
-def _reap() -> None:
-    """Collect exited children nobody waits for, so they do not linger as zombies."""
-    with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
+def _reap(procs: list[Proc]) -> None:
+    """Collect the exit of those killed processes that are our children, so they do not linger as zombies.
+    Only these: waiting on any child would steal exit codes that a test's ``Popen`` objects wait for."""
+    me = os.getpid()
+    for p in procs:
+        if p.ppid == me:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(p.pid, os.WNOHANG)
 
 
 def kill(procs: list[Proc], grace: float = 5.0) -> list[Proc]:
@@ -133,7 +136,7 @@ def kill(procs: list[Proc], grace: float = 5.0) -> list[Proc]:
                     os.kill(p.pid, sig)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            _reap()
+            _reap(list(targets.values()))
             if not any(alive(p) for p in targets.values()):
                 return []
             time.sleep(0.05)
@@ -229,7 +232,6 @@ class Snapshot:
             leaked_t = [t for t in leaked_t if not skip(t)]
             if (not leaked_t and not leaked_p) or time.monotonic() >= deadline:
                 return leaked_t, leaked_p
-            _reap()
             time.sleep(0.05)
 
 
