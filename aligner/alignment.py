@@ -106,6 +106,17 @@ class ConsumerAlignment(BaseModel):
     def aligned(self) -> bool:
         return self.state is State.ALIGNED
 
+    @property
+    def load_limit(self) -> int | None:
+        """The last subject epoch the consumer may load before job epoch J: k - 1 while Aligning.
+
+        Part of the state, not of the command's arrival: a consumer restored in Aligning must not
+        load past k either, or its unaligned epochs would read into the aligned run.
+        """
+        if self.state is State.ALIGNING and self.subject_epoch is not None:
+            return self.subject_epoch - 1
+        return None
+
 
 def aggregate(states: Iterable[ConsumerAlignment]) -> ConsumerAlignment:
     """A source is as far as its slowest consumer; aligned only when all agree on (k, J)."""

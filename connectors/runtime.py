@@ -199,6 +199,8 @@ class JobWorker:
                 self.source.restore(committed.offsets, committed.load_from)
                 self.state = KeyedState.restore(committed.state)
                 self.alignment.update(committed.alignment)
+                for subject, alignment in self.alignment.items():
+                    self.source.set_limit(subject, alignment.load_limit)
         if spec.follows is not None and last is None:
             # A new version is aligned from its first epoch: it follows the old version's epochs.
             first = self.sink.next_epoch
@@ -319,7 +321,7 @@ class JobWorker:
                     self._rejected[subject] = cmd.seq  # reported until a later command; the coordinator retries
                 else:
                     new = cur.apply(cmd)
-                    self.source.set_limit(subject, (cmd.subject_epoch or 0) - 1)
+                    self.source.set_limit(subject, new.load_limit)
             else:
                 try:
                     new = cur.apply(cmd)

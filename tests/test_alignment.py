@@ -11,7 +11,7 @@ from aligner.alignment import Command, State
 from aligner.errors import AlignerError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
-from connectors.runtime import JobSpec
+from connectors.runtime import JobSpec, JobWorker
 from connectors.subjects import create_subject
 from coordinator.alignment import Coordinator, leadership
 from coordinator.lineage import flatten, job_epoch_lineage
@@ -220,3 +220,43 @@ def test_multi_subject_job_aligns_on_an_epoch_vector(stack, ledger, subject_name
     for src in (left, right):
         nums = sorted(v["in"]["n"] for _, v in outputs if v["src"][0] == src)
         assert nums == list(range(gl.sent if src == left else gr.sent))
+
+
+def test_worker_restarted_while_aligning_ends_its_first_aligned_epoch_on_k(stack, ledger, subject_name, spawn):
+    """A consumer that accepted Align(k, J) and restarts before J must still load nothing past k - 1
+    (the limit belongs to the Aligning state, not to the command's arrival), or job epoch J would start
+    past subject epoch k and its record would name offsets k never ended at."""
+    raw, x = subject_name, f"{subject_name}-x"
+    _subjects(ledger, stack, raw, x)
+    spawn.generator(raw, epochs=100_000, per_epoch=5, pace=0.02)  # epochs commit faster than job epochs
+    spec = JobSpec(job=f"{raw}-r", inputs=(raw,), output=x, interval=0.3)
+    jobs = JobLedger(ledger)
+    stop = threading.Event()
+    worker = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
+    wait_for(lambda: ledger.frontier(raw) is not None, LIVE, "the input's first epoch")
+
+    def send(command: Command) -> None:
+        current, version = jobs.command(spec.job, raw)
+        jobs.send(spec.job, raw, command.model_copy(update={"seq": current.seq + 1}), version)
+
+    def stepped_until(state: State) -> bool:
+        worker.step(stop)
+        return worker.alignment[raw].state is state
+
+    send(Command(kind="catch_up"))
+    wait_for(lambda: stepped_until(State.READY), LIVE, "the consumer to be Ready")
+    k, j = (ledger.frontier(raw) or 0) + 3, worker.sink.next_epoch + 6
+    send(Command(kind="align", subject_epoch=k, job_epoch=j))
+    wait_for(lambda: stepped_until(State.ALIGNING), LIVE, "the consumer to accept Align")
+
+    worker.close()  # a restart: the accepted Align comes back from the committed job epoch
+    worker = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
+    assert worker.alignment[raw].state is State.ALIGNING
+    wait_for(lambda: stepped_until(State.ALIGNED) and worker.sink.lease.node.committed_epoch >= j, LIVE,
+             "job epoch J to commit")
+
+    node = jobs.worker_epoch(spec.job, 0, j)
+    span = node.covered[raw]
+    assert span is not None and span.first == k
+    ends = {p: s.end for p, s in ledger.committed(raw, span.last).slices.items()}
+    assert node.offsets[raw] == ends, f"job epoch {j} covers {span.first}..{span.last}"

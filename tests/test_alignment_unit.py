@@ -77,3 +77,12 @@ def test_aggregate_is_the_slowest_consumer():
     with pytest.raises(AlignerError, match="disagree"):
         aggregate([ready().apply(ALIGN).started(7), other])
 
+
+
+def test_only_aligning_limits_loading_to_the_epoch_before_k():
+    c = ready().apply(ALIGN)
+    assert c.load_limit == 9
+    # Restored from a committed job epoch, the state alone carries the limit.
+    assert ConsumerAlignment.model_validate(c.model_dump()).load_limit == 9
+    assert c.started(7).load_limit is None  # aligned epochs bound themselves by their covered span
+    assert ready().load_limit is None and c.apply(ABORT).load_limit is None
