@@ -262,6 +262,8 @@ class ConsumerNode(Node):
     """Seq of an Align command that came too late for this consumer; the coordinator re-issues it."""
     swap_seen: tuple[int, int] | None = None
     """(swap epoch S, job epoch at whose start the worker first saw the pre-commit of S)."""
+    waiting_since: int | None = None
+    """Wall-clock ms since which the worker has had no input to read (None while it reads)."""
     updated_at: int = Field(default_factory=now_ms)
 
 

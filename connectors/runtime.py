@@ -37,7 +37,17 @@ from aligner.errors import AlignerError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.metrics import INPUT_WAIT, KAFKA_RETRIES
-from aligner.models import CommandNode, ConsumerNode, JobNode, Mode, Span, SwapNode, WorkerEpochNode, parse
+from aligner.models import (
+    CommandNode,
+    ConsumerNode,
+    JobNode,
+    Mode,
+    Span,
+    SwapNode,
+    WorkerEpochNode,
+    now_ms,
+    parse,
+)
 from aligner.zk import StoppedError
 from connectors.sink import TRANSIENT, FaultHook, SinkProducer, partitions_for
 from connectors.source import SourceRecord, SubjectSource
@@ -86,6 +96,8 @@ class KeyedState:
 
 WAIT_LOG_AFTER = 30.0
 """Seconds without input after which a worker says (once, then every 10 minutes) that it waits."""
+WAIT_REPORT_AFTER = 5.0
+"""Seconds of waiting before the consumer nodes say so (a brief gap between epochs is no news)."""
 
 
 JobFunction = Callable[[SourceRecord, KeyedState], Iterable[tuple[bytes | None, bytes]]]
@@ -155,6 +167,8 @@ class JobWorker:
         self.waiting_since: float | None = None
         """Monotonic time since which the worker has had no input to read (None while reading)."""
         self._wait_logged = 0.0
+        self._wait_reported = False
+        self._waiting_ms = 0
         self._wait_gauge = INPUT_WAIT.labels(spec.job, str(worker))
         self.sink: SinkProducer | None = None  # type: ignore[assignment]
         self.source: SubjectSource | None = None  # type: ignore[assignment]
@@ -295,6 +309,11 @@ class JobWorker:
         if self.waiting_since is None:
             self.waiting_since = now
             self._wait_logged = 0.0
+            self._waiting_ms = now_ms()
+        waited = now - self.waiting_since
+        if waited >= WAIT_REPORT_AFTER and not self._wait_reported:
+            self._wait_reported = True  # once per wait: `aligner status` computes the seconds itself
+            self._report_all()
         waited = now - self.waiting_since
         self._wait_gauge.set(waited)
         if waited >= WAIT_LOG_AFTER and now - self._wait_logged >= (600.0 if self._wait_logged else 0.0):
@@ -305,6 +324,13 @@ class JobWorker:
         if self.waiting_since is not None:
             self.waiting_since = None
             self._wait_gauge.set(0)
+            if self._wait_reported:
+                self._wait_reported = False
+                self._report_all()
+
+    def _report_all(self) -> None:
+        for subject in self.spec.inputs:
+            self._report(subject)
 
     # ---- alignment ----------------------------------------------------------------------------
 
@@ -340,7 +366,8 @@ class JobWorker:
                             job_epoch=self.sink.lease.node.committed_epoch,
                             subject_epoch=self.source.consumed(subject),
                             rejected_seq=self._rejected.get(subject, 0),
-                            swap_seen=self._swap_seen)
+                            swap_seen=self._swap_seen,
+                            waiting_since=self._waiting_ms if self._wait_reported else None)
         self.jobs.report(self.spec.job, subject, self.worker, node)
 
     def mode_of(self, subject: str) -> Mode:
@@ -394,8 +421,7 @@ class JobWorker:
         seen = self._swap_seen
         if seen is None or seen[0] != swap.epoch:
             self._swap_seen = (swap.epoch, epoch)
-            for subject in self.spec.inputs:
-                self._report(subject)
+            self._report_all()
 
     def _drain_until(self, done: Callable[[], bool], stop: threading.Event, open_epoch: int,
                      until: float | None = None) -> bool:

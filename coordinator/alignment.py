@@ -74,10 +74,12 @@ class Coordinator:
             oldest = self.ledger.committed(subject, consumed + 1)
             lag_s = max(0.0, (now_ms() - oldest.committed_at) / 1000)
         modes = sorted({c.mode for c in consumers.values()})
+        since = [c.waiting_since for c in consumers.values() if c.waiting_since is not None]
+        waiting = round(max(0.0, (now_ms() - min(since)) / 1000), 1) if since else None
         return {"subject": subject, "state": state.state.value, "mode": ",".join(modes) or "-",
                 "subject_epoch": state.subject_epoch, "job_epoch": state.job_epoch,
                 "consumers": len(consumers), "lag_epochs": lag, "lag_seconds": round(lag_s, 3),
-                "last_committed": frontier}
+                "last_committed": frontier, "waiting_seconds": waiting}
 
     def status(self, job: str) -> dict[str, Any]:
         node = self.jobs.job(job)

@@ -523,13 +523,15 @@ def _job_rows(led: Ledger) -> list[dict[str, Any]]:
 
 def _print_jobs(rows: list[dict[str, Any]]) -> None:
     table = Table(title="jobs")
-    for col in ("job", "version", "source", "mode", "state", "aligned at (k, J)", "lag epochs", "lag s", "decision"):
+    for col in ("job", "version", "source", "mode", "state", "aligned at (k, J)", "lag epochs", "lag s", "waiting s",
+                "decision"):
         table.add_column(col)
     for j in rows:
         for s in j["sources"]:
             at = f"({s['subject_epoch']}, {s['job_epoch']})" if s["subject_epoch"] is not None else "-"
             table.add_row(j["job"], j["version"], s["subject"], s["mode"], s["state"], at, str(s["lag_epochs"]),
-                          f"{s['lag_seconds']:.2f}", j["decision"] or "-")
+                          f"{s['lag_seconds']:.2f}",
+                          "-" if s["waiting_seconds"] is None else f"{s['waiting_seconds']:.0f}", j["decision"] or "-")
     out.print(table)
 
 

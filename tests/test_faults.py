@@ -255,12 +255,16 @@ def test_quiet_aligned_input_waits_idle_and_resumes(chain: Chain) -> None:
     chain.alive()
     assert all(u < 1.0 for u in used), f"CPU seconds used while waiting 12 s: {used}"
     assert chain.ledger.frontier(chain.inp) == last, "the input committed an epoch during the silence"
+    status = Coordinator(chain.ledger).source_status(chain.job, chain.inp)
+    assert status["waiting_seconds"] is not None and status["waiting_seconds"] >= 5, status
     resumed = time.monotonic()
     chain.start_marker()
     for w in workers:
         w.wait_line(lambda line: line.startswith("committed"), timeout=LIVE)
     print(f"first job epoch after the silence committed {time.monotonic() - resumed:.2f}s after the marker "
           f"restarted (incl. its start-up); jobs were at {jobs_done}")
+    wait_for(lambda: Coordinator(chain.ledger).source_status(chain.job, chain.inp)["waiting_seconds"] is None,
+             LIVE, "`aligner status` to show the job reading again")
     sent = chain.producer.close()  # type: ignore[union-attr]
     chain.drain_and_check(sent)
     chain.terminate_all()
