@@ -24,12 +24,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TextIO
 
+from aligner.connectors.runtime import JobFunction, KeyedState
+from aligner.connectors.source import SourceRecord
 from prometheus_client import Histogram
 from pydantic import BaseModel
 
 from aligner.models import WorkerEpochNode
-from connectors.runtime import JobFunction, KeyedState
-from connectors.source import SourceRecord
 
 CHECKPOINT_LATENCY = Histogram(
     "aligner_checkpoint_latency_seconds", "Commit time minus the oldest creation time of an epoch's records",

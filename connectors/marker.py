@@ -11,13 +11,13 @@ import logging
 import threading
 from collections.abc import Callable
 
+from aligner.connectors.kafka import consumer_config, end_offsets, fetched_end_offsets
+from aligner.connectors.sink import TRANSIENT
 from confluent_kafka import Consumer
 
 from aligner.ledger import Lease, Ledger
 from aligner.models import Range
 from aligner.zk import StoppedError
-from connectors.kafka import consumer_config, end_offsets, fetched_end_offsets
-from connectors.sink import TRANSIENT
 
 MARKER_SINK = "marker"
 

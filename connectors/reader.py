@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from aligner.connectors.kafka import consumer_config, end_offsets
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from aligner.epochs import CommittedEpoch, Slice, check_retention
@@ -28,7 +29,6 @@ from aligner.errors import DataLossError, UndecodableRecordError
 from aligner.ledger import Ledger
 from aligner.metrics import RECORDS_DROPPED, RECORDS_READ
 from aligner.stamps import stamp_of
-from connectors.kafka import consumer_config, end_offsets
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from aligner.connectors.sink import TRANSIENT, FaultHook, SinkProducer, partitions_for
+from aligner.connectors.source import SourceRecord, SubjectSource
 from kazoo.exceptions import NoNodeError
 
 from aligner.alignment import Command, ConsumerAlignment, IllegalTransition, State
@@ -49,8 +51,6 @@ from aligner.models import (
     parse,
 )
 from aligner.zk import StoppedError
-from connectors.sink import TRANSIENT, FaultHook, SinkProducer, partitions_for
-from connectors.source import SourceRecord, SubjectSource
 
 log = logging.getLogger("aligner.runtime")
 
@@ -684,7 +684,7 @@ def load_function(ref: str) -> JobFunction:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run one worker process: ``python -m connectors.runtime --job J --function mod:fn ...``."""
+    """Run one worker process: ``python -m aligner.connectors.runtime --job J --function mod:fn ...``."""
     ap = argparse.ArgumentParser(prog="aligner-worker")
     ap.add_argument("--zk", required=True)
     ap.add_argument("--kafka", required=True)

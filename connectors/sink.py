@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from time import time_ns
 from typing import Any
 
+from aligner.connectors.kafka import QUIET, end_offsets
 from confluent_kafka import KafkaError, KafkaException, Producer
 from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpiredError
 
@@ -33,7 +34,6 @@ from aligner.metrics import EPOCHS_COMMITTED, LAST_EPOCH, RECORDS_SENT
 from aligner.models import Range
 from aligner.stamps import HEADER, Stamp
 from aligner.zk import StoppedError
-from connectors.kafka import QUIET, end_offsets
 
 FaultHook = Callable[[str], None]
 """Called at named points of the commit ("before_kafka_commit", "after_kafka_commit",

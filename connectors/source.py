@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from aligner.connectors.kafka import consumer_config, end_offsets
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from aligner.epochs import CommittedEpoch, check_retention
@@ -21,7 +22,6 @@ from aligner.errors import DataLossError, EpochNotCommittedError
 from aligner.ledger import Ledger
 from aligner.models import Mode
 from aligner.stamps import stamp_of
-from connectors.kafka import consumer_config, end_offsets
 
 UNBOUNDED = 1 << 62
 

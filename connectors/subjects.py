@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from aligner.connectors.kafka import ensure_topic
+
 from aligner.ledger import Ledger
 from aligner.models import FieldSpec, SubjectNode
-from connectors.kafka import ensure_topic
 
 
 def create_subject(

@@ -1,3 +1,3 @@
-from coordinator.cli import main
+from aligner.coordinator.cli import main
 
 main()

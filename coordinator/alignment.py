@@ -13,12 +13,13 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from aligner.coordinator.waiting import Waiter
+
 from aligner.alignment import Command, State
 from aligner.errors import AlignerError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import AlignmentDecision, now_ms
-from coordinator.waiting import Waiter
 
 Progress = Callable[[str, dict[str, Any]], None]
 

@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
+from aligner.coordinator import stack as stack_mod
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
@@ -30,7 +31,6 @@ from typer._click.globals import get_current_context
 
 from aligner.errors import AlignerError, StackError, UnreachableError
 from aligner.settings import Settings
-from coordinator import stack as stack_mod
 
 if TYPE_CHECKING:
     from aligner.ledger import Ledger
@@ -221,7 +221,7 @@ def ledger(outage_limit: float | None = ZK_OUTAGE_LIMIT) -> Iterator[Ledger]:
 
 def kafka() -> str:
     """The Kafka bootstrap servers, checked to answer: an unreachable broker fails fast and clearly."""
-    from connectors.kafka import check_reachable
+    from aligner.connectors.kafka import check_reachable
 
     bootstrap = settings().kafka
     try:
@@ -355,7 +355,7 @@ def subjects_create(
     as_json: JsonFlag = False,
 ) -> None:
     """Create the topic and register the subject (idempotent for the same shape)."""
-    from connectors.subjects import create_subject
+    from aligner.connectors.subjects import create_subject
 
     with ledger() as led:
         node = create_subject(led, kafka(), name, partitions, topic=topic, value_format=value_format.value)
@@ -454,7 +454,7 @@ def read(
     as_json: JsonFlag = False,
 ) -> None:
     """Exactly the committed records of the given epochs, in partition and offset order."""
-    from connectors.reader import EpochReader
+    from aligner.connectors.reader import EpochReader
 
     if (epoch is None) == (epochs_ is None):
         usage("give exactly one of --epoch N or --epochs A:B")
@@ -487,7 +487,7 @@ def markers(
 
     Long-running: it rides out ZooKeeper and broker outages, and SIGTERM or SIGINT stops it
     within seconds with exit code 0."""
-    from connectors.marker import EpochMarker
+    from aligner.connectors.marker import EpochMarker
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -515,7 +515,7 @@ def markers(
 # ---- jobs and alignment --------------------------------------------------------------------------
 
 def _job_rows(led: Ledger) -> list[dict[str, Any]]:
-    from coordinator.alignment import Coordinator
+    from aligner.coordinator.alignment import Coordinator
 
     coord = Coordinator(led)
     return [coord.status(job) for job in coord.jobs.job_names()]
@@ -546,9 +546,8 @@ def align(
     as_json: JsonFlag = False,
 ) -> None:
     """Align a job's sources on their subjects' epochs: CatchUp -> Ready -> Align(k) -> Aligned."""
+    from aligner.coordinator.alignment import Coordinator, leadership
     from rich.live import Live
-
-    from coordinator.alignment import Coordinator, leadership
 
     with ledger(max(ZK_OUTAGE_LIMIT, timeout)) as led, leadership(led, timeout=timeout):
         coord = Coordinator(led)
@@ -576,7 +575,7 @@ def abort(
     as_json: JsonFlag = False,
 ) -> None:
     """Return a job's sources to unaligned mode from any alignment state."""
-    from coordinator.alignment import Coordinator, leadership
+    from aligner.coordinator.alignment import Coordinator, leadership
 
     with ledger(max(ZK_OUTAGE_LIMIT, timeout)) as led, leadership(led, timeout=timeout):
         decision = Coordinator(led).abort(job, timeout=timeout)
@@ -592,7 +591,7 @@ def lineage(
     as_json: JsonFlag = False,
 ) -> None:
     """Which upstream subject epochs an epoch of a job (or subject) contains, transitively."""
-    from coordinator.lineage import flatten, job_epoch_lineage, subject_epoch_lineage
+    from aligner.coordinator.lineage import flatten, job_epoch_lineage, subject_epoch_lineage
 
     if (job is None) == (subject is None):
         usage("give exactly one of --job or --subject")
@@ -615,8 +614,8 @@ def hotswap(
     as_json: JsonFlag = False,
 ) -> None:
     """Swap OLD for NEW on SUBJECT at a future epoch S, exactly once: OLD writes <= S, NEW writes > S."""
-    from coordinator.alignment import leadership
-    from coordinator.hotswap import HotSwap
+    from aligner.coordinator.alignment import leadership
+    from aligner.coordinator.hotswap import HotSwap
 
     if old == new:
         usage("--old and --new must name two different jobs")
@@ -647,7 +646,7 @@ def verify(
     as_json: JsonFlag = False,
 ) -> None:
     """Diff two jobs' (or subjects') outputs epoch by epoch as multisets; report the first difference."""
-    from coordinator.verify import verify_outputs
+    from aligner.coordinator.verify import verify_outputs
 
     names = list(job or []) + list(subject or [])
     if len(names) != 2 or (job and subject):
@@ -676,7 +675,7 @@ def gc(
     as_json: JsonFlag = False,
 ) -> None:
     """Remove old epoch records and swapped-out jobs' state, keeping what readers and lineage need."""
-    from coordinator.gc import collect
+    from aligner.coordinator.gc import collect
 
     with ledger() as led:
         report = collect(led, keep_epochs, keep_seconds, subject, dry_run)
@@ -732,7 +731,7 @@ def _describe(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, KafkaException):
         kerr = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
         text = kerr.str() if kerr is not None else str(exc)
-        from connectors.kafka import UNREACHABLE
+        from aligner.connectors.kafka import UNREACHABLE
 
         if kerr is not None and kerr.code() in UNREACHABLE:
             return f"error: {_unreachable(stack_mod.KAFKA, kafka_at, text)}", 1

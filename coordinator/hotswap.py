@@ -14,13 +14,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from aligner.coordinator.alignment import Coordinator
+
 from aligner.alignment import State
 from aligner.errors import AlignerError
 from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Ledger
 from aligner.models import JobNode, SwapNode, now_ms
-from coordinator.alignment import Coordinator
 
 Progress = Callable[[str, dict[str, Any]], None]
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
+from aligner.connectors.reader import EpochReader
+
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
-from connectors.reader import EpochReader
 
 
 def _epoch_records(reader: EpochReader, subject: str, epoch: int, sink: str | None) -> list[tuple[bytes, bytes]]:

@@ -35,18 +35,18 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from aligner.connectors.reader import EpochReader
+from aligner.connectors.runtime import JobSpec, JobWorker, KeyedState, WorkerThread
+from aligner.connectors.sink import SinkProducer
+from aligner.connectors.source import SourceRecord
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.alignment import Coordinator
+from aligner.coordinator.stack import EmbeddedStack, StackInfo
 from rich.console import Console
 from rich.table import Table
 
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
-from connectors.reader import EpochReader
-from connectors.runtime import JobSpec, JobWorker, KeyedState, WorkerThread
-from connectors.sink import SinkProducer
-from connectors.source import SourceRecord
-from connectors.subjects import create_subject
-from coordinator.alignment import Coordinator
-from coordinator.stack import EmbeddedStack, StackInfo
 from experiments import ForeignCpu
 from experiments.common import write_results
 

@@ -38,18 +38,18 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from aligner.connectors.kafka import QUIET, consumer_config, ensure_topic
+from aligner.connectors.runtime import JobSpec, JobWorker, KeyedState
+from aligner.connectors.sink import SinkProducer
+from aligner.connectors.source import SourceRecord
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.alignment import Coordinator
+from aligner.coordinator.stack import EmbeddedStack
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
 from aligner.ledger import Ledger
-from connectors.kafka import QUIET, consumer_config, ensure_topic
-from connectors.runtime import JobSpec, JobWorker, KeyedState
-from connectors.sink import SinkProducer
-from connectors.source import SourceRecord
-from connectors.subjects import create_subject
-from coordinator.alignment import Coordinator
-from coordinator.stack import EmbeddedStack
 from experiments import ForeignCpu
 from experiments.common import PRODUCER_SETTINGS, write_results
 

@@ -3,7 +3,7 @@
 A SinkProducer writes ~1,000,000 records of 100 bytes into a 4-partition subject in epochs of 10,000.
 Then these readers read the whole span, interleaved and repeated (median of 3):
 
-- raw: a ``confluent_kafka.Consumer`` with ``connectors.kafka.consumer_config`` (identical settings),
+- raw: a ``confluent_kafka.Consumer`` with ``aligner.connectors.kafka.consumer_config`` (identical settings),
   assigned to every partition from the span's start offsets, ``consume(10000, timeout=0.05)`` until each
   partition's position reaches the end offset of the last epoch, collecting ``m.value()``;
 - fast path: ``EpochReader.read_batches`` (stamp-checked Messages per epoch and partition);
@@ -28,13 +28,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from aligner.connectors.reader import EpochReader
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.stack import EmbeddedStack
 from rich.console import Console
 from rich.table import Table
 
 from aligner.ledger import Ledger
-from connectors.reader import EpochReader
-from connectors.subjects import create_subject
-from coordinator.stack import EmbeddedStack
 from experiments import ForeignCpu
 from experiments.common import VALUE_BYTES, read_raw, write_numbered, write_results
 

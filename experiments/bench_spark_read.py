@@ -3,7 +3,7 @@
 A SinkProducer writes ~1,000,000 records of 100 bytes into a 4-partition bytes subject in epochs of
 10,000. Then, interleaved and repeated (median of the rounds, after one warm-up of each):
 
-- raw: one ``confluent_kafka.Consumer`` in this process (``connectors.kafka.consumer_config``),
+- raw: one ``confluent_kafka.Consumer`` in this process (``aligner.connectors.kafka.consumer_config``),
   assigned to every partition from the span's first offset, ``consume(10000)`` until every position
   reaches the span's end, counting values;
 - spark: ``spark.read.format("aligned").option("epochs", "A:B").load()`` written to Spark's ``noop``
@@ -22,9 +22,10 @@ import os
 import statistics
 import time
 
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.stack import EmbeddedStack
+
 from aligner.ledger import Ledger
-from connectors.subjects import create_subject
-from coordinator.stack import EmbeddedStack
 from experiments.common import VALUE_BYTES, read_raw, write_numbered, write_results
 
 PARTITIONS = 4
@@ -40,7 +41,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     logging.getLogger("kazoo").setLevel(logging.ERROR)
-    from connectors.spark.session import local_session
+    from aligner.connectors.spark.session import local_session
 
     with EmbeddedStack() as info:
         led = Ledger.connect(info.zk, ROOT)

@@ -25,16 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from aligner.connectors.latency import EpochLatency, LatencyLog, LatencyProbe, json_field
+from aligner.connectors.reader import EpochReader
+from aligner.connectors.runtime import JobFunction, JobSpec, WorkerThread
+from aligner.connectors.sink import SinkProducer
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.alignment import Coordinator
+from aligner.coordinator.hotswap import HotSwap
+from aligner.coordinator.stack import EmbeddedStack, StackInfo, wait_for
+
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
-from connectors.latency import EpochLatency, LatencyLog, LatencyProbe, json_field
-from connectors.reader import EpochReader
-from connectors.runtime import JobFunction, JobSpec, WorkerThread
-from connectors.sink import SinkProducer
-from connectors.subjects import create_subject
-from coordinator.alignment import Coordinator
-from coordinator.hotswap import HotSwap
-from coordinator.stack import EmbeddedStack, StackInfo, wait_for
 from experiments.hotness import hot_issues, pr_hotness
 from experiments.workload import (
     HOT_ISSUES,

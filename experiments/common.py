@@ -9,11 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aligner.connectors.kafka import consumer_config
+from aligner.connectors.sink import SinkProducer
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from aligner.ledger import Ledger
-from connectors.kafka import consumer_config
-from connectors.sink import SinkProducer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -27,17 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aligner.connectors.latency import LatencyLog
+from aligner.connectors.runtime import JobSpec
+from aligner.connectors.spark.lineage import sink_lineage, source_batch
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.alignment import Coordinator
+from aligner.coordinator.hotswap import HotSwap
+from aligner.coordinator.stack import StackInfo, wait_for
 from rich.console import Console
 
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
-from connectors.latency import LatencyLog
-from connectors.runtime import JobSpec
-from connectors.spark.lineage import sink_lineage, source_batch
-from connectors.subjects import create_subject
-from coordinator.alignment import Coordinator
-from coordinator.hotswap import HotSwap
-from coordinator.stack import StackInfo, wait_for
 from experiments.chain import Generator, Worker, check_hot_issues, final_totals, open_stack, read_all
 from experiments.common import RESULTS, write_results
 from experiments.hotness import hot_issues, pr_hotness_query
@@ -60,7 +60,7 @@ GENERATE_S, ALIGN_AT, SWAP_AT, INTERVAL = 40.0, 8.0, 18.0, 0.5
 
 def start_spark(info: StackInfo, root: str, checkpoint: str) -> tuple[Any, Any]:
     """Job 2 on local[2], or on the cluster of ``ALIGNER_SPARK_MASTER`` (docker-compose)."""
-    from connectors.spark.session import local_session
+    from aligner.connectors.spark.session import local_session
 
     master = os.environ.get("ALIGNER_SPARK_MASTER", "local[2]")
     conf = {"spark.ui.showConsoleProgress": "false"}

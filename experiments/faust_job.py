@@ -50,12 +50,12 @@ import sys
 import threading
 from collections.abc import Iterator
 
+import aligner.connectors.faust as aligned
 import faust
+from aligner.connectors.runtime import KeyedState
+from aligner.connectors.source import SourceRecord
 
-import connectors.faust as aligned
 from aligner.settings import Settings
-from connectors.runtime import KeyedState
-from connectors.source import SourceRecord
 
 JOB_ID = os.environ.get("FAUST_JOB_ID", "faust-tagger")
 INPUTS = [s for s in os.environ.get("FAUST_JOB_INPUT", "raw").split(",") if s]

@@ -28,11 +28,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from aligner.connectors.reader import EpochReader
+from aligner.connectors.sink import SinkProducer
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.stack import EmbeddedStack
+
 from aligner.ledger import Ledger
-from connectors.reader import EpochReader
-from connectors.sink import SinkProducer
-from connectors.subjects import create_subject
-from coordinator.stack import EmbeddedStack
 from experiments.common import write_results
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,8 +20,9 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from connectors.runtime import JobFunction, KeyedState
-from connectors.source import SourceRecord
+from aligner.connectors.runtime import JobFunction, KeyedState
+from aligner.connectors.source import SourceRecord
+
 from experiments.workload import Workload, window_count
 
 Output = Iterable[tuple[bytes | None, bytes]]

@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from aligner.connectors.runtime import JobFunction, JobSpec
+from aligner.coordinator.stack import EmbeddedStack, StackInfo
 
 from aligner.ledger import Ledger
-from connectors.runtime import JobFunction, JobSpec
-from coordinator.stack import EmbeddedStack, StackInfo
 from tests import guard
 from tests.helpers import Worker
 from tests.streams import Generator, JobThread
@@ -259,7 +259,7 @@ def cli_env(stack: StackInfo, root: str, tmp_path: Path) -> dict[str, str]:
 
 
 def run_cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "coordinator", *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "aligner.coordinator", *args], env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from connectors.runtime import KeyedState
-from connectors.source import SourceRecord
+from aligner.connectors.runtime import KeyedState
+from aligner.connectors.source import SourceRecord
 
 
 def tag_v1(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:

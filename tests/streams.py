@@ -8,11 +8,12 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
+from aligner.connectors.reader import EpochReader
+from aligner.connectors.runtime import JobFunction, JobSpec, WorkerThread
+from aligner.connectors.sink import SinkProducer
+from aligner.coordinator.stack import StackInfo
+
 from aligner.ledger import Ledger
-from connectors.reader import EpochReader
-from connectors.runtime import JobFunction, JobSpec, WorkerThread
-from connectors.sink import SinkProducer
-from coordinator.stack import StackInfo
 from tests import guard
 
 

@@ -6,16 +6,16 @@ import itertools
 import threading
 
 import pytest
+from aligner.connectors.runtime import JobSpec, JobWorker
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.alignment import Coordinator, leadership
+from aligner.coordinator.lineage import flatten, job_epoch_lineage
+from aligner.coordinator.stack import wait_for
 
 from aligner.alignment import Command, State
 from aligner.errors import AlignerError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
-from connectors.runtime import JobSpec, JobWorker
-from connectors.subjects import create_subject
-from coordinator.alignment import Coordinator, leadership
-from coordinator.lineage import flatten, job_epoch_lineage
-from coordinator.stack import wait_for
 from tests.jobs import tag_v1
 from tests.streams import assert_exactly_once, read_all
 
@@ -109,7 +109,7 @@ def test_chain_lineage_reads_a_consistent_cut(stack, ledger, subject_name, spawn
 
 
 def read_all_epochs(ledger, bootstrap, subject, epochs):
-    from connectors.reader import EpochReader
+    from aligner.connectors.reader import EpochReader
 
     with EpochReader(ledger, bootstrap) as reader:
         for e in epochs:

@@ -7,15 +7,15 @@ import json
 from collections import Counter
 
 import pytest
+from aligner.connectors.kafka import consumer_config
+from aligner.connectors.reader import EpochReader, read_partition, segments_by_partition
+from aligner.connectors.sink import SinkProducer, partitions_for
+from aligner.connectors.subjects import create_subject
 from confluent_kafka import Consumer
 
 from aligner.errors import EpochNotCommittedError, FencedError
 from aligner.models import Range
 from aligner.stamps import Stamp, stamp_of
-from connectors.kafka import consumer_config
-from connectors.reader import EpochReader, read_partition, segments_by_partition
-from connectors.sink import SinkProducer, partitions_for
-from connectors.subjects import create_subject
 from tests.helpers import Worker, raw_records
 
 EPOCHS = 20
@@ -197,12 +197,12 @@ def test_counts_are_what_each_partition_received(stack, ledger, subject_name, mo
         p.send(b"y", partition=1)
         sent[1] += 1
         commit = p.commit()
-    import connectors.reader
+    import aligner.connectors.reader
 
     def no_stamp_checks(*_args: object) -> None:
         raise AssertionError("a segment holding only the committed attempt's records was stamp-checked")
 
-    monkeypatch.setattr(connectors.reader, "_stamped", no_stamp_checks)
+    monkeypatch.setattr(aligner.connectors.reader, "_stamped", no_stamp_checks)
     with EpochReader(ledger, stack.kafka) as reader:
         per_partition = Counter(r.partition for r in reader.read(subject_name, epoch))
     slices = ledger.committed(subject_name, epoch).slices

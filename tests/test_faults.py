@@ -2,7 +2,7 @@
 
 These tests run on a stack of their own (they kill its ZooKeeper and pause its broker). Every
 component is a real process: an outside producer (a thread of the test, plain confluent-kafka),
-the epoch marker (``aligner markers``) and two job workers (``python -m connectors.runtime``).
+the epoch marker (``aligner markers``) and two job workers (``python -m aligner.connectors.runtime``).
 Outage lengths are the tests' input; every other wait is on a condition with a liveness bound.
 """
 
@@ -18,12 +18,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.alignment import Coordinator
+from aligner.coordinator.stack import (
+    ZOOKEEPER,
+    EmbeddedStack,
+    StackInfo,
+    _await_ready,
+    _spawn_component,
+    _zk_ok,
+    wait_for,
+)
 from confluent_kafka import Producer
 
 from aligner.ledger import Ledger
-from connectors.subjects import create_subject
-from coordinator.alignment import Coordinator
-from coordinator.stack import ZOOKEEPER, EmbeddedStack, StackInfo, _await_ready, _spawn_component, _zk_ok, wait_for
 from tests.helpers import Worker
 from tests.streams import assert_exactly_once, read_all
 
@@ -112,12 +120,12 @@ class Chain:
         return ["--zk", self.info.zk, "--kafka", self.info.kafka, "--root", self.root]
 
     def start_marker(self, interval: float = 0.3) -> Worker:
-        w = Worker("coordinator", *self.cli_args(), "markers", self.inp, "--interval", str(interval))
+        w = Worker("aligner.coordinator", *self.cli_args(), "markers", self.inp, "--interval", str(interval))
         self.procs.append(w)
         return w
 
     def start_worker(self, index: int, interval: float = 0.3) -> Worker:
-        w = Worker("connectors.runtime", "--zk", self.info.zk, "--kafka", self.info.kafka, "--root", self.root,
+        w = Worker("aligner.connectors.runtime", "--zk", self.info.zk, "--kafka", self.info.kafka, "--root", self.root,
                    "--job", self.job, "--function", "tests.jobs:tag_v1", "--input", self.inp, "--output", self.out,
                    "--worker", str(index), "--parallelism", "2", "--interval", str(interval))
         self.procs.append(w)

@@ -20,18 +20,18 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from aligner.connectors.faust.job import GROUP_SETTINGS, _sync_function, _tune
+from aligner.connectors.reader import EpochReader
+from aligner.connectors.runtime import KeyedState
+from aligner.connectors.sink import SinkProducer
+from aligner.connectors.source import SourceRecord
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.alignment import Coordinator
+from aligner.coordinator.hotswap import HotSwap
+from aligner.coordinator.stack import free_port, wait_for
 
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
-from connectors.faust.job import GROUP_SETTINGS, _sync_function, _tune
-from connectors.reader import EpochReader
-from connectors.runtime import KeyedState
-from connectors.sink import SinkProducer
-from connectors.source import SourceRecord
-from connectors.subjects import create_subject
-from coordinator.alignment import Coordinator
-from coordinator.hotswap import HotSwap
-from coordinator.stack import free_port, wait_for
 from tests.helpers import Worker, raw_count
 
 RECORDS = 20
@@ -188,8 +188,7 @@ def _check_exactly_once(ledger: Ledger, kafka: str, src: str, out: str, feeder: 
 
 def test_adapter_sets_short_group_timeouts_on_a_plain_app_and_keeps_explicit_ones():
     import faust
-
-    from connectors.faust.job import configure
+    from aligner.connectors.faust.job import configure
 
     plain = configure(faust.App("plain-settings", broker="kafka://127.0.0.1:1"))
     assert {name: getattr(plain.conf, name) for name in GROUP_SETTINGS} == GROUP_SETTINGS

@@ -6,14 +6,14 @@ import json
 import threading
 
 import pytest
+from aligner.connectors.runtime import JobSpec
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.alignment import Coordinator
+from aligner.coordinator.gc import collect
+from aligner.coordinator.hotswap import HotSwap, HotSwapRefused
+from aligner.coordinator.stack import wait_for
 
 from aligner.models import ContributionNode
-from connectors.runtime import JobSpec
-from connectors.subjects import create_subject
-from coordinator.alignment import Coordinator
-from coordinator.gc import collect
-from coordinator.hotswap import HotSwap, HotSwapRefused
-from coordinator.stack import wait_for
 from tests.jobs import tag_v1, tag_v2
 from tests.streams import assert_exactly_once, read_all
 
@@ -106,12 +106,12 @@ def test_coordinator_killed_after_precommit_resumes_the_swap(stack, ledger, subj
     wait_for(lambda: all(c.job_epoch is not None for c in HotSwap(ledger).jobs.consumers(new.job, subject_name)
                          .values()) and HotSwap(ledger).jobs.consumers(new.job, subject_name), LIVE, "v2 following")
     hotswap = ("hotswap", "--old", old.job, "--new", new.job, "--subject", target, "--json")
-    first = spawn.worker("coordinator", *hotswap, env=cli_env)
+    first = spawn.worker("aligner.coordinator", *hotswap, env=cli_env)
     wait_for(lambda: HotSwap(ledger).jobs.swap(old.job)[0] is not None, LIVE, "the pre-commit to be recorded",
              on_wait=first.healthy)
     first.kill()
     assert HotSwap(ledger).jobs.swap(old.job)[0].phase in ("precommit", "commit", "done")
-    second = spawn.worker("coordinator", *hotswap, env=cli_env)
+    second = spawn.worker("aligner.coordinator", *hotswap, env=cli_env)
     assert second.wait(LIVE) == 0, second.stderr
     swap = HotSwap(ledger).jobs.swap(old.job)[0]
     assert swap.phase == "done"
@@ -149,10 +149,10 @@ def test_job_killed_at_a_swap_step_still_swaps_exactly_once(stack, root, ledger,
     args = {"old": [*common, "--job", f"{raw}-v1", "--function", "tests.jobs:tag_v1", "--output-partitions", "0,1"],
             "new": [*common, "--job", f"{raw}-v2", "--function", "tests.jobs:tag_v2", "--output-partitions", "2,3",
                     "--version", "2", "--follows", f"{raw}-v1"]}
-    procs = {"old": spawn.worker("connectors.runtime", *args["old"])}
+    procs = {"old": spawn.worker("aligner.connectors.runtime", *args["old"])}
     procs["old"].wait_line(lambda line: line.startswith("committed"))
     Coordinator(ledger).align(f"{raw}-v1", timeout=LIVE)
-    procs["new"] = spawn.worker("connectors.runtime", *args["new"])
+    procs["new"] = spawn.worker("aligner.connectors.runtime", *args["new"])
     procs["new"].wait_line(lambda line: line.startswith("open"))
     swapper = HotSwap(ledger)
     jobs = swapper.jobs
@@ -169,7 +169,7 @@ def test_job_killed_at_a_swap_step_still_swaps_exactly_once(stack, root, ledger,
         swap = swap.model_copy(update={"phase": "commit"})
         jobs.write_swap(swap, version)
     procs[who].kill()
-    procs[who] = spawn.worker("connectors.runtime", *args[who])
+    procs[who] = spawn.worker("aligner.connectors.runtime", *args[who])
     procs[who].wait_line(lambda line: line.startswith("open"))
     done = swapper.run(o.job, n.job, target, timeout=LIVE)
     assert done.phase == "done" and done.epoch == swap.epoch
@@ -240,7 +240,7 @@ def test_coordinator_lost_after_commit_is_resumed_by_the_next(stack, ledger, sub
     wait_for(lambda: swapper._committed(new.job, new.inputs) >= 0, LIVE, "v2 following")
     swap, version = _precommit_acked(swapper, o, n)
     swapper.jobs.write_swap(swap.model_copy(update={"phase": "commit"}), version)  # ... and the coordinator dies
-    resumed = spawn.worker("coordinator", "hotswap", "--old", old.job, "--new", new.job, "--subject", target,
+    resumed = spawn.worker("aligner.coordinator", "hotswap", "--old", old.job, "--new", new.job, "--subject", target,
                            "--json", env=cli_env)
     assert resumed.wait(LIVE) == 0, resumed.stderr
     done = swapper.jobs.swap(old.job)[0]

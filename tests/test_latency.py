@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import time
 
+from aligner.connectors.latency import LatencyLog, LatencyProbe, json_field
+from aligner.connectors.runtime import KeyedState
+from aligner.connectors.source import SourceRecord
+
 from aligner.models import WorkerEpochNode
-from connectors.latency import LatencyLog, LatencyProbe, json_field
-from connectors.runtime import KeyedState
-from connectors.source import SourceRecord
 
 
 def _rec(created: float | None) -> SourceRecord:

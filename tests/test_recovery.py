@@ -5,11 +5,12 @@ from __future__ import annotations
 import random
 import threading
 
+from aligner.connectors.runtime import JobSpec
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.stack import wait_for
+
 from aligner.alignment import State
 from aligner.jobs import JobLedger
-from connectors.runtime import JobSpec
-from connectors.subjects import create_subject
-from coordinator.stack import wait_for
 from tests.jobs import tag_v1
 from tests.streams import assert_exactly_once, read_all
 
@@ -29,7 +30,7 @@ def test_job_killed_twenty_times_outputs_every_result_once(stack, root, ledger, 
     rng = random.Random(7)
     attempts = []
     for _ in range(KILLS):
-        w = spawn.worker("connectors.runtime", *args)
+        w = spawn.worker("aligner.connectors.runtime", *args)
         opened = w.wait_line(lambda line: line.startswith("open"), timeout=LIVE)
         attempts.append(opened)
         # Kill at a random point: right after opening, mid-epoch, or after some commits.
@@ -39,7 +40,7 @@ def test_job_killed_twenty_times_outputs_every_result_once(stack, root, ledger, 
         w.kill()
     kills_done.set()
     gen.finished()
-    w = spawn.worker("connectors.runtime", *args)
+    w = spawn.worker("aligner.connectors.runtime", *args)
     w.finish(timeout=LIVE)
     assert len({a.split("attempt=")[1] for a in attempts}) == KILLS
     assert_exactly_once(read_all(ledger, stack.kafka, x), gen.sent)
@@ -56,14 +57,14 @@ def test_coordinator_killed_between_catch_up_and_aligned_resumes(stack, ledger, 
     jobs = JobLedger(ledger)
     wait_for(lambda: jobs.consumers(job, raw), LIVE, "the consumer to report")
 
-    first = spawn.worker("coordinator", "align", job, "--json", env=cli_env)
+    first = spawn.worker("aligner.coordinator", "align", job, "--json", env=cli_env)
     wait_for(lambda: (jobs.decision(job)[0] is not None and jobs.decision(job)[0].phase == "aligning"),
              LIVE, "the coordinator to record its Align decision", on_wait=first.healthy)
     first.kill()
     phase = jobs.decision(job)[0].phase
     assert phase == "aligning" and jobs.source_state(job, raw).state is not State.ALIGNED
 
-    second = spawn.worker("coordinator", "align", job, "--json", env=cli_env)
+    second = spawn.worker("aligner.coordinator", "align", job, "--json", env=cli_env)
     assert second.wait(LIVE) == 0, second.stderr
     assert jobs.decision(job)[0].phase == "aligned"
     assert jobs.source_state(job, raw).state is State.ALIGNED

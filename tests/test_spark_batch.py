@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from aligner.connectors.reader import EpochReader
+from aligner.connectors.sink import SinkProducer
+from aligner.connectors.subjects import create_subject
 
 from aligner.models import FieldSpec
-from connectors.reader import EpochReader
-from connectors.sink import SinkProducer
-from connectors.subjects import create_subject
 
 pytest.importorskip("pyspark")
 
@@ -18,7 +18,7 @@ TEST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # the first session of th
 
 @pytest.fixture(scope="module")
 def spark():
-    from connectors.spark.session import local_session
+    from aligner.connectors.spark.session import local_session
 
     session = local_session("local[2]", "test-spark-batch", **{"spark.driver.extraJavaOptions": TEST_JVM})
     yield session
@@ -122,8 +122,9 @@ def test_batch_read_by_lineage_of_a_job_epoch(spark, stack, root, ledger, subjec
 
 
 def test_lineage_nodes_are_validated(ledger):
+    from aligner.connectors.spark.lineage import LineageError, record_source_batch, source_batch, source_batch_path
+
     from aligner.errors import MalformedNodeError
-    from connectors.spark.lineage import LineageError, record_source_batch, source_batch, source_batch_path
 
     ledger.zk.ensure_path(ledger.layout.subjects)
     record_source_batch(ledger, "q1", 3, "s", 4, 5)

@@ -15,10 +15,10 @@ import time
 from collections import Counter, defaultdict
 
 import pytest
+from aligner.connectors.reader import EpochReader
+from aligner.connectors.sink import SinkProducer
+from aligner.connectors.subjects import create_subject
 
-from connectors.reader import EpochReader
-from connectors.sink import SinkProducer
-from connectors.subjects import create_subject
 from tests.helpers import Worker, raw_count
 
 pytest.importorskip("pyspark")
@@ -55,7 +55,7 @@ def _kill(worker: Worker, jvm: int) -> None:
 
 def _wait_batch(ledger, worker: Worker, target: str, batch: int, timeout: float = LIVE) -> None:
     """Until the sink committed micro-batch ``batch`` in ZooKeeper."""
-    from connectors.spark.writer import read_progress
+    from aligner.connectors.spark.writer import read_progress
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -68,7 +68,7 @@ def _wait_batch(ledger, worker: Worker, target: str, batch: int, timeout: float 
 
 
 def test_killed_driver_restarts_from_checkpoint_exactly_once(stack, root, ledger, tmp_path, spawn):
-    from connectors.spark.lineage import cut, sink_lineage, source_batch
+    from aligner.connectors.spark.lineage import cut, sink_lineage, source_batch
 
     source, target = "kx-" + tmp_path.name[-8:], "ky-" + tmp_path.name[-8:]
     create_subject(ledger, stack.kafka, source, 2)

@@ -6,10 +6,9 @@ import json
 from collections import Counter
 
 import pytest
-
-from connectors.reader import EpochReader
-from connectors.sink import SinkProducer
-from connectors.subjects import create_subject
+from aligner.connectors.reader import EpochReader
+from aligner.connectors.sink import SinkProducer
+from aligner.connectors.subjects import create_subject
 
 pytest.importorskip("pyspark")
 
@@ -20,7 +19,7 @@ LIVE = 300
 
 @pytest.fixture(scope="module")
 def spark():
-    from connectors.spark.session import local_session
+    from aligner.connectors.spark.session import local_session
 
     session = local_session("local[2,2]", "test-spark-stream", **{"spark.driver.extraJavaOptions": TEST_JVM})
     yield session
@@ -83,7 +82,7 @@ def test_stream_reads_every_epoch_once_and_resumes_from_checkpoint(spark, stack,
         exact = Counter((r.epoch, r.partition, r.offset, r.value) for r in reader.read(subject_name, 0, 6))
     assert streamed == exact and len(exact) == 180 and max(streamed.values()) == 1
     # Lineage in ZooKeeper: batch b of the query (same id across the restart) read epoch b, empty ones too.
-    from connectors.spark.lineage import source_batch
+    from aligner.connectors.spark.lineage import source_batch
 
     for b in range(7):
         assert {s: (n.first, n.last) for s, n in source_batch(ledger, query_id, b).items()} == {subject_name: (b, b)}
@@ -101,7 +100,7 @@ def test_stream_reads_every_epoch_once_and_resumes_from_checkpoint(spark, stack,
 
 def test_multi_subject_stream_follows_epoch_vectors_and_resumes(spark, stack, root, ledger, subject_name, tmp_path,
                                                                 spawn):
-    from connectors.spark.lineage import source_batch
+    from aligner.connectors.spark.lineage import source_batch
 
     fast, slow = f"{subject_name}-f", f"{subject_name}-s"
     create_subject(ledger, stack.kafka, fast, 2)

@@ -6,10 +6,10 @@ import json
 from collections import Counter, defaultdict
 
 import pytest
+from aligner.connectors.reader import EpochReader
+from aligner.connectors.sink import SinkProducer
+from aligner.connectors.subjects import create_subject
 
-from connectors.reader import EpochReader
-from connectors.sink import SinkProducer
-from connectors.subjects import create_subject
 from tests.helpers import raw_count
 
 pytest.importorskip("pyspark")
@@ -23,7 +23,7 @@ LIVE = 300
 
 @pytest.fixture(scope="module")
 def spark():
-    from connectors.spark.session import local_session
+    from aligner.connectors.spark.session import local_session
 
     # local[2,2]: a failed task is retried once. Small Arrow batches let the injected fault hit mid-task.
     session = local_session("local[2,2]", "test-spark-write", **{"spark.driver.extraJavaOptions": TEST_JVM,
@@ -52,7 +52,7 @@ def _run(spark, spawn, stack, root, source, target, checkpoint) -> None:
 
 def _check_target(ledger, stack, source, target, source_epochs: int) -> None:
     """Every source record's result exactly once, in the target epoch mapped to its source epoch."""
-    from connectors.spark.lineage import sink_lineage, source_batch
+    from aligner.connectors.spark.lineage import sink_lineage, source_batch
 
     written = sink_lineage(ledger, target, "spark")
     batch_to_epoch = {n.batch: e for e, n in written.items()}
@@ -99,11 +99,11 @@ def test_task_retries_write_each_result_once(spark, stack, root, ledger, tmp_pat
 
 def test_rows_become_json_records_and_too_many_tasks_is_a_clear_error(spark, stack, root, ledger, tmp_path,
                                                                       spawn):
+    from aligner.connectors.spark.writer import read_progress
     from pyspark.errors import StreamingQueryException
     from pyspark.sql import functions as F
 
     from aligner.models import FieldSpec
-    from connectors.spark.writer import read_progress
 
     source, target = "xj-" + tmp_path.name[-8:], "yj-" + tmp_path.name[-8:]
     fields = [FieldSpec(name="e", type="long"), FieldSpec(name="j", type="long")]

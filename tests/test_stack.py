@@ -15,13 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aligner.connectors.kafka import QUIET, consumer_config
+from aligner.connectors.marker import EpochMarker
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.stack import _alive, _kill_group, wait_for
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from aligner.ledger import Ledger
-from connectors.kafka import QUIET, consumer_config
-from connectors.marker import EpochMarker
-from connectors.subjects import create_subject
-from coordinator.stack import _alive, _kill_group, wait_for
 from tests.conftest import ROOT, run_cli
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from connectors.runtime import KeyedState
-from connectors.source import SourceRecord
+from aligner.connectors.runtime import KeyedState
+from aligner.connectors.source import SourceRecord
+
 from experiments.hotness import hot_issues
 from experiments.workload import ISSUE_COMMENTS, ISSUES, PR_COMMENTS, Pacer, Workload
 

@@ -4,7 +4,7 @@ Usage (see ``experiments/faust_job.py``)::
 
     import faust
 
-    import connectors.faust as aligned
+    import aligner.connectors.faust as aligned
 
     app = faust.App("tagger", broker="kafka://localhost:9092")   # any Faust app (or aligned.faust_app("tagger"))
 
@@ -59,6 +59,6 @@ Faust event loop one record at a time (async generator functions), so async jobs
 ``ALIGNER_WORKER``; event lines a job prints to stdout share it with Faust's start-up spinner.
 """
 
-from connectors.faust.job import AlignedJob, configure, faust_app, job
+from aligner.connectors.faust.job import AlignedJob, configure, faust_app, job
 
 __all__ = ["AlignedJob", "configure", "faust_app", "job"]

@@ -16,6 +16,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import faust
+from aligner.connectors.runtime import JobSpec, JobWorker, KeyedState
+from aligner.connectors.sink import TRANSIENT, FaultHook
+from aligner.connectors.source import SourceRecord
 from faust.types.settings import Settings as FaustSettings
 from kazoo.handlers.threading import KazooTimeoutError
 from mode import Service
@@ -25,9 +28,6 @@ from aligner.ledger import Ledger
 from aligner.models import Mode
 from aligner.settings import Settings
 from aligner.zk import StoppedError
-from connectors.runtime import JobSpec, JobWorker, KeyedState
-from connectors.sink import TRANSIENT, FaultHook
-from connectors.source import SourceRecord
 
 log = logging.getLogger("aligner.faust")
 

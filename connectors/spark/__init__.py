@@ -2,8 +2,8 @@
 
 One line registers it::
 
-    import connectors.spark
-    connectors.spark.register(spark)
+    import aligner.connectors.spark
+    aligner.connectors.spark.register(spark)
 
 then ``spark.read.format("aligned")`` reads committed epochs of a subject,
 ``spark.readStream.format("aligned")`` streams them one committed epoch (or ``epochsPerBatch``)
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from connectors.spark.source import SHORT_NAME, AlignedDataSource
+from aligner.connectors.spark.source import SHORT_NAME, AlignedDataSource
 
 
 def register(spark: Any) -> None:

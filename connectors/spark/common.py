@@ -17,6 +17,8 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
+from aligner.connectors.kafka import end_offsets
+from aligner.connectors.reader import Segment, segments_by_partition
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
@@ -36,8 +38,6 @@ from aligner.epochs import CommittedEpoch, check_retention, parse_epoch_span
 from aligner.errors import AlignerError, EpochNotCommittedError
 from aligner.ledger import Ledger
 from aligner.models import FieldSpec, SubjectNode
-from connectors.kafka import end_offsets
-from connectors.reader import Segment, segments_by_partition
 
 RAW_COLUMNS = ("key", "value", "partition", "offset", "epoch", "timestamp")
 SUBJECT_COLUMN = "subject"
@@ -139,7 +139,7 @@ def batch_epochs(options: Mapping[str, str], ledger: Ledger, subject: str) -> li
     name = given[0]
     raw = str(opt(options, name))
     if name == "lineage":
-        from connectors.spark.lineage import lineage_epochs
+        from aligner.connectors.spark.lineage import lineage_epochs
 
         return lineage_epochs(ledger, raw, subject)
     try:
@@ -375,9 +375,8 @@ def messages_to_batches(messages: list[Any], epoch: int, partition: int, fields:
 
 def record_batch_lineage(plan: ReadPlan) -> None:
     """Executor side of a streaming read: record (query id, batch id) -> the batch's subject epochs."""
+    from aligner.connectors.spark.lineage import record_source_batch
     from pyspark import TaskContext
-
-    from connectors.spark.lineage import record_source_batch
 
     ctx = TaskContext.get()
     if ctx is None or plan.span is None:
@@ -390,10 +389,9 @@ def record_batch_lineage(plan: ReadPlan) -> None:
 
 def read_aligned_partition(partition: AlignedPartition, schema: StructType) -> Iterator[pa.RecordBatch]:
     """Executor side: read one input partition's segments with an assigned consumer, stamps filtered."""
+    from aligner.connectors.kafka import consumer_config
+    from aligner.connectors.reader import read_partition
     from confluent_kafka import Consumer
-
-    from connectors.kafka import consumer_config
-    from connectors.reader import read_partition
 
     plan = partition.plan
     if plan.span is not None:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from aligner.connectors.spark.models import SparkSinkEpochNode, SparkSourceBatchNode
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from aligner.errors import AlignerError
 from aligner.layout import epoch_name, split_writer
 from aligner.ledger import Ledger
 from aligner.models import parse
-from connectors.spark.models import SparkSinkEpochNode, SparkSourceBatchNode
 
 SOURCE_BATCHES_KEPT = 100_000
 """Source batch nodes kept per query; older ones are deleted as new batches are recorded."""
@@ -118,7 +118,7 @@ def spark_sink_subjects(ledger: Ledger, sink: str) -> list[str]:
     return [s for s in ledger.subject_names() if ledger.zk.exists(progress_path(ledger, s, sink))]
 
 
-# ---- lineage trees (the shape of coordinator.lineage, so its flatten applies) -------------------------
+# ---- lineage trees (the shape of aligner.coordinator.lineage, so its flatten applies) -------------------------
 
 
 def spark_epoch_lineage(ledger: Ledger, subject: str, sink: str, epoch: int, depth: int = 16) -> dict[str, Any]:
@@ -138,9 +138,10 @@ def spark_epoch_lineage(ledger: Ledger, subject: str, sink: str, epoch: int, dep
 
 
 def subject_lineage(ledger: Ledger, subject: str, epoch: int, depth: int = 16) -> dict[str, Any]:
-    """Like ``coordinator.lineage.subject_epoch_lineage``, also following Spark sinks."""
+    """Like ``aligner.coordinator.lineage.subject_epoch_lineage``, also following Spark sinks."""
+    from aligner.coordinator.lineage import job_epoch_lineage
+
     from aligner.jobs import JobLedger, UnknownJobError
-    from coordinator.lineage import job_epoch_lineage
 
     if not ledger.is_committed(subject, epoch):
         raise LineageError(f"epoch {epoch} of {subject!r} is not committed; it has no lineage yet")
@@ -165,8 +166,9 @@ def cut(ledger: Ledger, job: str, epoch: int, subject: str | None = None) -> dic
     """The consistent cut named by epoch ``epoch`` of ``job``: every subject epoch it derives from,
     including the epoch of the job's own output. ``job`` is a coordinator job or a Spark sink id
     (``subject`` picks the target when the same sink id writes several subjects)."""
+    from aligner.coordinator.lineage import flatten, job_epoch_lineage
+
     from aligner.jobs import JobLedger, UnknownJobError
-    from coordinator.lineage import flatten, job_epoch_lineage
 
     try:
         node = JobLedger(ledger).job(job)

@@ -7,7 +7,7 @@ Batch::
 
 Exactly one of ``epoch`` (N), ``epochs`` ("A:B", inclusive), ``asOf`` (every committed epoch up to N)
 or ``lineage`` ("JOB:EPOCH": the subject's epochs in the consistent cut named by an epoch of a
-downstream job, a coordinator job or a Spark sink id; see :mod:`connectors.spark.lineage`).
+downstream job, a coordinator job or a Spark sink id; see :mod:`aligner.connectors.spark.lineage`).
 The epochs are resolved in ZooKeeper while Spark plans the query, so an unknown subject, an epoch
 that is not committed or an epoch whose first offset the log no longer holds fails before any
 task runs. A committed epoch never changes, so the same options return the same rows forever.
@@ -22,7 +22,7 @@ values that do not parse become nulls), then ``key`` and ``value`` (binary), ``p
 
 Other options: ``root`` (ZooKeeper root, default "/aligner"), ``stallTimeout`` (seconds a task
 waits for the log to reach an epoch's end before reporting data loss, default 30).
-Streaming reads and writes: see :mod:`connectors.spark.stream` and :mod:`connectors.spark.writer`.
+Streaming reads and writes: see :mod:`aligner.connectors.spark.stream` and :mod:`aligner.connectors.spark.writer`.
 """
 
 from __future__ import annotations
@@ -30,10 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.types import StructType
-
-from connectors.spark.common import (
+from aligner.connectors.spark.common import (
     AlignedPartition,
     Connection,
     batch_epochs,
@@ -43,6 +40,8 @@ from connectors.spark.common import (
     read_aligned_partition,
     read_schema,
 )
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
 
 SHORT_NAME = "aligned"
 
@@ -65,12 +64,12 @@ class AlignedDataSource(DataSource):
         return AlignedBatchReader(self.options, schema)
 
     def streamReader(self, schema: StructType):  # type: ignore[no-untyped-def]
-        from connectors.spark.stream import AlignedStreamReader
+        from aligner.connectors.spark.stream import AlignedStreamReader
 
         return AlignedStreamReader(self.options, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool):  # type: ignore[no-untyped-def]
-        from connectors.spark.writer import AlignedStreamWriter
+        from aligner.connectors.spark.writer import AlignedStreamWriter
 
         return AlignedStreamWriter(self.options, schema)
 

@@ -23,7 +23,7 @@ committed epochs and none of a slower subject that committed nothing new (marker
 end with a ``subject`` column; field columns are the union of the subjects' registered fields (null
 where a row's subject does not register one). Lineage records one node per subject the batch covers.
 
-Each batch is planned like a batch read (:func:`connectors.spark.common.plan_partitions`): one input
+Each batch is planned like a batch read (:func:`aligner.connectors.spark.common.plan_partitions`): one input
 partition per (subject,) Kafka partition with records in the batch's epochs, stamps filtered.
 
 Lineage: every read task of micro-batch B of query Q creates-if-absent
@@ -39,6 +39,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
+from aligner.connectors.spark.common import (
+    AlignedPartition,
+    Connection,
+    float_option,
+    int_option,
+    ledger_for,
+    plan_partitions,
+    read_aligned_partition,
+)
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -50,15 +59,6 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from aligner.errors import AlignerError
-from connectors.spark.common import (
-    AlignedPartition,
-    Connection,
-    float_option,
-    int_option,
-    ledger_for,
-    plan_partitions,
-    read_aligned_partition,
-)
 
 
 def _epoch_of(offset: dict) -> int:

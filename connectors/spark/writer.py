@@ -58,6 +58,11 @@ from datetime import date, datetime
 from typing import Any
 
 import pyarrow as pa
+from aligner.connectors.kafka import QUIET, end_offsets
+from aligner.connectors.sink import partitions_for
+from aligner.connectors.spark.common import AlignedOptionError, Connection, int_option, ledger_for, opt
+from aligner.connectors.spark.lineage import progress_path, sink_epoch_path, sink_epochs_path
+from aligner.connectors.spark.models import SparkProgressNode, SparkSinkEpochNode
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, StringType, StructType
@@ -68,11 +73,6 @@ from aligner.layout import writer_id
 from aligner.ledger import Lease, Ledger
 from aligner.models import ContributionNode, ProducerNode, Range, parse
 from aligner.stamps import HEADER, Stamp
-from connectors.kafka import QUIET, end_offsets
-from connectors.sink import partitions_for
-from connectors.spark.common import AlignedOptionError, Connection, int_option, ledger_for, opt
-from connectors.spark.lineage import progress_path, sink_epoch_path, sink_epochs_path
-from connectors.spark.models import SparkProgressNode, SparkSinkEpochNode
 
 
 @dataclass

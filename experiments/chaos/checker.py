@@ -26,12 +26,13 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+from aligner.connectors.reader import EpochReader
+
 from aligner.epochs import CommittedEpoch
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import WorkerEpochNode
 from aligner.stamps import stamp_of
-from connectors.reader import EpochReader
 from experiments.chaos.jobs import KEYS, h
 
 CLASSES = ("lost", "duplicated", "unexpected", "aborted_read", "wrong_content", "wrong_epoch", "non_monotonic",
@@ -236,7 +237,7 @@ def check(led: Ledger, kafka: str, produced: dict[str, Any], names: dict[str, st
         a_pos.setdefault(int(r.value["n"]), r)
 
     # b: the Spark query: every a record once; each batch's epoch span tiles a's committed epochs.
-    from connectors.spark.lineage import sink_lineage, source_batch
+    from aligner.connectors.spark.lineage import sink_lineage, source_batch
 
     exactly_once(an, s_b.name, Counter(int(r.value["n"]) for r in s_b.records), set(a_pos))
     span_of: dict[int, tuple[int, int]] = {}

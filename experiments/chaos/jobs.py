@@ -14,8 +14,8 @@ import json
 import os
 from collections.abc import Iterator
 
-from connectors.runtime import KeyedState
-from connectors.source import SourceRecord
+from aligner.connectors.runtime import KeyedState
+from aligner.connectors.source import SourceRecord
 
 KEYS = 16
 WORKER_ENV, VERSION_ENV = "CHAOS_WORKER", "CHAOS_VERSION"

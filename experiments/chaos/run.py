@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.stack import EmbeddedStack, StackInfo
+
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
-from connectors.subjects import create_subject
-from coordinator.stack import EmbeddedStack, StackInfo
 from experiments.chaos.nemesis import KILLS, Fault
 from experiments.chaos.procs import Proc, python
 
@@ -95,7 +96,7 @@ class Run:
 
     def cli(self, *args: str) -> list[str]:
         assert self.info is not None
-        return python("coordinator", "--zk", self.info.zk, "--kafka", self.info.kafka, "--root", ROOT, *args)
+        return python("aligner.coordinator", "--zk", self.info.zk, "--kafka", self.info.kafka, "--root", ROOT, *args)
 
     def observe(self, component: str, what: str, proc: Proc | None = None) -> None:
         obs = Observation(self.rel(), component, what, proc.stderr_tail() if proc else "")
@@ -154,7 +155,7 @@ class Run:
 
     def worker_argv(self, job: str, i: int, extra: list[str]) -> list[str]:
         assert self.info is not None
-        return python("connectors.runtime", "--zk", self.info.zk, "--kafka", self.info.kafka, "--root", ROOT,
+        return python("aligner.connectors.runtime", "--zk", self.info.zk, "--kafka", self.info.kafka, "--root", ROOT,
                       "--job", job, "--function", "experiments.chaos.jobs:job_a", "--input", IN,
                       "--output", A_OUT, "--worker", str(i), "--parallelism", "2", "--interval", "0.5", *extra)
 
@@ -481,7 +482,7 @@ def _play(run: Run, drain_timeout: float) -> dict[str, Any]:
 
 def _finish_input(led: Ledger, kafka: str) -> int | None:
     """The outside producer is done: cut one last epoch up to the stable ends and finish the subject."""
-    from connectors.marker import EpochMarker
+    from aligner.connectors.marker import EpochMarker
 
     marker = EpochMarker(led, kafka, IN).open()
     try:

@@ -19,9 +19,9 @@ def say(line: str) -> None:
 def read_through(zk: str, root: str, source: str, target: str, sink: str) -> tuple[int | None, int]:
     """(last epoch of ``source`` when finished, else None; the last batch committed to ``target``'s sink,
     and the last source epoch that batch read), from ZooKeeper; (None, -1, -1) when unknown."""
-    from connectors.spark.common import ledger_for
-    from connectors.spark.lineage import source_batch
-    from connectors.spark.writer import read_progress
+    from aligner.connectors.spark.common import ledger_for
+    from aligner.connectors.spark.lineage import source_batch
+    from aligner.connectors.spark.writer import read_progress
 
     ledger = ledger_for(zk, root)
     finished = ledger.finished(source)
@@ -41,9 +41,8 @@ def main() -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
+    from aligner.connectors.spark.session import local_session
     from pyspark.sql import functions as F
-
-    from connectors.spark.session import local_session
 
     spark = local_session("local[2]", "chaos-b",
                           **{"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"})

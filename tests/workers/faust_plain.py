@@ -15,11 +15,10 @@ import os
 import sys
 from collections.abc import Iterator
 
+import aligner.connectors.faust as aligned
 import faust
-
-import connectors.faust as aligned
-from connectors.runtime import KeyedState
-from connectors.source import SourceRecord
+from aligner.connectors.runtime import KeyedState
+from aligner.connectors.source import SourceRecord
 
 JOB_ID = os.environ["FAUST_JOB_ID"]
 

@@ -13,8 +13,9 @@ import json
 import sys
 import time
 
+from aligner.connectors.sink import SinkProducer
+
 from aligner.ledger import Ledger
-from connectors.sink import SinkProducer
 
 
 def say(line: str) -> None:
