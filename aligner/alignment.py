@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from aligner.errors import AlignerError
+from aligner.errors import AlignerError, IllegalTransition
 
 
 class State(StrEnum):
@@ -45,13 +45,6 @@ class Command(BaseModel):
     """k: the first subject epoch of the aligned run (align only)."""
     job_epoch: int | None = None
     """J: the job epoch that starts exactly at subject epoch k (align only)."""
-
-
-class IllegalTransition(AlignerError):
-    def __init__(self, state: State, event: str) -> None:
-        super().__init__(f"illegal alignment transition: {event} in state {state.value}")
-        self.state = state
-        self.event = event
 
 
 class ConsumerAlignment(BaseModel):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 
 class AlignerError(Exception):
     """Base of every error the product raises on purpose."""
@@ -91,3 +93,35 @@ class UndecodableRecordError(AlignerError):
         )
         self.partition = partition
         self.offset = offset
+
+
+class StoppedError(AlignerError):
+    """The component was asked to stop while it waited for ZooKeeper; nothing was changed."""
+
+
+class EpochFailedError(AlignerError):
+    """Kafka did not take the epoch (delivery failed, the commit was refused or timed out); it was
+    aborted and can be written again under a new attempt: a transient failure, not a mistake."""
+
+
+class AlignedOptionError(AlignerError):
+    """A data source option is missing, malformed or contradicts another."""
+
+
+class LineageError(AlignerError):
+    """A lineage option or lookup that cannot be resolved."""
+
+
+class UnknownJobError(AlignerError):
+    def __init__(self, job: str) -> None:
+        super().__init__(f"unknown job {job!r}: no worker of it has registered")
+        self.job = job
+
+
+class IllegalTransition(AlignerError):
+    """A protocol event that the state machine's current state does not allow."""
+
+    def __init__(self, state: StrEnum, event: str) -> None:
+        super().__init__(f"illegal transition: {event} in state {state.value}")
+        self.state = state
+        self.event = event

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from aligner.alignment import Command, ConsumerAlignment, aggregate
-from aligner.errors import AlignerError, UnknownSubjectError
+from aligner.errors import AlignerError, UnknownJobError, UnknownSubjectError
 from aligner.ledger import Ledger
 from aligner.models import (
     AlignmentDecision,
@@ -23,12 +23,6 @@ from aligner.models import (
     SwapNode,
     WorkerEpochNode,
 )
-
-
-class UnknownJobError(AlignerError):
-    def __init__(self, job: str) -> None:
-        super().__init__(f"unknown job {job!r}: no worker of it has registered")
-        self.job = job
 
 
 class JobLedger:

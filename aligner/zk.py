@@ -32,17 +32,13 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import InterruptedError as RetryInterrupted
 from kazoo.retry import KazooRetry
 
-from aligner.errors import AlignerError
+from aligner.errors import StoppedError
 from aligner.metrics import ZK_CONNECTED, ZK_OUTAGES
 
 log = logging.getLogger("aligner.zk")
 
 _SLICE = 0.25
 """Seconds a request in flight is awaited before the stop event is checked again."""
-
-
-class StoppedError(AlignerError):
-    """The component was asked to stop while it waited for ZooKeeper; nothing was changed."""
 
 
 class Transaction:

@@ -28,7 +28,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpiredError
 
 from aligner.epochs import ranges_for
-from aligner.errors import AlignerError
+from aligner.errors import AlignerError, EpochFailedError
 from aligner.ledger import Lease, Ledger, PendingEpoch
 from aligner.metrics import EPOCHS_COMMITTED, LAST_EPOCH, RECORDS_SENT
 from aligner.models import Range
@@ -46,11 +46,6 @@ class EpochCommit:
     attempt: int
     ranges: dict[int, Range]
     records: int
-
-
-class EpochFailedError(AlignerError):
-    """Kafka did not take the epoch (delivery failed, the commit was refused or timed out); it was
-    aborted and can be written again under a new attempt: a transient failure, not a mistake."""
 
 
 TRANSIENT: tuple[type[BaseException], ...] = (EpochFailedError, KafkaException, ConnectionLoss, SessionExpiredError,

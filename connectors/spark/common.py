@@ -35,7 +35,7 @@ from pyspark.sql.types import (
 )
 
 from aligner.epochs import CommittedEpoch, check_retention, parse_epoch_span
-from aligner.errors import AlignerError, EpochNotCommittedError
+from aligner.errors import AlignedOptionError, AlignerError, EpochNotCommittedError
 from aligner.ledger import Ledger
 from aligner.models import FieldSpec, SubjectNode
 
@@ -48,10 +48,6 @@ _SPARK_TYPES: dict[str, DataType] = {
     "string": StringType(), "long": LongType(), "double": DoubleType(), "boolean": BooleanType(),
     "binary": BinaryType(), "timestamp": TimestampType(),
 }
-
-
-class AlignedOptionError(AlignerError):
-    """A data source option is missing, malformed or contradicts another."""
 
 
 # ---- options ------------------------------------------------------------------------------------

@@ -15,17 +15,13 @@ from typing import Any
 from aligner.connectors.spark.models import SparkSinkEpochNode, SparkSourceBatchNode
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from aligner.errors import AlignerError
+from aligner.errors import LineageError
 from aligner.layout import epoch_name, split_writer
 from aligner.ledger import Ledger
 from aligner.models import parse
 
 SOURCE_BATCHES_KEPT = 100_000
 """Source batch nodes kept per query; older ones are deleted as new batches are recorded."""
-
-
-class LineageError(AlignerError):
-    """A lineage option or lookup that cannot be resolved."""
 
 
 # ---- paths ----------------------------------------------------------------------------------------
