@@ -24,11 +24,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TextIO
 
-from aligner.connectors.runtime import JobFunction, KeyedState
-from aligner.connectors.source import SourceRecord
 from prometheus_client import Histogram
 from pydantic import BaseModel
 
+from aligner.connectors.runtime import JobFunction, KeyedState
+from aligner.connectors.source import SourceRecord
 from aligner.models import WorkerEpochNode
 
 CHECKPOINT_LATENCY = Histogram(

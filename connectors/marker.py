@@ -11,10 +11,10 @@ import logging
 import threading
 from collections.abc import Callable
 
-from aligner.connectors.kafka import consumer_config, end_offsets, fetched_end_offsets
-from aligner.connectors.sink import TRANSIENT
 from confluent_kafka import Consumer
 
+from aligner.connectors.kafka import consumer_config, end_offsets, fetched_end_offsets
+from aligner.connectors.sink import TRANSIENT
 from aligner.ledger import Lease, Ledger
 from aligner.models import Range
 from aligner.zk import StoppedError

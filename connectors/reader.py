@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from aligner.connectors.kafka import consumer_config, end_offsets
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from aligner.connectors.kafka import consumer_config, end_offsets
 from aligner.epochs import CommittedEpoch, Slice, check_retention
 from aligner.errors import DataLossError, UndecodableRecordError
 from aligner.ledger import Ledger

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from time import time_ns
 from typing import Any
 
-from aligner.connectors.kafka import QUIET, end_offsets
 from confluent_kafka import KafkaError, KafkaException, Producer
 from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpiredError
 
+from aligner.connectors.kafka import QUIET, end_offsets
 from aligner.epochs import ranges_for
 from aligner.errors import AlignerError, EpochFailedError
 from aligner.ledger import Lease, Ledger, PendingEpoch

@@ -14,9 +14,9 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from aligner.connectors.kafka import consumer_config, end_offsets
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from aligner.connectors.kafka import consumer_config, end_offsets
 from aligner.epochs import CommittedEpoch, check_retention
 from aligner.errors import DataLossError, EpochNotCommittedError
 from aligner.ledger import Ledger

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from aligner.connectors.kafka import ensure_topic
-
 from aligner.ledger import Ledger
 from aligner.models import FieldSpec, SubjectNode
 

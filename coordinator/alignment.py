@@ -13,9 +13,8 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from aligner.coordinator.waiting import Waiter
-
 from aligner.alignment import Command, State
+from aligner.coordinator.waiting import Waiter
 from aligner.errors import AlignerError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger

@@ -22,13 +22,13 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from aligner.coordinator import stack as stack_mod
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 from typer._click import exceptions as click_errors  # typer vendors click: its exceptions are these
 from typer._click.globals import get_current_context
 
+from aligner.coordinator import stack as stack_mod
 from aligner.errors import AlignerError, StackError, UnreachableError
 from aligner.settings import Settings
 
@@ -546,8 +546,9 @@ def align(
     as_json: JsonFlag = False,
 ) -> None:
     """Align a job's sources on their subjects' epochs: CatchUp -> Ready -> Align(k) -> Aligned."""
-    from aligner.coordinator.alignment import Coordinator, leadership
     from rich.live import Live
+
+    from aligner.coordinator.alignment import Coordinator, leadership
 
     with ledger(max(ZK_OUTAGE_LIMIT, timeout)) as led, leadership(led, timeout=timeout):
         coord = Coordinator(led)

@@ -14,9 +14,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from aligner.coordinator.alignment import Coordinator
-
 from aligner.alignment import State
+from aligner.coordinator.alignment import Coordinator
 from aligner.errors import AlignerError
 from aligner.jobs import JobLedger
 from aligner.layout import split_writer

@@ -10,7 +10,6 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from aligner.connectors.reader import EpochReader
-
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 

@@ -35,6 +35,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.runtime import JobSpec, JobWorker, KeyedState, WorkerThread
 from aligner.connectors.sink import SinkProducer
@@ -42,9 +45,6 @@ from aligner.connectors.source import SourceRecord
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.stack import EmbeddedStack, StackInfo
-from rich.console import Console
-from rich.table import Table
-
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from experiments import ForeignCpu

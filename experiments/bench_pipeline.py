@@ -38,6 +38,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from rich.console import Console
+from rich.table import Table
+
 from aligner.connectors.kafka import QUIET, consumer_config, ensure_topic
 from aligner.connectors.runtime import JobSpec, JobWorker, KeyedState
 from aligner.connectors.sink import SinkProducer
@@ -45,10 +49,6 @@ from aligner.connectors.source import SourceRecord
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.stack import EmbeddedStack
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-from rich.console import Console
-from rich.table import Table
-
 from aligner.ledger import Ledger
 from experiments import ForeignCpu
 from experiments.common import PRODUCER_SETTINGS, write_results

@@ -28,12 +28,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from aligner.connectors.reader import EpochReader
-from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import EmbeddedStack
 from rich.console import Console
 from rich.table import Table
 
+from aligner.connectors.reader import EpochReader
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from experiments import ForeignCpu
 from experiments.common import VALUE_BYTES, read_raw, write_numbered, write_results

@@ -23,14 +23,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aligner.connectors.kafka import QUIET, ensure_topic
-from aligner.connectors.sink import SinkProducer
-from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import EmbeddedStack
 from confluent_kafka import Producer
 from rich.console import Console
 from rich.table import Table
 
+from aligner.connectors.kafka import QUIET, ensure_topic
+from aligner.connectors.sink import SinkProducer
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from aligner.stamps import HEADER, Stamp
 from experiments import ForeignCpu

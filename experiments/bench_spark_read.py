@@ -24,7 +24,6 @@ import time
 
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import EmbeddedStack
-
 from aligner.ledger import Ledger
 from experiments.common import VALUE_BYTES, read_raw, write_numbered, write_results
 

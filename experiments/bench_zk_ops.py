@@ -22,13 +22,13 @@ import statistics
 import time
 from typing import Any
 
-from aligner.connectors.sink import SinkProducer, partitions_for
-from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import EmbeddedStack
 from kazoo.client import KazooClient
 from rich.console import Console
 from rich.table import Table
 
+from aligner.connectors.sink import SinkProducer, partitions_for
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from experiments import ForeignCpu
 from experiments.common import LedgerTimer, write_results

@@ -33,7 +33,6 @@ from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import EmbeddedStack, StackInfo, wait_for
-
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from experiments.hotness import hot_issues, pr_hotness

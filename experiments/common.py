@@ -9,10 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aligner.connectors.kafka import consumer_config
-from aligner.connectors.sink import SinkProducer
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from aligner.connectors.kafka import consumer_config
+from aligner.connectors.sink import SinkProducer
 from aligner.ledger import Ledger
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from aligner.connectors.latency import LatencyLog
 from aligner.connectors.runtime import JobSpec
 from aligner.connectors.spark.lineage import sink_lineage, source_batch
@@ -34,8 +36,6 @@ from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import StackInfo, wait_for
-from rich.console import Console
-
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from experiments.chain import Generator, Worker, check_hot_issues, final_totals, open_stack, read_all

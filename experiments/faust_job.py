@@ -50,11 +50,11 @@ import sys
 import threading
 from collections.abc import Iterator
 
-import aligner.connectors.faust as aligned
 import faust
+
+import aligner.connectors.faust as aligned
 from aligner.connectors.runtime import KeyedState
 from aligner.connectors.source import SourceRecord
-
 from aligner.settings import Settings
 
 JOB_ID = os.environ.get("FAUST_JOB_ID", "faust-tagger")

@@ -32,7 +32,6 @@ from aligner.connectors.reader import EpochReader
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import EmbeddedStack
-
 from aligner.ledger import Ledger
 from experiments.common import write_results
 

@@ -22,7 +22,6 @@ from typing import Any
 
 from aligner.connectors.runtime import JobFunction, KeyedState
 from aligner.connectors.source import SourceRecord
-
 from experiments.workload import Workload, window_count
 
 Output = Iterable[tuple[bytes | None, bytes]]

@@ -27,10 +27,10 @@ import uuid
 from typing import Annotated, Any
 
 import typer
-from aligner.coordinator.stack import StackInfo
 from rich.console import Console
 from rich.table import Table
 
+from aligner.coordinator.stack import StackInfo
 from experiments import ForeignCpu, plots
 from experiments.analysis import before_after, epoch_series, points_json, since_start, steady, summary
 from experiments.chain import ChainConfig, ChainResult, RunMode, exactly_once, open_stack, run_chain

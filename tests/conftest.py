@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+
 from aligner.connectors.runtime import JobFunction, JobSpec
 from aligner.coordinator.stack import EmbeddedStack, StackInfo
-
 from aligner.ledger import Ledger
 from tests import guard
 from tests.helpers import Worker

@@ -133,8 +133,9 @@ class Worker:
 
 def raw_records(bootstrap: str, topic: str, partitions: int) -> list:
     """Everything the broker shows a read_committed consumer, stamps ignored (leaked attempts too)."""
-    from aligner.connectors.kafka import consumer_config
     from confluent_kafka import Consumer, TopicPartition
+
+    from aligner.connectors.kafka import consumer_config
 
     c = Consumer(consumer_config(bootstrap))
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])

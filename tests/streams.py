@@ -12,7 +12,6 @@ from aligner.connectors.reader import EpochReader
 from aligner.connectors.runtime import JobFunction, JobSpec, WorkerThread
 from aligner.connectors.sink import SinkProducer
 from aligner.coordinator.stack import StackInfo
-
 from aligner.ledger import Ledger
 from tests import guard
 

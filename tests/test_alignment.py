@@ -6,13 +6,13 @@ import itertools
 import threading
 
 import pytest
+
+from aligner.alignment import Command, State
 from aligner.connectors.runtime import JobSpec, JobWorker
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator, leadership
 from aligner.coordinator.lineage import flatten, job_epoch_lineage
 from aligner.coordinator.stack import wait_for
-
-from aligner.alignment import Command, State
 from aligner.errors import AlignerError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger

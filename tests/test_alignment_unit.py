@@ -47,7 +47,7 @@ def test_abort_returns_to_unaligned_from_every_state(make):
     (lambda: ready().apply(ALIGN).started(7), Command(seq=5, kind="catch_up")),
 ])
 def test_illegal_transitions_are_refused(make, event):
-    with pytest.raises(IllegalTransition, match="illegal transition: (CatchUp|Align) in state"):
+    with pytest.raises(IllegalTransition, match=r"illegal transition: (CatchUp|Align) in state"):
         make().apply(event)
 
 

@@ -6,9 +6,9 @@ import json
 import os
 import signal
 
-from aligner.coordinator.stack import _alive
 from confluent_kafka import Producer
 
+from aligner.coordinator.stack import _alive
 from tests.conftest import run_cli
 
 

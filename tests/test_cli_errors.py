@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
+from kazoo.client import KazooClient
+
 from aligner.connectors.kafka import QUIET
 from aligner.connectors.marker import EpochMarker
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import StackInfo, free_port
-from confluent_kafka import Producer
-from kazoo.client import KazooClient
-
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import JobNode

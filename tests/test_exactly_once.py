@@ -7,12 +7,12 @@ import json
 from collections import Counter
 
 import pytest
+from confluent_kafka import Consumer
+
 from aligner.connectors.kafka import consumer_config
 from aligner.connectors.reader import EpochReader, read_partition, segments_by_partition
 from aligner.connectors.sink import SinkProducer, partitions_for
 from aligner.connectors.subjects import create_subject
-from confluent_kafka import Consumer
-
 from aligner.errors import EpochNotCommittedError, FencedError
 from aligner.models import Range
 from aligner.stamps import Stamp, stamp_of

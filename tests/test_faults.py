@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
+from confluent_kafka import Producer
+
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.stack import (
@@ -29,8 +31,6 @@ from aligner.coordinator.stack import (
     _zk_ok,
     wait_for,
 )
-from confluent_kafka import Producer
-
 from aligner.ledger import Ledger
 from tests.helpers import Worker
 from tests.streams import assert_exactly_once, read_all

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+
 from aligner.connectors.faust.job import GROUP_SETTINGS, _sync_function, _tune
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.runtime import KeyedState
@@ -29,7 +30,6 @@ from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import free_port, wait_for
-
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from tests.helpers import Worker, raw_count
@@ -188,6 +188,7 @@ def _check_exactly_once(ledger: Ledger, kafka: str, src: str, out: str, feeder: 
 
 def test_adapter_sets_short_group_timeouts_on_a_plain_app_and_keeps_explicit_ones():
     import faust
+
     from aligner.connectors.faust.job import configure
 
     plain = configure(faust.App("plain-settings", broker="kafka://127.0.0.1:1"))

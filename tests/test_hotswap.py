@@ -6,13 +6,13 @@ import json
 import threading
 
 import pytest
+
 from aligner.connectors.runtime import JobSpec
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.gc import collect
 from aligner.coordinator.hotswap import HotSwap, HotSwapRefused
 from aligner.coordinator.stack import wait_for
-
 from aligner.models import ContributionNode
 from tests.jobs import tag_v1, tag_v2
 from tests.streams import assert_exactly_once, read_all

@@ -8,7 +8,6 @@ import time
 from aligner.connectors.latency import LatencyLog, LatencyProbe, json_field
 from aligner.connectors.runtime import KeyedState
 from aligner.connectors.source import SourceRecord
-
 from aligner.models import WorkerEpochNode
 
 

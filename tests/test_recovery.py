@@ -5,11 +5,10 @@ from __future__ import annotations
 import random
 import threading
 
+from aligner.alignment import State
 from aligner.connectors.runtime import JobSpec
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import wait_for
-
-from aligner.alignment import State
 from aligner.jobs import JobLedger
 from tests.jobs import tag_v1
 from tests.streams import assert_exactly_once, read_all

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
-
 from aligner.models import FieldSpec
 
 pytest.importorskip("pyspark")
@@ -123,7 +123,6 @@ def test_batch_read_by_lineage_of_a_job_epoch(spark, stack, root, ledger, subjec
 
 def test_lineage_nodes_are_validated(ledger):
     from aligner.connectors.spark.lineage import LineageError, record_source_batch, source_batch, source_batch_path
-
     from aligner.errors import MalformedNodeError
 
     ledger.zk.ensure_path(ledger.layout.subjects)

@@ -15,10 +15,10 @@ import time
 from collections import Counter, defaultdict
 
 import pytest
+
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
-
 from tests.helpers import Worker, raw_count
 
 pytest.importorskip("pyspark")

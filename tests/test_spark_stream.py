@@ -6,6 +6,7 @@ import json
 from collections import Counter
 
 import pytest
+
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject

@@ -6,10 +6,10 @@ import json
 from collections import Counter, defaultdict
 
 import pytest
+
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
-
 from tests.helpers import raw_count
 
 pytest.importorskip("pyspark")
@@ -99,10 +99,10 @@ def test_task_retries_write_each_result_once(spark, stack, root, ledger, tmp_pat
 
 def test_rows_become_json_records_and_too_many_tasks_is_a_clear_error(spark, stack, root, ledger, tmp_path,
                                                                       spawn):
-    from aligner.connectors.spark.writer import read_progress
     from pyspark.errors import StreamingQueryException
     from pyspark.sql import functions as F
 
+    from aligner.connectors.spark.writer import read_progress
     from aligner.models import FieldSpec
 
     source, target = "xj-" + tmp_path.name[-8:], "yj-" + tmp_path.name[-8:]

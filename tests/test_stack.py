@@ -15,12 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
 from aligner.connectors.kafka import QUIET, consumer_config
 from aligner.connectors.marker import EpochMarker
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import _alive, _kill_group, wait_for
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-
 from aligner.ledger import Ledger
 from tests.conftest import ROOT, run_cli
 

@@ -7,7 +7,6 @@ from collections import Counter
 
 from aligner.connectors.runtime import KeyedState
 from aligner.connectors.source import SourceRecord
-
 from experiments.hotness import hot_issues
 from experiments.workload import ISSUE_COMMENTS, ISSUES, PR_COMMENTS, Pacer, Workload
 

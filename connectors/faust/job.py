@@ -16,14 +16,14 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import faust
-from aligner.connectors.runtime import JobSpec, JobWorker, KeyedState
-from aligner.connectors.sink import TRANSIENT, FaultHook
-from aligner.connectors.source import SourceRecord
 from faust.types.settings import Settings as FaustSettings
 from kazoo.handlers.threading import KazooTimeoutError
 from mode import Service
 from mode import Worker as ModeWorker
 
+from aligner.connectors.runtime import JobSpec, JobWorker, KeyedState
+from aligner.connectors.sink import TRANSIENT, FaultHook
+from aligner.connectors.source import SourceRecord
 from aligner.ledger import Ledger
 from aligner.models import Mode
 from aligner.settings import Settings

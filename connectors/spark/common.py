@@ -17,8 +17,6 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
-from aligner.connectors.kafka import end_offsets
-from aligner.connectors.reader import Segment, segments_by_partition
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
@@ -34,6 +32,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from aligner.connectors.kafka import end_offsets
+from aligner.connectors.reader import Segment, segments_by_partition
 from aligner.epochs import CommittedEpoch, check_retention, parse_epoch_span
 from aligner.errors import AlignedOptionError, AlignerError, EpochNotCommittedError
 from aligner.ledger import Ledger
@@ -371,8 +371,9 @@ def messages_to_batches(messages: list[Any], epoch: int, partition: int, fields:
 
 def record_batch_lineage(plan: ReadPlan) -> None:
     """Executor side of a streaming read: record (query id, batch id) -> the batch's subject epochs."""
-    from aligner.connectors.spark.lineage import record_source_batch
     from pyspark import TaskContext
+
+    from aligner.connectors.spark.lineage import record_source_batch
 
     ctx = TaskContext.get()
     if ctx is None or plan.span is None:
@@ -385,9 +386,10 @@ def record_batch_lineage(plan: ReadPlan) -> None:
 
 def read_aligned_partition(partition: AlignedPartition, schema: StructType) -> Iterator[pa.RecordBatch]:
     """Executor side: read one input partition's segments with an assigned consumer, stamps filtered."""
+    from confluent_kafka import Consumer
+
     from aligner.connectors.kafka import consumer_config
     from aligner.connectors.reader import read_partition
-    from confluent_kafka import Consumer
 
     plan = partition.plan
     if plan.span is not None:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from aligner.connectors.spark.models import SparkSinkEpochNode, SparkSourceBatchNode
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
+from aligner.connectors.spark.models import SparkSinkEpochNode, SparkSourceBatchNode
 from aligner.errors import LineageError
 from aligner.layout import epoch_name, split_writer
 from aligner.ledger import Ledger
@@ -136,7 +136,6 @@ def spark_epoch_lineage(ledger: Ledger, subject: str, sink: str, epoch: int, dep
 def subject_lineage(ledger: Ledger, subject: str, epoch: int, depth: int = 16) -> dict[str, Any]:
     """Like ``aligner.coordinator.lineage.subject_epoch_lineage``, also following Spark sinks."""
     from aligner.coordinator.lineage import job_epoch_lineage
-
     from aligner.jobs import JobLedger, UnknownJobError
 
     if not ledger.is_committed(subject, epoch):
@@ -163,7 +162,6 @@ def cut(ledger: Ledger, job: str, epoch: int, subject: str | None = None) -> dic
     including the epoch of the job's own output. ``job`` is a coordinator job or a Spark sink id
     (``subject`` picks the target when the same sink id writes several subjects)."""
     from aligner.coordinator.lineage import flatten, job_epoch_lineage
-
     from aligner.jobs import JobLedger, UnknownJobError
 
     try:

@@ -9,8 +9,9 @@ from typing import Any
 
 def local_session(master: str = "local[2]", app: str = "aligned", **conf: str) -> Any:
     """A quiet local session: no UI, two shuffle partitions, this interpreter on both sides."""
-    from aligner.connectors.spark import register
     from pyspark.sql import SparkSession
+
+    from aligner.connectors.spark import register
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

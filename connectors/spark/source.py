@@ -30,6 +30,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
+
 from aligner.connectors.spark.common import (
     AlignedPartition,
     Connection,
@@ -40,8 +43,6 @@ from aligner.connectors.spark.common import (
     read_aligned_partition,
     read_schema,
 )
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.types import StructType
 
 SHORT_NAME = "aligned"
 

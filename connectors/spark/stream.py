@@ -39,15 +39,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
-from aligner.connectors.spark.common import (
-    AlignedPartition,
-    Connection,
-    float_option,
-    int_option,
-    ledger_for,
-    plan_partitions,
-    read_aligned_partition,
-)
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -58,6 +49,15 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from aligner.connectors.spark.common import (
+    AlignedPartition,
+    Connection,
+    float_option,
+    int_option,
+    ledger_for,
+    plan_partitions,
+    read_aligned_partition,
+)
 from aligner.errors import AlignerError
 
 

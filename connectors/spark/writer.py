@@ -58,15 +58,15 @@ from datetime import date, datetime
 from typing import Any
 
 import pyarrow as pa
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import BinaryType, StringType, StructType
+
 from aligner.connectors.kafka import QUIET, end_offsets
 from aligner.connectors.sink import partitions_for
 from aligner.connectors.spark.common import AlignedOptionError, Connection, int_option, ledger_for, opt
 from aligner.connectors.spark.lineage import progress_path, sink_epoch_path, sink_epochs_path
 from aligner.connectors.spark.models import SparkProgressNode, SparkSinkEpochNode
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
-from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
-from pyspark.sql.types import BinaryType, StringType, StructType
-
 from aligner.epochs import ranges_for
 from aligner.errors import AlignerError, FencedError
 from aligner.layout import writer_id

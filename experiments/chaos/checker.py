@@ -27,7 +27,6 @@ from itertools import pairwise
 from typing import Any
 
 from aligner.connectors.reader import EpochReader
-
 from aligner.epochs import CommittedEpoch
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger

@@ -22,7 +22,6 @@ from typing import Any
 
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import EmbeddedStack, StackInfo
-
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from experiments.chaos.nemesis import KILLS, Fault

@@ -41,8 +41,9 @@ def main() -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
-    from aligner.connectors.spark.session import local_session
     from pyspark.sql import functions as F
+
+    from aligner.connectors.spark.session import local_session
 
     spark = local_session("local[2]", "chaos-b",
                           **{"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"})

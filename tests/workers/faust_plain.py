@@ -15,8 +15,9 @@ import os
 import sys
 from collections.abc import Iterator
 
-import aligner.connectors.faust as aligned
 import faust
+
+import aligner.connectors.faust as aligned
 from aligner.connectors.runtime import KeyedState
 from aligner.connectors.source import SourceRecord
 

@@ -14,7 +14,6 @@ import sys
 import time
 
 from aligner.connectors.sink import SinkProducer
-
 from aligner.ledger import Ledger
 
 

@@ -25,9 +25,10 @@ def main() -> None:
     ap.add_argument("--pause-after-commit", default=None, help="hang after this batch's ZooKeeper commit")
     args = ap.parse_args()
 
-    from aligner.connectors.spark.session import local_session
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType
+
+    from aligner.connectors.spark.session import local_session
 
     # A short-lived driver: the C1 JIT alone and the serial GC start it seconds faster.
     spark = local_session("local[2,2]", "spark-relay",
