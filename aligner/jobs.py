@@ -6,7 +6,7 @@ epoch fixes the subject epochs it covers; every other worker reads that decision
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
@@ -180,3 +180,64 @@ class JobLedger:
             return sorted(int(n) for n in self.zk.get_children(self.layout.job_epochs(job)))
         except NoNodeError:
             return []
+
+    # ---- worker epochs, as lineage, the chaos checker and gc read them ----------------------------
+
+    def worker_epoch_or_none(self, job: str, worker: int, epoch: int) -> WorkerEpochNode | None:
+        """A worker's record of a job epoch; None when it has none (pruned by gc, or another version wrote it)."""
+        try:
+            return self.worker_epoch(job, worker, epoch)
+        except NoNodeError:
+            return None
+
+    def worker_ids(self, job: str) -> list[int]:
+        """The workers of ``job`` that have recorded epochs (gc prunes their records)."""
+        try:
+            return sorted(int(w) for w in self.zk.get_children(f"{self.layout.job(job)}/workers"))
+        except NoNodeError:
+            return []
+
+    def worker_epoch_numbers(self, job: str, worker: int) -> list[int]:
+        try:
+            return sorted(int(n) for n in self.zk.get_children(self.layout.worker_epochs(job, worker)))
+        except NoNodeError:
+            return []
+
+    def worker_epochs(self, job: str, worker: int) -> dict[int, WorkerEpochNode]:
+        """Every epoch record of one worker (a record gc removes meanwhile is left out)."""
+        out = {}
+        for epoch in self.worker_epoch_numbers(job, worker):
+            node = self.worker_epoch_or_none(job, worker, epoch)
+            if node is not None:
+                out[epoch] = node
+        return out
+
+    # ---- watches (kazoo recipes: they re-arm after a connection loss and on a new session) ------
+
+    def on_data_change(self, path: str, wake: Callable[[], object]) -> None:
+        """Call ``wake`` now and whenever the node at ``path`` is created, changed or deleted."""
+
+        def fired(_data: bytes | None, _stat: object) -> None:
+            wake()
+
+        self.zk.DataWatch(path, fired)
+
+    def on_children_change(self, path: str, wake: Callable[[], object]) -> None:
+        """Call ``wake`` now and whenever ``path`` gains or loses a child (nothing if it does not exist)."""
+
+        def fired(_children: list[str]) -> None:
+            wake()
+
+        self.zk.ChildrenWatch(path, fired)
+
+    def watch_consumers(self, job: str, subjects: Iterable[str], wake: Callable[[], object]) -> None:
+        """Call ``wake`` on every consumer report of ``job`` on ``subjects``, and when consumers join."""
+        parallelism = self.job(job).parallelism
+        for subject in subjects:
+            self.on_children_change(self.layout.consumers(job, subject), wake)
+            for worker in range(parallelism):
+                self.on_data_change(self.layout.consumer(job, subject, worker), wake)
+
+    def watch_swap(self, old_job: str, wake: Callable[[], object]) -> None:
+        """Call ``wake`` whenever the hot-swap node of ``old_job`` is written."""
+        self.on_data_change(self.layout.swap(old_job), wake)

@@ -157,45 +157,17 @@ def _probe_zookeeper(address: str) -> None:
         raise _unreachable(stack_mod.ZOOKEEPER, address, detail)
 
 
-def _bound_outages(led: Ledger, limit: float, gave_up: threading.Event, closing: threading.Event) -> None:
-    """Make a command give up once its ZooKeeper connection has been down ``limit`` seconds.
-
-    The ledger's session retries forever (right for long-running components); for a command, the
-    ledger's stop event is set instead, which ends its wait with an error the ledger context names."""
-    from kazoo.client import KazooState
-
-    stop = getattr(led, "stop", None)
-    if not isinstance(stop, threading.Event):
-        return
-    timers: list[threading.Timer] = []
-
-    def expire() -> None:
-        if not closing.is_set():
-            gave_up.set()
-            stop.set()
-
-    def on_state(zk_state: str) -> None:
-        if zk_state == KazooState.CONNECTED or closing.is_set():
-            while timers:
-                timers.pop().cancel()
-        elif not timers:
-            timer = threading.Timer(limit, expire)
-            timer.daemon = True
-            timers.append(timer)
-            timer.start()
-
-    led.zk.add_listener(on_state)
-
-
 @contextmanager
 def ledger(outage_limit: float | None = ZK_OUTAGE_LIMIT) -> Iterator[Ledger]:
     """A ledger session for one command; an unreachable ZooKeeper is one clear error naming its address.
 
-    A connection lost for ``outage_limit`` seconds ends the command with that error; None rides
-    out outages of any length (long-running components: the marker)."""
+    A connection lost for ``outage_limit`` seconds ends the command with that error (see
+    :class:`aligner.session.OutageLimit`); None rides out outages of any length (long-running
+    components: the marker)."""
     from kazoo.handlers.threading import KazooTimeoutError
 
     from aligner.ledger import Ledger
+    from aligner.session import OutageLimit
 
     s = settings()
     _probe_zookeeper(s.zk)
@@ -203,18 +175,17 @@ def ledger(outage_limit: float | None = ZK_OUTAGE_LIMIT) -> Iterator[Ledger]:
         led = Ledger.connect(s.zk, s.root, timeout=ZK_CONNECT_TIMEOUT)
     except KazooTimeoutError:
         raise _unreachable(stack_mod.ZOOKEEPER, s.zk, f"no session within {ZK_CONNECT_TIMEOUT:.0f}s") from None
-    gave_up, closing = threading.Event(), threading.Event()
-    if outage_limit is not None:
-        _bound_outages(led, outage_limit, gave_up, closing)
+    bound = OutageLimit(led, outage_limit) if outage_limit is not None else None
     try:
         yield led
     except AlignerError:
-        if gave_up.is_set():
+        if bound is not None and bound.gave_up.is_set():
             raise _unreachable(stack_mod.ZOOKEEPER, s.zk,
                                f"the connection was lost for more than {outage_limit:.0f}s") from None
         raise
     finally:
-        closing.set()  # closing the session reports LOST; that is no outage
+        if bound is not None:
+            bound.close()  # closing the session reports LOST; that is no outage
         with suppress(Exception):
             led.close()
 
@@ -592,7 +563,7 @@ def lineage(
     as_json: JsonFlag = False,
 ) -> None:
     """Which upstream subject epochs an epoch of a job (or subject) contains, transitively."""
-    from aligner.coordinator.lineage import flatten, job_epoch_lineage, subject_epoch_lineage
+    from aligner.lineage import flatten, job_epoch_lineage, subject_epoch_lineage
 
     if (job is None) == (subject is None):
         usage("give exactly one of --job or --subject")

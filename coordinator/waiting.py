@@ -2,9 +2,10 @@
 
 A job may be quiet for hours (its input paused), so an alignment or a hot-swap has no deadline
 unless the operator asks for one. The consumers report every state change to their nodes, and
-kazoo's DataWatch / ChildrenWatch recipes (which re-arm themselves after a connection loss or a
-new session) wake the wait the moment one changes; a slow tick re-checks in case a change fell
-between two reads.
+ledger's watches (kazoo's DataWatch / ChildrenWatch recipes, which re-arm themselves after a
+connection loss or a new session, see ``JobLedger.on_data_change``) wake the wait the moment one
+changes. A slow tick notices the stop flag and re-checks conditions that read nodes nobody
+watches (a subject's frontier); it is a backstop, not the way a wait learns of progress.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
+from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.zk import StoppedError
 
@@ -30,6 +31,7 @@ REPORT_AFTER = 30.0
 class Waiter:
     def __init__(self, ledger: Ledger, stop: threading.Event | None = None) -> None:
         self.ledger = ledger
+        self.jobs = JobLedger(ledger)
         self.stop = stop or ledger.stop
         ledger.stop_on(self.stop)
         self._wake = threading.Event()
@@ -40,18 +42,27 @@ class Waiter:
         for path in paths:
             if path not in self._watched:
                 self._watched.add(path)
-                self.ledger.zk.DataWatch(path, self._data_fired)
+                self.jobs.on_data_change(path, self._wake.set)
         for path in children:
             key = f"children:{path}"
             if key not in self._watched:
                 self._watched.add(key)
-                self.ledger.zk.ChildrenWatch(path, self._children_fired)
+                self.jobs.on_children_change(path, self._wake.set)
 
-    def _data_fired(self, _data: Any, _stat: Any) -> None:
-        self._wake.set()
+    def watch_job(self, job: str, subjects: Iterable[str]) -> None:
+        """Wake waits on every consumer report of ``job`` on ``subjects`` (idempotent)."""
+        for subject in subjects:
+            key = f"consumers:{job}/{subject}"
+            if key not in self._watched:
+                self._watched.add(key)
+                self.jobs.watch_consumers(job, [subject], self._wake.set)
 
-    def _children_fired(self, _children: Any) -> None:
-        self._wake.set()
+    def watch_swap(self, old_job: str) -> None:
+        """Wake waits whenever the hot-swap node of ``old_job`` is written (idempotent)."""
+        key = f"swap:{old_job}"
+        if key not in self._watched:
+            self._watched.add(key)
+            self.jobs.watch_swap(old_job, self._wake.set)
 
     def until(self, cond: Callable[[], bool], what: str, timeout: float | None = None,
               on_wait: Callable[[], None] | None = None) -> None:

@@ -1,50 +1,48 @@
 """Lineage of Spark queries in ZooKeeper, and the consistent cut behind the batch option ``lineage``.
 
 A streaming read records, per micro-batch, the subject epochs it covered
-(:class:`~connectors.spark.models.SparkSourceBatchNode`); an aligned streaming write records, per
-committed epoch, the micro-batch that wrote it (:class:`~connectors.spark.models.SparkSinkEpochNode`).
+(:class:`~aligner.connectors.spark.models.SparkSourceBatchNode`); an aligned streaming write records, per
+committed epoch, the micro-batch that wrote it (:class:`~aligner.connectors.spark.models.SparkSinkEpochNode`).
 Joined on (query id, batch id) they map every epoch a Spark query wrote onto the epochs it read, the
 same way a job epoch of the coordinator's jobs does. :func:`cut` follows both kinds transitively.
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
-from kazoo.exceptions import NodeExistsError, NoNodeError
-
 from aligner.connectors.spark.models import SparkSinkEpochNode, SparkSourceBatchNode
-from aligner.errors import LineageError
-from aligner.layout import epoch_name, split_writer
+from aligner.errors import LineageError, UnknownJobError
+from aligner.jobs import JobLedger
+from aligner.layout import split_writer
 from aligner.ledger import Ledger
-from aligner.models import parse
+from aligner.lineage import SparkLineageLedger, flatten, job_epoch_lineage
 
 SOURCE_BATCHES_KEPT = 100_000
 """Source batch nodes kept per query; older ones are deleted as new batches are recorded."""
 
 
-# ---- paths ----------------------------------------------------------------------------------------
+# ---- paths (the layout is aligner.lineage.SparkLineageLedger's) -----------------------------------
 
 
 def progress_path(ledger: Ledger, subject: str, sink: str) -> str:
-    return f"{ledger.layout.sink(subject, sink)}/spark"
+    return SparkLineageLedger(ledger).progress_path(subject, sink)
 
 
 def sink_epochs_path(ledger: Ledger, subject: str, sink: str) -> str:
-    return f"{progress_path(ledger, subject, sink)}/epochs"
+    return SparkLineageLedger(ledger).sink_epochs_path(subject, sink)
 
 
 def sink_epoch_path(ledger: Ledger, subject: str, sink: str, epoch: int) -> str:
-    return f"{sink_epochs_path(ledger, subject, sink)}/{epoch_name(epoch)}"
+    return SparkLineageLedger(ledger).sink_epoch_path(subject, sink, epoch)
 
 
 def query_batches_path(ledger: Ledger, query: str) -> str:
-    return f"{ledger.layout.root}/spark/queries/{query}/batches"
+    return SparkLineageLedger(ledger).query_batches_path(query)
 
 
 def source_batch_path(ledger: Ledger, query: str, batch: int, subject: str) -> str:
-    return f"{query_batches_path(ledger, query)}/{batch:012d}/{subject}"
+    return SparkLineageLedger(ledger).source_batch_path(query, batch, subject)
 
 
 # ---- recording and reading ------------------------------------------------------------------------
@@ -53,57 +51,29 @@ def source_batch_path(ledger: Ledger, query: str, batch: int, subject: str) -> s
 def record_source_batch(ledger: Ledger, query: str, batch: int, subject: str, first: int, last: int) -> None:
     """Create-if-absent: micro-batch ``batch`` of ``query`` read epochs first..last of ``subject``."""
     node = SparkSourceBatchNode(query=query, batch=batch, subject=subject, first=first, last=last)
-    path = source_batch_path(ledger, query, batch, subject)
-    try:
-        ledger.zk.create(path, node.dump(), makepath=True)
-    except NodeExistsError:
-        raw, _ = ledger.zk.get(path)
-        old = parse(SparkSourceBatchNode, path, raw)
-        if (old.first, old.last) != (first, last):
-            raise LineageError(
-                f"micro-batch {batch} of Spark query {query} was recorded reading epochs {old.first}..{old.last} "
-                f"of {subject!r}, now it plans {first}..{last}; the query's checkpoint does not match its lineage"
-            ) from None
-        return
-    if batch >= SOURCE_BATCHES_KEPT:
-        with contextlib.suppress(NoNodeError):
-            ledger.zk.delete(f"{query_batches_path(ledger, query)}/{batch - SOURCE_BATCHES_KEPT:012d}",
-                             recursive=True)
+    old = SparkLineageLedger(ledger).record_source_batch(node, query, batch, subject, SOURCE_BATCHES_KEPT)
+    if (old.first, old.last) != (first, last):
+        raise LineageError(
+            f"micro-batch {batch} of Spark query {query} was recorded reading epochs {old.first}..{old.last} "
+            f"of {subject!r}, now it plans {first}..{last}; the query's checkpoint does not match its lineage"
+        )
 
 
 def source_batch(ledger: Ledger, query: str, batch: int) -> dict[str, SparkSourceBatchNode]:
     """What one micro-batch of a query read, per subject ({} when nothing was recorded)."""
-    base = f"{query_batches_path(ledger, query)}/{batch:012d}"
-    try:
-        names = ledger.zk.get_children(base)
-    except NoNodeError:
-        return {}
-    out = {}
-    for name in sorted(names):
-        path = f"{base}/{name}"
-        with contextlib.suppress(NoNodeError):
-            out[name] = parse(SparkSourceBatchNode, path, ledger.zk.get(path)[0])
-    return out
+    return SparkLineageLedger(ledger).source_batch(SparkSourceBatchNode, query, batch)
 
 
 def sink_epoch(ledger: Ledger, subject: str, sink: str, epoch: int) -> SparkSinkEpochNode | None:
-    path = sink_epoch_path(ledger, subject, sink, epoch)
-    try:
-        raw, _ = ledger.zk.get(path)
-    except NoNodeError:
-        return None
-    return parse(SparkSinkEpochNode, path, raw)
+    return SparkLineageLedger(ledger).sink_epoch(SparkSinkEpochNode, subject, sink, epoch)
 
 
 def sink_lineage(ledger: Ledger, subject: str, sink: str) -> dict[int, SparkSinkEpochNode]:
     """Every epoch of ``subject`` the Spark sink ``sink`` wrote, with its (query, batch)."""
-    try:
-        names = ledger.zk.get_children(sink_epochs_path(ledger, subject, sink))
-    except NoNodeError:
-        return {}
+    records = SparkLineageLedger(ledger)
     out = {}
-    for name in sorted(names):
-        node = sink_epoch(ledger, subject, sink, int(name))
+    for epoch in records.sink_epoch_numbers(subject, sink):
+        node = records.sink_epoch(SparkSinkEpochNode, subject, sink, epoch)
         if node is not None:
             out[node.epoch] = node
     return out
@@ -111,10 +81,10 @@ def sink_lineage(ledger: Ledger, subject: str, sink: str) -> dict[int, SparkSink
 
 def spark_sink_subjects(ledger: Ledger, sink: str) -> list[str]:
     """Subjects that a Spark sink with this id writes."""
-    return [s for s in ledger.subject_names() if ledger.zk.exists(progress_path(ledger, s, sink))]
+    return SparkLineageLedger(ledger).sink_subjects(sink)
 
 
-# ---- lineage trees (the shape of aligner.coordinator.lineage, so its flatten applies) -------------------------
+# ---- lineage trees (the shape of aligner.lineage's, so its flatten applies) ------------------------
 
 
 def spark_epoch_lineage(ledger: Ledger, subject: str, sink: str, epoch: int, depth: int = 16) -> dict[str, Any]:
@@ -134,10 +104,7 @@ def spark_epoch_lineage(ledger: Ledger, subject: str, sink: str, epoch: int, dep
 
 
 def subject_lineage(ledger: Ledger, subject: str, epoch: int, depth: int = 16) -> dict[str, Any]:
-    """Like ``aligner.coordinator.lineage.subject_epoch_lineage``, also following Spark sinks."""
-    from aligner.coordinator.lineage import job_epoch_lineage
-    from aligner.jobs import JobLedger, UnknownJobError
-
+    """Like ``aligner.lineage.subject_epoch_lineage``, also following Spark sinks."""
     if not ledger.is_committed(subject, epoch):
         raise LineageError(f"epoch {epoch} of {subject!r} is not committed; it has no lineage yet")
     producers: list[dict[str, Any]] = []
@@ -161,9 +128,6 @@ def cut(ledger: Ledger, job: str, epoch: int, subject: str | None = None) -> dic
     """The consistent cut named by epoch ``epoch`` of ``job``: every subject epoch it derives from,
     including the epoch of the job's own output. ``job`` is a coordinator job or a Spark sink id
     (``subject`` picks the target when the same sink id writes several subjects)."""
-    from aligner.coordinator.lineage import flatten, job_epoch_lineage
-    from aligner.jobs import JobLedger, UnknownJobError
-
     try:
         node = JobLedger(ledger).job(job)
     except UnknownJobError:

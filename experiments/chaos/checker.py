@@ -120,11 +120,7 @@ def monotonic(an: Anomalies, subject: str, pairs: list[tuple[tuple[int, int], in
 
 
 def worker_epochs(led: Ledger, job: str, worker: int) -> dict[int, WorkerEpochNode]:
-    jobs = JobLedger(led)
-    path = led.layout.worker_epochs(job, worker)
-    if not led.zk.exists(path):
-        return {}
-    return {int(n): jobs.worker_epoch(job, worker, int(n)) for n in led.zk.get_children(path)}
+    return JobLedger(led).worker_epochs(job, worker)
 
 
 class Positions:

@@ -1,0 +1,194 @@
+"""Layer guard: the rules of the layout, checked on the syntax tree (comments and strings never count).
+
+Layers only look down: experiments -> coordinator -> connectors -> aligner. ZooKeeper is reached
+only through the ledger layer in aligner/; every error class lives in aligner/errors.py; no code
+decides anything on the text of an exception.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PRODUCT = ("aligner", "connectors", "coordinator")
+"""Folders installed as aligner, aligner.connectors and aligner.coordinator."""
+
+ZK_ALLOWED = {
+    # Files other engineers are still moving onto the ledger layer (issue 12); remove each entry
+    # once its file has no `.zk.` left.
+    "connectors/runtime.py",  # the runtime's command and swap watches: the lead's rewrite of JobWorker
+    "connectors/spark/writer.py",  # the Spark writer's commit multi-op: the one-stamped-producer rewrite
+    "coordinator/alignment.py",  # leader election (kazoo Election): the lead's
+}
+
+def sources(*folders: str) -> Iterator[tuple[str, ast.Module]]:
+    """(path relative to the repository, parsed module) of every Python file under ``folders``."""
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            yield rel, ast.parse(path.read_text(), filename=rel)
+
+
+def imported_modules(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """Every module an import statement names, anywhere in the file (function-level imports too)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module
+            for alias in node.names:  # `from aligner import connectors` imports aligner.connectors
+                yield node.lineno, f"{node.module}.{alias.name}"
+
+
+def names_module(module: str, banned: tuple[str, ...]) -> bool:
+    return any(module == b or module.startswith(f"{b}.") for b in banned)
+
+
+def test_aligner_imports_no_layer_above_and_no_engine() -> None:
+    banned = ("aligner.connectors", "aligner.coordinator", "connectors", "coordinator", "pyspark", "faust")
+    found = [f"{rel}:{line} imports {mod}" for rel, tree in sources("aligner")
+             for line, mod in imported_modules(tree) if names_module(mod, banned)]
+    assert found == [], "aligner/ is the bottom layer (protocol and ledger), framework free:\n" + "\n".join(found)
+
+
+def test_connectors_never_import_the_coordinator() -> None:
+    banned = ("aligner.coordinator", "coordinator")
+    found = [f"{rel}:{line} imports {mod}" for rel, tree in sources("connectors")
+             for line, mod in imported_modules(tree) if names_module(mod, banned)]
+    assert found == [], "connectors sit below the coordinator:\n" + "\n".join(found)
+
+
+def test_zookeeper_only_through_the_ledger_layer() -> None:
+    """No `X.zk.Y` outside aligner/: reads, writes and watches are ledger methods (with retries)."""
+    found = []
+    for rel, tree in sources("connectors", "coordinator", "experiments"):
+        if rel in ZK_ALLOWED:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "zk":
+                found.append(f"{rel}:{node.lineno} .zk.{node.attr}")
+    assert found == [], "ZooKeeper access outside aligner/ (add a ledger method instead):\n" + "\n".join(found)
+
+
+def _error_names() -> set[str]:
+    tree = ast.parse((ROOT / "aligner" / "errors.py").read_text())
+    return {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+
+
+def _base_name(base: ast.expr) -> str | None:
+    if isinstance(base, ast.Name):
+        return base.id
+    if isinstance(base, ast.Attribute):
+        return base.attr
+    return None
+
+
+def exception_classes(modules: list[tuple[str, ast.Module]], known: set[str]) -> set[str]:
+    """``path:Class`` of every class deriving from an exception: a builtin one, one named in ``known``,
+    a library error (kazoo's, Kafka's: named ...Error / ...Exception), or another such class here."""
+    classes = [(rel, node) for rel, tree in modules for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+    found: dict[str, str] = {}  # path:Class -> Class
+    changed = True
+    while changed:  # to a fixpoint: class B(A) where A(AlignerError) is found first
+        changed = False
+        for rel, node in classes:
+            key = f"{rel}:{node.name}"
+            bases = {b for b in map(_base_name, node.bases) if b is not None}
+            if key not in found and any(b in known or b in found.values() or b.endswith(("Error", "Exception"))
+                                        for b in bases):
+                found[key] = node.name
+                changed = True
+    return set(found)
+
+
+def test_every_error_class_lives_in_aligner_errors() -> None:
+    known = _error_names() | {n for n in dir(builtins) if isinstance(getattr(builtins, n), type)
+                              and issubclass(getattr(builtins, n), BaseException)}
+    modules = [(rel, tree) for rel, tree in sources(*PRODUCT) if rel != "aligner/errors.py"]
+    stray = sorted(exception_classes(modules, known))
+    assert stray == [], "define error classes in aligner/errors.py (one hierarchy):\n" + "\n".join(stray)
+
+
+def test_exception_class_detector() -> None:
+    code = ("class A(AlignerError): ...\nclass B(A): ...\nclass C(kazoo.NoNodeError): ...\n"
+            "class D(ValueError): ...\nclass E(Node): ...\nclass F(StrEnum): ...\n")
+    assert exception_classes([("m.py", ast.parse(code))], {"AlignerError", "ValueError"}) == \
+        {"m.py:A", "m.py:B", "m.py:C", "m.py:D"}
+
+
+TEXT_METHODS = {"startswith", "endswith", "find", "rfind", "index", "rindex", "count", "__contains__"}
+ERRORISH = ("exc", "err", "error", "e", "ex", "failure", "cause")
+
+
+def _handler_names(tree: ast.Module) -> set[str]:
+    return {h.name for h in ast.walk(tree) if isinstance(h, ast.ExceptHandler) and h.name}
+
+
+def _is_text_of(node: ast.expr, names: set[str]) -> bool:
+    """``str(X)``, ``repr(X)``, ``format(X)``, ``X.args[...]`` or ``f"{X}"`` for an exception name X."""
+    def is_error(n: ast.expr) -> bool:
+        return isinstance(n, ast.Name) and (n.id in names or n.id in ERRORISH or n.id.endswith(("_exc", "_error")))
+
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in {"str", "repr", "format"}:
+        return len(node.args) == 1 and is_error(node.args[0])
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "args":
+        return is_error(node.value.value) and not isinstance(node.ctx, ast.Store)
+    if isinstance(node, ast.JoinedStr):
+        return any(isinstance(v, ast.FormattedValue) and is_error(v.value) for v in node.values)
+    return False
+
+
+def message_decisions(tree: ast.Module) -> Iterator[int]:
+    """Lines where control flow depends on an exception's message text."""
+    names = _handler_names(tree)
+    texts: set[str] = set()  # names bound to an exception's text: msg = str(exc)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and _is_text_of(node.value, names):
+            texts |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+
+    def text(n: ast.expr) -> bool:
+        return _is_text_of(n, names) or (isinstance(n, ast.Name) and n.id in texts)
+
+    def compares_text(node: ast.Compare) -> bool:
+        operands = [node.left, *node.comparators]
+        for op, left, right in zip(node.ops, operands[:-1], operands[1:], strict=True):
+            literal = any(isinstance(x, ast.Constant) and isinstance(x.value, str) for x in (left, right))
+            if (isinstance(op, (ast.In, ast.NotIn)) and text(right)) or \
+                    (isinstance(op, (ast.Eq, ast.NotEq)) and literal and (text(left) or text(right))):
+                return True
+        return False
+
+    def searches_text(node: ast.Call) -> bool:
+        func = node.func
+        if not isinstance(func, ast.Attribute):
+            return False
+        regex = isinstance(func.value, ast.Name) and func.value.id == "re" and any(text(a) for a in node.args)
+        return regex or (func.attr in TEXT_METHODS and text(func.value))
+
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Compare) and compares_text(node)) or \
+                (isinstance(node, ast.Call) and searches_text(node)):
+            yield node.lineno
+
+def test_no_decision_on_exception_message_text() -> None:
+    found = [f"{rel}:{line}" for rel, tree in sources(*PRODUCT, "experiments") for line in message_decisions(tree)]
+    assert found == [], "decide on the exception's type (aligner/errors.py), never its text:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(("code", "hits"), [
+    ('try:\n    f()\nexcept OSError as exc:\n    if "no such epoch" in str(exc):\n        pass\n', 1),
+    ('try:\n    f()\nexcept OSError as boom:\n    msg = str(boom)\n    if msg.startswith("x"):\n        pass\n', 1),
+    ('try:\n    f()\nexcept OSError as exc:\n    if exc.args[0] == "gone":\n        pass\n', 1),
+    ('try:\n    f()\nexcept OSError as exc:\n    log(str(exc))\n    raise Wrapped(str(exc))\n', 0),
+    ('try:\n    f()\nexcept KafkaException as exc:\n    if exc.args[0].code() == 3:\n        pass\n', 0),
+    ('if "x" in str(path):\n    pass\n', 0),
+])
+def test_message_decision_detector(code: str, hits: int) -> None:
+    """The detector itself: it finds message-text decisions and passes type and code decisions."""
+    assert len(list(message_decisions(ast.parse(code)))) == hits
