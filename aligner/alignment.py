@@ -47,6 +47,18 @@ class Command(BaseModel):
     """J: the job epoch that starts exactly at subject epoch k (align only)."""
 
 
+class Receipt(StrEnum):
+    """What a consumer did with a command."""
+
+    APPLIED = "applied"
+    REJECTED = "rejected"
+    """Skipped for good (too late, or not fitting the state); reported so the coordinator retries."""
+    DEFERRED = "deferred"
+    """Kept for the next job epoch boundary (Abort)."""
+    IGNORED = "ignored"
+    """Already applied, or no command."""
+
+
 class ConsumerAlignment(BaseModel):
     """One consumer's alignment state; stored in its ZooKeeper node, changed only here."""
 
@@ -90,6 +102,29 @@ class ConsumerAlignment(BaseModel):
         if self.state is State.ALIGNING and self.job_epoch is not None and job_epoch >= self.job_epoch:
             return self.model_copy(update={"state": State.ALIGNED})
         return self
+
+    def receive(self, command: Command, open_epoch: int, next_load: int, boundary: bool,
+                ) -> tuple[ConsumerAlignment, Receipt]:
+        """A consumer's whole rule for a command that arrived while job epoch ``open_epoch`` is open.
+
+        ``next_load``: the next subject epoch it would load (it may have read anything before it);
+        ``boundary``: between job epochs. Align is taken at once (so the consumer stops loading
+        past k) if it is Ready and can still honour it: J not started, k not loaded. Abort waits
+        for a boundary. A command that does not fit the state is rejected, not fatal: the
+        coordinator sees the state it left the consumer in and retries.
+        """
+        if command.seq <= self.applied_seq or command.kind == "none":
+            return self, Receipt.IGNORED
+        if command.kind == "abort" and not boundary:
+            return self, Receipt.DEFERRED
+        if command.kind == "align":
+            late = not self.accepts(command, open_epoch) or next_load > (command.subject_epoch or 0)
+            if self.state is not State.READY or late:
+                return self.reject(command), Receipt.REJECTED
+        try:
+            return self.apply(command), Receipt.APPLIED
+        except IllegalTransition:
+            return self.reject(command), Receipt.REJECTED
 
     def reject(self, command: Command) -> ConsumerAlignment:
         """Skip an Align that came too late; the consumer stays Ready for a later one."""

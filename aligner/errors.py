@@ -125,3 +125,7 @@ class IllegalTransition(AlignerError):
         super().__init__(f"illegal transition: {event} in state {state.value}")
         self.state = state
         self.event = event
+
+
+class HotSwapRefused(AlignerError):
+    """The swap could not be exactly-once; nothing was changed."""

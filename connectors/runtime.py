@@ -30,11 +30,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from aligner.connectors.sink import TRANSIENT, FaultHook, SinkProducer, partitions_for
-from aligner.connectors.source import SourceRecord, SubjectSource
 from kazoo.exceptions import NoNodeError
 
-from aligner.alignment import Command, ConsumerAlignment, IllegalTransition, State
+from aligner import coverage
+from aligner.alignment import Command, ConsumerAlignment, Receipt, State
+from aligner.connectors.sink import TRANSIENT, FaultHook, SinkProducer, partitions_for
+from aligner.connectors.source import SourceRecord, SubjectSource
 from aligner.errors import AlignerError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
@@ -50,6 +51,8 @@ from aligner.models import (
     now_ms,
     parse,
 )
+from aligner.swap import Gate, Phase, awaits_target
+from aligner.swap import gate as swap_gate
 from aligner.zk import StoppedError
 
 log = logging.getLogger("aligner.runtime")
@@ -335,29 +338,17 @@ class JobWorker:
     # ---- alignment ----------------------------------------------------------------------------
 
     def _apply_commands(self, open_epoch: int, boundary: bool) -> None:
-        """Apply new commands; Align at once (to stop loading past k), Abort only at epoch boundaries."""
+        """Hand new commands to the alignment machine; its state decides the source's load limit."""
         for subject, cmd in self._commands.items():
-            cur = self.alignment[subject]
-            if cmd.seq <= cur.applied_seq or (cmd.kind == "abort" and not boundary):
+            new, receipt = self.alignment[subject].receive(cmd, open_epoch, self.source.next_load(subject), boundary)
+            if receipt in (Receipt.IGNORED, Receipt.DEFERRED):
                 continue
-            if cmd.kind == "align":
-                late = not cur.accepts(cmd, open_epoch) or self.source.past(subject, cmd.subject_epoch or 0)
-                if cur.state is not State.READY or late:
-                    new = cur.reject(cmd)
-                    self._rejected[subject] = cmd.seq  # reported until a later command; the coordinator retries
-                else:
-                    new = cur.apply(cmd)
-                    self.source.set_limit(subject, new.load_limit)
+            if receipt is Receipt.REJECTED:
+                self._rejected[subject] = cmd.seq  # reported until a later command; the coordinator retries
+                log.info("%s worker %d: %s command %d rejected in state %s", self.spec.job, self.worker, cmd.kind,
+                         cmd.seq, self.alignment[subject].state.value)
             else:
-                try:
-                    new = cur.apply(cmd)
-                except IllegalTransition as exc:
-                    # A command that does not fit this state (e.g. CatchUp while aligned) is skipped,
-                    # not fatal: the coordinator sees the state it left the consumer in.
-                    log.warning("%s worker %s: %s; skipped", self.spec.job, self.worker, exc)
-                    new = cur.reject(cmd)
-                if cmd.kind == "abort":
-                    self.source.set_limit(subject, None)
+                self.source.set_limit(subject, new.load_limit)
             self.alignment[subject] = new
             self._report(subject)
 
@@ -396,26 +387,18 @@ class JobWorker:
 
     # ---- hot-swap -----------------------------------------------------------------------------
 
-    def _swap_gate(self, epoch: int, stop: threading.Event) -> str:
-        """Apply a hot-swap at the start of ``epoch``: "write", "void" or "stop" (old job done).
-
-        A worker that sees the pre-commit of S at an epoch <= S acknowledges it; at S+1 it waits
-        for the commit (or abort), as long as that takes, so neither job acts on S+1 before the
-        decision is final.
-        """
+    def _swap_gate(self, epoch: int, stop: threading.Event) -> Gate:
+        """The swap machine's gate for ``epoch``, acknowledging S first; waits out a pre-commit at S+1."""
         new_version = self.spec.follows is not None
-        swap = self._swap
-        if swap is None or swap.phase == "aborted":
-            return "void" if new_version else "write"
-        self._report_swap(swap, epoch)
-        while epoch > swap.epoch and swap.phase == "precommit":
+        while True:
+            swap = self._swap
+            if swap is not None and swap.phase != Phase.ABORTED:
+                self._report_swap(swap, epoch)
+            outcome = swap_gate(swap, epoch, new_version)
+            if outcome is not Gate.WAIT:
+                return outcome
+            self._waiting(f"the outcome of the hot-swap at epoch {swap.epoch if swap else '?'}")
             self._sleep(stop, 1.0)
-            swap = self._swap or swap
-        if swap.phase == "aborted":
-            return "void" if new_version else "write"
-        if epoch <= swap.epoch:
-            return "void" if new_version else "write"
-        return "write" if new_version else "stop"
 
     def _report_swap(self, swap: SwapNode, epoch: int) -> None:
         seen = self._swap_seen
@@ -479,41 +462,36 @@ class JobWorker:
         self._drain_until(lambda: time.monotonic() >= ends, stop, epoch, until=ends)
 
     def _covered(self, epoch: int, stop: threading.Event) -> dict[str, Span | None]:
-        """The subject epochs aligned job epoch ``epoch`` covers: fixed once, by the first worker."""
+        """The subject epochs aligned job epoch ``epoch`` covers: decided once, by the first worker."""
         existing = self.jobs.job_epoch(self._epochs_of, epoch)
         if existing is not None:
             return existing.covered
-        if self.spec.follows is not None and not self._old_finished(epoch):
+        follows = self.spec.follows is not None
+        if follows and not self._old_finished(epoch):
             followed = self._await_followed(epoch, stop)
             if followed is not None:
                 return followed
-        if all(a.job_epoch == epoch for a in self.alignment.values()) and self.spec.follows is None:
-            starts = {s: a.subject_epoch or 0 for s, a in self.alignment.items()}
-        else:
-            prev = self.jobs.job_epoch(self._epochs_of, epoch - 1)
-            if prev is None:
-                raise AlignerError(f"job {self._epochs_of}: aligned epoch {epoch - 1} has no record in ZooKeeper")
-            starts = dict(prev.next)
+        previous = self.jobs.job_epoch(self._epochs_of, epoch - 1)
+        start = coverage.starts(epoch, self.alignment, previous.next if previous else None, follows)
         per = self.spec.epochs_per_checkpoint
         while True:
             # Zero alignment shift: woken by ZooKeeper watches as soon as an epoch commits.
-            for s, start in starts.items():
-                self._watch_epoch(s, start + per - 1)
-            wanted = {s: self._remaining(s, start, per) for s, start in starts.items()}
-            ready = {s: self._committed_prefix(s, start, wanted[s]) for s, start in starts.items()}
-            if any(0 < n == wanted[s] for s, n in ready.items()) or not any(wanted.values()):
+            for s, first in start.items():
+                self._watch_epoch(s, first + per - 1)
+            finished = {s: self.ledger.finished(s) for s in start}
+            frontier = {s: first + self._committed_prefix(s, first, coverage.wanted(first, per, finished[s])) - 1
+                        for s, first in start.items()}
+            decided = coverage.decide(start, per, frontier, finished)
+            if decided is not None:
                 break
-            self._waiting(f"subject epochs {starts} to commit")
+            self._waiting(f"subject epochs {start} to commit")
             self._sleep(stop, 1.0)
         self._got_input()
-        covered = {s: (Span(first=starts[s], last=starts[s] + n - 1) if n else None) for s, n in ready.items()}
-        nxt = {s: starts[s] + n for s, n in ready.items()}
-        return self.jobs.fix_job_epoch(self._epochs_of, epoch, covered, nxt).covered
+        return self.jobs.fix_job_epoch(self._epochs_of, epoch, decided.covered, decided.next).covered
 
     def _old_finished(self, epoch: int) -> bool:
         """After a committed swap the old version decides no epoch past S: the new one does."""
-        swap = self._swap
-        return swap is not None and swap.phase in ("commit", "done") and epoch > swap.epoch
+        return swap_gate(self._swap, epoch, new_version=True) is Gate.WRITE
 
     def _await_followed(self, epoch: int, stop: threading.Event) -> dict[str, Span | None] | None:
         """A new version waits for the old one to decide the job epoch (watch on its node).
@@ -529,11 +507,6 @@ class JobWorker:
                 return None
             self._waiting(f"{self._epochs_of} to decide job epoch {epoch}")
             self._sleep(stop, 1.0)
-
-    def _remaining(self, subject: str, start: int, per: int) -> int:
-        """How many of the next ``per`` epochs a subject will still have (fewer once it finished)."""
-        last = self.ledger.finished(subject)
-        return per if last is None else max(0, min(per, last - start + 1))
 
     def _committed_prefix(self, subject: str, start: int, per: int) -> int:
         n = 0
@@ -564,10 +537,10 @@ class JobWorker:
         epoch = sink.next_epoch
         self._apply_commands(epoch, boundary=True)
         gate = self._swap_gate(epoch, stop)
-        if gate == "stop":
+        if gate is Gate.STOP:
             sink.finish()  # the old version wrote its last epoch, S; the new one writes S+1 on
             return False
-        self._voiding = gate == "void"
+        self._voiding = gate is Gate.VOID
         self.alignment = {s: a.started(epoch) for s, a in self.alignment.items()}
         sink.begin()
         covered = self._run_aligned(epoch, stop) if self.aligned else None
@@ -577,8 +550,8 @@ class JobWorker:
                                offsets=source.offsets(), load_from=source.load_from(), covered=covered,
                                state=self.state.snapshot(), alignment=self.alignment)
         swap = self._swap
-        if not self._voiding and swap is not None and self.spec.follows is not None and epoch == swap.epoch + 1:
-            # The new version never commits S+1 before S is committed at the target.
+        if not self._voiding and awaits_target(swap, epoch, self.spec.follows is not None):
+            assert swap is not None
             while not self.ledger.wait_committed(self.spec.output, swap.epoch, timeout=1.0, stop=stop):
                 if stop.is_set():
                     raise StoppedError(f"{self.spec.job} worker {self.worker} stopped")

@@ -128,12 +128,8 @@ class SubjectSource:
         self.inputs[subject].limit = last_epoch
 
     def next_load(self, subject: str) -> int:
-        """The next subject epoch this consumer will load once it commits."""
+        """The next subject epoch this consumer will load once it commits (it may have read anything before)."""
         return self.inputs[subject].next_load
-
-    def past(self, subject: str, epoch: int) -> bool:
-        """Whether this consumer already loaded (and may have read) anything of ``epoch`` or later."""
-        return self.inputs[subject].next_load > epoch
 
     # ---- loading committed epochs ---------------------------------------------------------------
 

@@ -14,19 +14,16 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from aligner import swap as machine
 from aligner.alignment import State
 from aligner.coordinator.alignment import Coordinator
-from aligner.errors import AlignerError
+from aligner.errors import AlignerError, HotSwapRefused
 from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Ledger
-from aligner.models import JobNode, SwapNode, now_ms
+from aligner.models import JobNode, SwapNode
 
 Progress = Callable[[str, dict[str, Any]], None]
-
-
-class HotSwapRefused(AlignerError):
-    """The swap could not be exactly-once; nothing was changed."""
 
 
 class HotSwap:
@@ -99,60 +96,49 @@ class HotSwap:
         info = lambda: self.status(old)  # noqa: E731
         while swap.phase == "precommit":
             acks = self._await_acks(o, n, swap, timeout, progress, info)
-            if acks == "late":  # a worker passed S before it saw S: choose a later S
+            if acks is machine.Acks.LATE:  # a worker passed S before it saw S: choose a later S
                 swap, version = self._precommit(o, n, swap, version, at_epoch)
                 continue
-            swap = swap.model_copy(update={"phase": "commit", "updated_at": now_ms()})
-            version = self.jobs.write_swap(swap, version)
+            version = self.jobs.write_swap(swap := machine.commit(swap), version)
         if swap.phase == "commit":
             self._wait(f"{target} epoch {swap.epoch + 1} from {new}",
                        lambda: self.ledger.frontier(target) is not None and self.ledger.frontier(target) > swap.epoch,
                        timeout, progress, info)
-            swap = swap.model_copy(update={"phase": "done", "updated_at": now_ms()})
-            self.jobs.write_swap(swap, version)
+            self.jobs.write_swap(swap := machine.finish(swap), version)
         return swap
 
     def _precommit(self, o: JobNode, n: JobNode, swap: SwapNode | None, version: int,
                    at_epoch: int | None) -> tuple[SwapNode, int]:
         now = max(self._committed(o.job, o.inputs), self._committed(n.job, n.inputs),
                   self.ledger.frontier(o.output) or 0)
-        s = max(now + self.margin, at_epoch or 0)
-        node = SwapNode(old=o.job, new=n.job, target=o.output, epoch=s, phase="precommit",
-                        seq=(swap.seq + 1) if swap else 1)
+        node = machine.precommit(swap, o.job, n.job, o.output, machine.choose(now, self.margin, at_epoch))
         return node, self.jobs.write_swap(node, version)
 
     def _await_acks(self, o: JobNode, n: JobNode, swap: SwapNode, timeout: float | None,
-                    progress: Progress | None, info: Callable[[], dict[str, Any]]) -> str:
-        """Wait until every worker of both jobs acknowledged S ("all") or one saw it too late ("late")."""
-        seen: list[str] = []
+                    progress: Progress | None, info: Callable[[], dict[str, Any]]) -> machine.Acks:
+        """Wait until every worker of both jobs acknowledged S in time, or one saw it too late."""
+        seen: list[machine.Acks] = []
 
         def settled() -> bool:
             seen.append(self._acks(o, n, swap))
-            return seen[-1] != "waiting"
+            return seen[-1] is not machine.Acks.WAITING
 
         self._wait(f"both jobs to acknowledge S={swap.epoch}", settled, timeout, progress, info)
         return seen[-1]
 
-    def _acks(self, o: JobNode, n: JobNode, swap: SwapNode) -> str:
+    def _acks(self, o: JobNode, n: JobNode, swap: SwapNode) -> machine.Acks:
         seen = []
         for job in (o, n):
             consumers = self.jobs.consumers(job.job, job.inputs[0])
             if len(consumers) < job.parallelism:
-                return "waiting"
+                return machine.Acks.WAITING
             seen.extend(c.swap_seen for c in consumers.values())
-        # Seen at the start of S+1 is still in time: the gate stops both jobs there before any output.
-        if any(s is not None and s[0] == swap.epoch and s[1] > swap.epoch + 1 for s in seen):
-            return "late"
-        if all(s is not None and s[0] == swap.epoch for s in seen):
-            return "all"
-        return "waiting"
+        return machine.acks(seen, swap.epoch)
 
     def abort(self, old: str) -> SwapNode:
         swap, version = self.jobs.swap(old)
         if swap is None:
             raise AlignerError(f"no hot-swap of {old!r} to abort")
-        if swap.phase in ("commit", "done"):
-            raise AlignerError(f"the hot-swap of {old!r} at epoch {swap.epoch} is committed; it cannot be aborted")
-        swap = swap.model_copy(update={"phase": "aborted", "updated_at": now_ms()})
+        swap = machine.abort(swap)
         self.jobs.write_swap(swap, version)
         return swap

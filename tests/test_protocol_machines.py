@@ -1,0 +1,179 @@
+"""The pure protocol machines: command receipt, epoch coverage and the hot-swap gate (no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aligner import coverage, swap
+from aligner.alignment import Command, ConsumerAlignment, Receipt, State
+from aligner.errors import AlignerError, IllegalTransition
+from aligner.models import Span, SwapNode
+
+CATCH_UP = Command(seq=1, kind="catch_up")
+
+
+def ready() -> ConsumerAlignment:
+    return ConsumerAlignment().apply(CATCH_UP).caught_up(ahead=True)
+
+
+# ---- command receipt ---------------------------------------------------------------------------
+
+def test_align_is_applied_when_ready_and_in_time():
+    new, receipt = ready().receive(Command(seq=2, kind="align", subject_epoch=10, job_epoch=7), 5, 9, False)
+    assert receipt is Receipt.APPLIED and new.state is State.ALIGNING and new.load_limit == 9
+
+
+@pytest.mark.parametrize(("open_epoch", "next_load"), [(7, 9), (8, 9), (5, 11), (5, 10 + 1)])
+def test_align_is_rejected_once_j_started_or_k_loaded(open_epoch, next_load):
+    new, receipt = ready().receive(Command(seq=2, kind="align", subject_epoch=10, job_epoch=7),
+                                   open_epoch, next_load, True)
+    assert receipt is Receipt.REJECTED and new.state is State.READY and new.applied_seq == 2
+
+
+def test_align_when_not_ready_is_rejected():
+    new, receipt = ConsumerAlignment().receive(Command(seq=1, kind="align", subject_epoch=10, job_epoch=7), 1, 0,
+                                               True)
+    assert receipt is Receipt.REJECTED and new.state is State.UNALIGNED
+
+
+def test_abort_waits_for_a_boundary():
+    aligned = ready().apply(Command(seq=2, kind="align", subject_epoch=10, job_epoch=7)).started(7)
+    abort = Command(seq=3, kind="abort")
+    assert aligned.receive(abort, 8, 12, boundary=False) == (aligned, Receipt.DEFERRED)
+    new, receipt = aligned.receive(abort, 8, 12, boundary=True)
+    assert receipt is Receipt.APPLIED and new.state is State.UNALIGNED and new.load_limit is None
+
+
+def test_old_and_empty_commands_are_ignored_and_misfits_rejected():
+    c = ready()
+    assert c.receive(CATCH_UP, 3, 3, True) == (c, Receipt.IGNORED)
+    assert c.receive(Command(), 3, 3, True) == (c, Receipt.IGNORED)
+    new, receipt = c.receive(Command(seq=5, kind="catch_up"), 3, 3, True)  # CatchUp while Ready
+    assert receipt is Receipt.REJECTED and new.state is State.READY and new.applied_seq == 5
+
+
+# ---- epoch coverage ----------------------------------------------------------------------------
+
+def test_the_first_job_epoch_of_a_run_starts_at_k():
+    aligning = {"a": ConsumerAlignment(state=State.ALIGNED, subject_epoch=10, job_epoch=7),
+                "b": ConsumerAlignment(state=State.ALIGNED, subject_epoch=3, job_epoch=7)}
+    assert coverage.starts(7, aligning, None) == {"a": 10, "b": 3}
+    assert coverage.starts(8, aligning, {"a": 11, "b": 4}) == {"a": 11, "b": 4}
+    assert coverage.starts(7, aligning, {"a": 1, "b": 1}, follows=True) == {"a": 1, "b": 1}
+    with pytest.raises(AlignerError, match="no record"):
+        coverage.starts(8, aligning, None)
+
+
+def test_a_job_epoch_waits_for_k_epochs_of_one_subject():
+    assert coverage.decide({"a": 10}, 2, {"a": 10}, {"a": None}) is None
+    got = coverage.decide({"a": 10}, 2, {"a": 15}, {"a": None})
+    assert got is not None and got.covered == {"a": Span(first=10, last=11)} and got.next == {"a": 12}
+
+
+def test_an_epoch_vector_takes_what_the_other_subjects_have():
+    got = coverage.decide({"a": 10, "b": 4}, 2, {"a": 11, "b": 4}, {"a": None, "b": None})
+    assert got is not None
+    assert got.covered == {"a": Span(first=10, last=11), "b": Span(first=4, last=4)}
+    assert got.next == {"a": 12, "b": 5}
+    quiet = coverage.decide({"a": 10, "b": 4}, 2, {"a": 11, "b": 3}, {"a": None, "b": None})
+    assert quiet is not None and quiet.covered["b"] is None and quiet.next["b"] == 4
+
+
+def test_finished_subjects_end_the_tiling():
+    got = coverage.decide({"a": 10}, 3, {"a": 11}, {"a": 11})
+    assert got is not None and got.covered == {"a": Span(first=10, last=11)}
+    done = coverage.decide({"a": 12}, 3, {"a": 11}, {"a": 11})
+    assert done is not None and done.covered == {"a": None} and done.next == {"a": 12}
+    with pytest.raises(AlignerError):
+        coverage.decide({"a": 12}, 0, {"a": 11}, {"a": None})
+
+
+@settings(max_examples=300, deadline=None)
+@given(per=st.integers(1, 4), k=st.lists(st.integers(0, 20), min_size=1, max_size=3),
+       growth=st.lists(st.lists(st.integers(0, 3), min_size=3, max_size=3), min_size=1, max_size=40),
+       finish_at=st.lists(st.one_of(st.none(), st.integers(0, 60)), min_size=3, max_size=3))
+def test_consecutive_job_epochs_tile_the_subject_epochs(per, k, growth, finish_at):
+    """Whatever the commit order and pace: no gap, no overlap, at most ``per`` epochs each, and a
+    decision only once some subject has all its epochs (or every subject finished)."""
+    subjects = [f"s{i}" for i in range(len(k))]
+    frontier = {s: k[i] - 1 for i, s in enumerate(subjects)}
+    finished = {s: (None if finish_at[i] is None else max(finish_at[i], k[i] - 1)) for i, s in enumerate(subjects)}
+    start = {s: k[i] for i, s in enumerate(subjects)}
+    spans: dict[str, list[Span]] = {s: [] for s in subjects}
+    for step in growth:
+        for i, s in enumerate(subjects):
+            cap = finished[s] if finished[s] is not None else 10**6
+            frontier[s] = min(cap, frontier[s] + step[i])
+        decided = coverage.decide(start, per, frontier, finished)
+        if decided is None:
+            continue
+        for s in subjects:
+            span = decided.covered[s]
+            if span is not None:
+                assert span.first == start[s] and span.last - span.first < per and span.last <= frontier[s]
+                spans[s].append(span)
+            assert decided.next[s] == (span.last + 1 if span else start[s])
+        full = [s for s in subjects if decided.covered[s] is not None
+                and decided.covered[s].last - decided.covered[s].first + 1 == coverage.wanted(start[s], per,
+                                                                                            finished[s])]
+        assert full or all(coverage.wanted(start[s], per, finished[s]) == 0 for s in subjects)
+        start = dict(decided.next)
+    for i, s in enumerate(subjects):
+        covered = [e for span in spans[s] for e in range(span.first, span.last + 1)]
+        assert covered == list(range(k[i], k[i] + len(covered)))  # contiguous from k, no overlap
+
+
+# ---- hot-swap ----------------------------------------------------------------------------------
+
+def _swap(phase: str, epoch: int = 10) -> SwapNode:
+    return SwapNode(old="a", new="b", target="t", epoch=epoch, phase=phase)
+
+
+@pytest.mark.parametrize(("phase", "epoch", "old", "new"), [
+    (None, 50, swap.Gate.WRITE, swap.Gate.VOID),
+    ("aborted", 11, swap.Gate.WRITE, swap.Gate.VOID),
+    ("precommit", 10, swap.Gate.WRITE, swap.Gate.VOID),
+    ("precommit", 11, swap.Gate.WAIT, swap.Gate.WAIT),
+    ("commit", 10, swap.Gate.WRITE, swap.Gate.VOID),
+    ("commit", 11, swap.Gate.STOP, swap.Gate.WRITE),
+    ("done", 12, swap.Gate.STOP, swap.Gate.WRITE),
+])
+def test_gate_per_phase_and_epoch(phase, epoch, old, new):
+    node = None if phase is None else _swap(phase)
+    assert swap.gate(node, epoch, new_version=False) is old
+    assert swap.gate(node, epoch, new_version=True) is new
+
+
+def test_the_new_version_awaits_s_at_the_target_only_at_s_plus_one():
+    assert swap.awaits_target(_swap("commit"), 11, True)
+    assert not swap.awaits_target(_swap("commit"), 11, False)
+    assert not swap.awaits_target(_swap("commit"), 12, True)
+    assert not swap.awaits_target(_swap("precommit"), 11, True)
+
+
+def test_acks_in_time_late_and_waiting():
+    assert swap.acks([(10, 5), (10, 11)], 10) is swap.Acks.ALL  # seen at the start of S+1 is in time
+    assert swap.acks([(10, 5), (10, 12)], 10) is swap.Acks.LATE
+    assert swap.acks([(10, 5), None], 10) is swap.Acks.WAITING
+    assert swap.acks([(10, 5), (8, 3)], 10) is swap.Acks.WAITING  # one still acknowledges an older S
+    assert swap.acks([], 10) is swap.Acks.WAITING
+
+
+def test_two_phase_transitions():
+    first = swap.precommit(None, "a", "b", "t", swap.choose(now=7, margin=2, at_epoch=None))
+    assert (first.phase, first.epoch, first.seq) == ("precommit", 9, 1)
+    again = swap.precommit(first, "a", "b", "t", swap.choose(now=12, margin=2, at_epoch=20))
+    assert (again.epoch, again.seq) == (20, 2)
+    done = swap.finish(swap.commit(again))
+    assert done.phase == "done"
+    assert swap.abort(again).phase == "aborted"
+    with pytest.raises(AlignerError, match="cannot be aborted"):
+        swap.abort(swap.commit(again))
+    with pytest.raises(IllegalTransition):
+        swap.commit(done)
+    with pytest.raises(IllegalTransition):
+        swap.finish(again)
+    with pytest.raises(IllegalTransition):
+        swap.precommit(swap.commit(again), "a", "b", "t", 30)
