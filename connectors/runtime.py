@@ -14,15 +14,10 @@ committed (zero alignment shift, thesis 6.4.1).
 
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
-import importlib
 import json
 import logging
-import os
-import signal
-import sys
 import threading
 import time
 import zlib
@@ -236,7 +231,7 @@ class JobWorker:
                 return
             except TRANSIENT as exc:
                 log.warning("%s worker %d: reopening failed (%s); retrying in %.1fs", self.spec.job, self.worker,
-                            _one_line(exc), delay)
+                            one_line(exc), delay)
             stop.wait(delay)
             delay = min(delay * 2, 5.0)
 
@@ -594,7 +589,7 @@ class JobWorker:
                 failures += 1
                 KAFKA_RETRIES.labels(self.spec.job, str(self.worker)).inc()
                 log.warning("%s worker %d: epoch failed (%s); resuming from the last committed epoch",
-                            self.spec.job, self.worker, _one_line(exc))
+                            self.spec.job, self.worker, one_line(exc))
                 stop.wait(min(0.2 * 2 ** min(failures, 5), 5.0))
                 self._reopen(stop)
                 continue
@@ -606,123 +601,12 @@ class JobWorker:
         return done
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return f"{type(exc).__name__}: {text[:300]}"
 
 
-class WorkerThread:
-    """A job worker embedded in a process: its own thread and ZooKeeper session (tests, the demo,
-    experiments). ``start()`` runs it; ``finish`` waits for it and releases its clients."""
+if __name__ == "__main__":  # the documented `python -m aligner.connectors.runtime`; the process is worker.py's
+    from aligner.connectors.worker import main
 
-    def __init__(self, zk: str, root: str, bootstrap: str, spec: JobSpec, index: int, fn: JobFunction,
-                 on_commit: Callable[[WorkerEpochNode], None] | None = None) -> None:
-        self.stop = threading.Event()
-        self.ledger = Ledger.connect(zk, root, stop=self.stop)
-        try:
-            self.worker = JobWorker(self.ledger, bootstrap, spec, index, fn, on_commit=on_commit).open()
-        except BaseException:
-            self.ledger.close()
-            raise
-        self.error: list[BaseException] = []
-        self.thread = threading.Thread(target=self._run, daemon=True, name=f"{spec.job}-{index}")
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.worker.run(self.stop)
-        except BaseException as exc:
-            self.error.append(exc)
-
-    def finish(self, timeout: float) -> bool:
-        """Wait for the job to end by itself (its inputs finished); if it does not within
-        ``timeout``, stop it. Returns whether it ended by itself."""
-        self.thread.join(timeout)
-        by_itself = not self.thread.is_alive()
-        if not by_itself:
-            self.stop.set()
-            self.thread.join(30)
-        self.worker.close()
-        self.ledger.close()
-        return by_itself
-
-
-def load_function(ref: str) -> JobFunction:
-    module, _, name = ref.partition(":")
-    if not name:
-        raise AlignerError(f"job function {ref!r} must look like package.module:function")
-    return getattr(importlib.import_module(module), name)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Run one worker process: ``python -m aligner.connectors.runtime --job J --function mod:fn ...``."""
-    ap = argparse.ArgumentParser(prog="aligner-worker")
-    ap.add_argument("--zk", required=True)
-    ap.add_argument("--kafka", required=True)
-    ap.add_argument("--root", default="/aligner")
-    ap.add_argument("--job", required=True)
-    ap.add_argument("--version", default="1")
-    ap.add_argument("--function", required=True)
-    ap.add_argument("--input", action="append", required=True)
-    ap.add_argument("--output", required=True)
-    ap.add_argument("--worker", type=int, default=0)
-    ap.add_argument("--parallelism", type=int, default=1)
-    ap.add_argument("--interval", type=float, default=1.0)
-    ap.add_argument("--mode", default="exactly_once", choices=["at_least_once", "exactly_once"])
-    ap.add_argument("--epochs-per-checkpoint", type=int, default=1)
-    ap.add_argument("--nondeterministic", action="store_true")
-    ap.add_argument("--max-epochs", type=int, default=None)
-    ap.add_argument("--follows", default=None, help="run as the new version of this job (hot-swap)")
-    ap.add_argument("--output-partitions", default=None, help="comma-separated output partitions to use")
-    args = ap.parse_args(argv)
-    spec = JobSpec(job=args.job, inputs=tuple(args.input), output=args.output, parallelism=args.parallelism,
-                   version=args.version, interval=args.interval, mode=args.mode,
-                   epochs_per_checkpoint=args.epochs_per_checkpoint, deterministic=not args.nondeterministic,
-                   follows=args.follows,
-                   output_partitions=tuple(int(p) for p in args.output_partitions.split(","))
-                   if args.output_partitions else None)
-    stop = threading.Event()
-    install_stop_signals(stop)
-    try:
-        ledger = Ledger.connect(args.zk, args.root, stop=stop)
-    except Exception as exc:
-        sys.exit(f"error: cannot reach ZooKeeper at {args.zk}: {_one_line(exc)}")
-    worker = JobWorker(ledger, args.kafka, spec, args.worker, load_function(args.function))
-    try:
-        worker.open()
-        assert worker.sink is not None
-        print(f"open job={spec.job} worker={args.worker} next={worker.sink.next_epoch} "
-              f"attempt={worker.sink.attempt}", flush=True)
-        left = None if args.max_epochs is None else max(0, args.max_epochs - worker.sink.next_epoch)
-        worker.run(stop, left, on_epoch=lambda e: print(f"committed {e} aligned={worker.aligned}", flush=True))
-    except StoppedError:
-        pass
-    except AlignerError as exc:
-        sys.exit(f"error: {_one_line(exc)}")
-    finally:
-        worker.close()
-        ledger.close()
-    print("done", flush=True)
-
-
-def install_stop_signals(stop: threading.Event, grace: float = 4.5) -> None:
-    """SIGTERM / SIGINT set ``stop``; a process still running ``grace`` seconds later exits anyway
-    (code 0): every wait checks the flag within a second, so this only cuts off a client call stuck
-    on an unreachable service, and a worker cut off there resumes from its last committed epoch."""
-
-    def stop_soon(_signum: int, _frame: Any) -> None:
-        if stop.is_set():
-            return
-        stop.set()
-        timer = threading.Timer(grace, lambda: os._exit(0))
-        timer.daemon = True
-        timer.start()
-
-    signal.signal(signal.SIGTERM, stop_soon)
-    signal.signal(signal.SIGINT, stop_soon)
-
-
-if __name__ == "__main__":
     main()

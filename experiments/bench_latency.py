@@ -39,10 +39,11 @@ from rich.console import Console
 from rich.table import Table
 
 from aligner.connectors.reader import EpochReader
-from aligner.connectors.runtime import JobSpec, JobWorker, KeyedState, WorkerThread
+from aligner.connectors.runtime import JobSpec, JobWorker, KeyedState
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.source import SourceRecord
 from aligner.connectors.subjects import create_subject
+from aligner.connectors.worker import WorkerThread
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.stack import EmbeddedStack, StackInfo
 from aligner.jobs import JobLedger

@@ -27,9 +27,10 @@ from typing import Any, Literal
 
 from aligner.connectors.latency import EpochLatency, LatencyLog, LatencyProbe, json_field
 from aligner.connectors.reader import EpochReader
-from aligner.connectors.runtime import JobFunction, JobSpec, WorkerThread
+from aligner.connectors.runtime import JobFunction, JobSpec
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
+from aligner.connectors.worker import WorkerThread
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import EmbeddedStack, StackInfo, wait_for

@@ -9,8 +9,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from aligner.connectors.reader import EpochReader
-from aligner.connectors.runtime import JobFunction, JobSpec, WorkerThread
+from aligner.connectors.runtime import JobFunction, JobSpec
 from aligner.connectors.sink import SinkProducer
+from aligner.connectors.worker import WorkerThread
 from aligner.coordinator.stack import StackInfo
 from aligner.ledger import Ledger
 from tests import guard

@@ -1,0 +1,179 @@
+"""A job worker as a process or a thread: the always-on shell around :class:`JobWorker`.
+
+``python -m aligner.connectors.runtime --job J --function mod:fn --input IN --output OUT`` (or
+``python -m aligner.connectors.worker``) runs one worker until its inputs finish: SIGTERM or SIGINT
+stops it within seconds with exit 0 and nothing lost (the open epoch is aborted and written again
+by the next incarnation); a mistake is one line on stderr with exit 1 (2 for usage).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Annotated, Any, NoReturn
+
+import typer
+from typer._click import exceptions as click_errors  # typer vendors click: its exceptions are these
+
+from aligner.connectors.runtime import JobFunction, JobSpec, JobWorker, one_line
+from aligner.errors import AlignerError, StoppedError
+from aligner.ledger import Ledger
+from aligner.models import WorkerEpochNode
+from aligner.settings import Settings
+
+
+class WorkerThread:
+    """A job worker embedded in a process: its own thread and ZooKeeper session (tests, the demo,
+    experiments). ``start()`` runs it; ``finish`` waits for it and releases its clients."""
+
+    def __init__(self, zk: str, root: str, bootstrap: str, spec: JobSpec, index: int, fn: JobFunction,
+                 on_commit: Callable[[WorkerEpochNode], None] | None = None) -> None:
+        self.stop = threading.Event()
+        self.ledger = Ledger.connect(zk, root, stop=self.stop)
+        try:
+            self.worker = JobWorker(self.ledger, bootstrap, spec, index, fn, on_commit=on_commit).open()
+        except BaseException:
+            self.ledger.close()
+            raise
+        self.error: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"{spec.job}-{index}")
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.worker.run(self.stop)
+        except BaseException as exc:
+            self.error.append(exc)
+
+    def finish(self, timeout: float) -> bool:
+        """Wait for the job to end by itself (its inputs finished); if it does not within
+        ``timeout``, stop it. Returns whether it ended by itself."""
+        self.thread.join(timeout)
+        by_itself = not self.thread.is_alive()
+        if not by_itself:
+            self.stop.set()
+            self.thread.join(30)
+        self.worker.close()
+        self.ledger.close()
+        return by_itself
+
+
+def load_function(ref: str) -> JobFunction:
+    module, _, name = ref.partition(":")
+    if not name:
+        raise AlignerError(f"job function {ref!r} must look like package.module:function")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise AlignerError(f"job function {ref!r} cannot be loaded: {exc}") from None
+
+
+def install_stop_signals(stop: threading.Event, grace: float = 4.5) -> None:
+    """SIGTERM / SIGINT set ``stop``; a process still running ``grace`` seconds later exits anyway
+    (code 0): every wait checks the flag within a second, so this only cuts off a client call stuck
+    on an unreachable service, and a worker cut off there resumes from its last committed epoch."""
+
+    def stop_soon(_signum: int, _frame: Any) -> None:
+        if stop.is_set():
+            return
+        stop.set()
+        timer = threading.Timer(grace, lambda: os._exit(0))
+        timer.daemon = True
+        timer.start()
+
+    signal.signal(signal.SIGTERM, stop_soon)
+    signal.signal(signal.SIGINT, stop_soon)
+
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+
+@app.command()
+def run(
+    job: Annotated[str, typer.Option(help="Job name")],
+    function: Annotated[str, typer.Option(help="The job function, package.module:function")],
+    input_: Annotated[list[str], typer.Option("--input", help="Input subject (repeat for several)")],
+    output: Annotated[str, typer.Option(help="Output subject")],
+    zk: Annotated[str | None, typer.Option(help="ZooKeeper (default: ALIGNER_ZK)")] = None,
+    kafka: Annotated[str | None, typer.Option(help="Kafka bootstrap servers (default: ALIGNER_KAFKA)")] = None,
+    root: Annotated[str | None, typer.Option(help="ZooKeeper root (default: ALIGNER_ROOT)")] = None,
+    version: Annotated[str, typer.Option(help="Version of the job")] = "1",
+    worker: Annotated[int, typer.Option(min=0, help="This worker's index")] = 0,
+    parallelism: Annotated[int, typer.Option(min=1, help="Workers of the job")] = 1,
+    interval: Annotated[float, typer.Option(min=0.001, help="Seconds per unaligned epoch")] = 1.0,
+    mode: Annotated[str, typer.Option(help="exactly_once or at_least_once")] = "exactly_once",
+    epochs_per_checkpoint: Annotated[int, typer.Option(min=1, help="Aligned: subject epochs per job epoch")] = 1,
+    nondeterministic: Annotated[bool, typer.Option(help="The function is not deterministic")] = False,
+    max_epochs: Annotated[int | None, typer.Option(min=0, help="Stop after this job epoch")] = None,
+    follows: Annotated[str | None, typer.Option(help="Run as the new version of this job (hot-swap)")] = None,
+    output_partitions: Annotated[str | None, typer.Option(help="Comma-separated output partitions to use")] = None,
+    metrics_port: Annotated[int | None, typer.Option(min=1, max=65535, help="Serve Prometheus metrics here")]
+    = None,
+) -> None:
+    """Run one worker of a job until its inputs finish (or SIGTERM)."""
+    if worker >= parallelism:
+        raise typer.BadParameter(f"worker {worker} of a job with parallelism {parallelism}", param_hint="--worker")
+    if mode not in ("exactly_once", "at_least_once"):
+        raise typer.BadParameter(f"{mode!r} is not exactly_once or at_least_once", param_hint="--mode")
+    try:
+        parts = tuple(int(p) for p in output_partitions.split(",")) if output_partitions else None
+    except ValueError:
+        raise typer.BadParameter(f"{output_partitions!r} is not a list of partitions",
+                                 param_hint="--output-partitions") from None
+    settings = Settings(**{k: v for k, v in {"zk": zk, "kafka": kafka, "root": root}.items() if v is not None})
+    spec = JobSpec(job=job, inputs=tuple(input_), output=output, parallelism=parallelism, version=version,
+                   interval=interval, mode=mode,  # type: ignore[arg-type]
+                   epochs_per_checkpoint=epochs_per_checkpoint, deterministic=not nondeterministic,
+                   follows=follows, output_partitions=parts)
+    fn = load_function(function)
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port)
+    stop = threading.Event()
+    install_stop_signals(stop)
+    try:
+        ledger = Ledger.connect(settings.zk, settings.root, stop=stop)
+    except StoppedError:
+        return
+    except Exception as exc:
+        raise AlignerError(f"cannot reach ZooKeeper at {settings.zk}: {one_line(exc)}") from None
+    runner = JobWorker(ledger, settings.kafka, spec, worker, fn)
+    try:
+        runner.open()
+        assert runner.sink is not None
+        print(f"open job={spec.job} worker={worker} next={runner.sink.next_epoch} "
+              f"attempt={runner.sink.attempt}", flush=True)
+        left = None if max_epochs is None else max(0, max_epochs - runner.sink.next_epoch)
+        runner.run(stop, left, on_epoch=lambda e: print(f"committed {e} aligned={runner.aligned}", flush=True))
+    except StoppedError:
+        pass
+    finally:
+        runner.close()
+        ledger.close()
+    print("done", flush=True)
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """One line on stderr for every failure: exit 2 for usage, 1 for the rest."""
+    command = typer.main.get_command(app)
+    try:
+        command.main(args=argv, prog_name="aligner-worker", standalone_mode=False)
+    except click_errors.UsageError as exc:
+        print(f"aligner-worker: usage error: {' '.join(exc.format_message().split())} (see --help)",
+              file=sys.stderr)
+        sys.exit(2)
+    except (AlignerError, ValueError) as exc:
+        print(f"aligner-worker: error: {one_line(exc)}", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
