@@ -5,9 +5,12 @@ Commit protocol (per producer per epoch, two round trips whatever the parallelis
 1. ``ensure_epoch``: create the epoch node listing the writers expected to contribute, in a
    multi-op that checks the version of the subject's writers document. Any producer may create
    it; ``NodeExists`` means another already did. Producers never wait for each other.
-2. ``commit``: after the Kafka transaction committed, one multi-op creates the producer's
-   contribution (attempt + ranges) under the epoch node and compare-and-sets the producer node
-   (next offsets, committed epoch). The version check fences zombie incarnations.
+2. ``commit_epoch`` (``commit`` for one producer): after the Kafka transaction committed, one
+   multi-op creates the producer's contribution (attempt + ranges) under the epoch node and
+   compare-and-sets the producer node (next offsets, committed epoch). The version check fences
+   zombie incarnations. Several producers commit the same epoch in one multi-op when their writes
+   belong together: a Spark sink's slots (one micro-batch), or a job's output and its changelog
+   subject (one Kafka transaction); the caller's own ops (a job's input offsets) ride along.
 
 An epoch is committed once every expected writer's contribution exists. Writers join by a
 multi-op that updates the writers document and creates the first epoch they write, so no epoch
@@ -86,6 +89,18 @@ class PendingEpoch:
     version: int
     result: Any
     """The kazoo async result of the multi-op."""
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """One producer's part of an epoch commit: the attempt that counts and its ranges."""
+
+    lease: Lease
+    attempt: int | None
+    ranges: Mapping[int, Range]
+    counts: Mapping[int, int] | None = None
+    """Records the attempt wrote per partition (optional): readers skip stamp checks when a range holds
+    nothing else."""
 
 
 _PIPELINE_EPOCHS = 500
@@ -239,10 +254,14 @@ class Ledger:
         producer: str,
         partitions: Sequence[int],
         start_offsets: Callable[[], Mapping[int, int]],
+        not_before: int = 0,
     ) -> Lease:
         """Claim private partitions for a producer (or re-open its claim) and start a new incarnation.
 
         ``start_offsets`` is asked only for a brand-new producer: where its first epoch begins.
+        A brand-new producer writes from the subject's next epoch on, or from ``not_before`` when
+        that is later: a sink that commits a second subject with its output gives it the output's
+        epoch numbers (the epochs before are never written in that subject).
         """
         meta = self.subject(subject)
         parts = tuple(sorted(set(partitions)))
@@ -269,7 +288,7 @@ class Ledger:
                         f"it cannot reopen with {list(parts)}"
                     )
                 return self._reincarnate(subject, sink, producer, entry.first_epoch)
-            first = self._last_epoch(subject) + 1
+            first = max(self._last_epoch(subject) + 1, not_before)
             entry = WriterEntry(partitions=parts, first_epoch=first)
             updated = WritersNode(writers={**writers.writers, me: entry})
             offsets = dict(start_offsets())
@@ -386,43 +405,98 @@ class Ledger:
 
     def commit(self, lease: Lease, epoch: int, attempt: int | None, ranges: Mapping[int, Range],
                extra: Sequence[tuple[Any, ...]] = (), counts: Mapping[int, int] | None = None) -> Lease:
-        """Round trip 2: the producer's ZooKeeper commit of ``epoch``; the Kafka commit came first.
+        """Round trip 2 for one producer: :meth:`commit_epoch` with a single contribution."""
+        return self.commit_epoch(epoch, [Contribution(lease, attempt, ranges, counts)], extra)[0]
 
-        ``extra`` ops commit atomically with it: a job's input offsets and state snapshot.
-        ``counts`` (optional) are the records the committed attempt wrote per partition; readers
-        use them to skip stamp checks when a range holds nothing else.
+    def commit_epoch(self, epoch: int, contributions: Sequence[Contribution],
+                     extra: Sequence[tuple[Any, ...]] = ()) -> list[Lease]:
+        """Round trip 2: the ZooKeeper commit of ``epoch`` by one or several producers, in one multi-op.
+
+        The Kafka commit came first. Every producer must commit ``epoch`` next (producers of several
+        subjects share epoch numbers when they commit together); each one's node is compare-and-set
+        on its lease's version, so a zombie incarnation of any of them fails the whole commit.
+        ``extra`` ops commit atomically with it: a job's input offsets, a Spark sink's batch record.
+        Returns the new leases, in the order of ``contributions``.
         """
+        if not contributions:
+            raise AlignerError(f"epoch {epoch}: nothing to commit")
+        lay = self.layout
+        ops: list[tuple[Any, ...]] = []
+        nodes: list[ProducerNode] = []
+        seen: set[tuple[str, str]] = set()
+        for c in contributions:
+            lease, n = c.lease, c.lease.node
+            if (lease.subject, lease.writer) in seen:
+                raise AlignerError(f"producer {lease.writer} of {lease.subject!r} contributes twice to epoch {epoch}")
+            seen.add((lease.subject, lease.writer))
+            self._check_contribution(c, epoch)
+            contribution = ContributionNode(sink=n.sink, producer=n.producer, attempt=c.attempt,
+                                            ranges=dict(c.ranges), counts=dict(c.counts or {}))
+            node = n.model_copy(update={"committed_epoch": epoch,
+                                        "next_offsets": {p: r.end for p, r in c.ranges.items()}})
+            nodes.append(node)
+            # The fencing check goes first: ZooKeeper reports only the first failing op of a multi.
+            ops.append(("set", lay.producer(lease.subject, n.sink, n.producer), node.dump(), lease.version))
+            ops.append(("create", lay.contribution(lease.subject, epoch, lease.writer), contribution.dump()))
+        results = self._multi(*ops, *extra)
+        failed = next((i for i, r in enumerate(results) if isinstance(r, Exception)
+                       and type(r).__name__ not in ("RolledBackError", "RuntimeInconsistency")), None)
+        if failed is None:
+            return [Lease(c.lease.subject, node, results[2 * i].version, c.lease.first_epoch)  # type: ignore[attr-defined]
+                    for i, (c, node) in enumerate(zip(contributions, nodes, strict=True))]
+        if failed == 0 and isinstance(results[0], BadVersionError):
+            landed = self._landed(contributions, nodes)
+            if landed is not None:  # our multi-op landed; its reply was lost to a connection drop
+                return landed
+        if failed < len(ops):
+            c, result = contributions[failed // 2], results[failed]
+            subject, writer = c.lease.subject, c.lease.writer
+            if isinstance(result, BadVersionError):
+                raise FencedError(f"producer {writer} of {subject!r} was fenced by a newer incarnation")
+            if isinstance(result, NoNodeError):
+                raise AlignerError(f"epoch node {epoch} of {subject!r} missing: call ensure_epoch first")
+            if isinstance(result, NodeExistsError):
+                raise AlignerError(f"producer {writer} already committed epoch {epoch} of {subject!r}")
+        raise results[failed]  # type: ignore[misc]
+
+    @staticmethod
+    def _check_contribution(c: Contribution, epoch: int) -> None:
+        lease = c.lease
         if epoch != lease.next_epoch:
             raise AlignerError(f"producer {lease.writer} must commit epoch {lease.next_epoch} next, not {epoch}")
-        if set(ranges) != set(lease.node.partitions):
+        if set(c.ranges) != set(lease.node.partitions):
             raise AlignerError(f"producer {lease.writer} must give ranges for exactly {list(lease.node.partitions)}")
-        for p, r in ranges.items():
+        for p, r in c.ranges.items():
             if r.start != lease.node.next_offsets[p]:
                 raise AlignerError(
                     f"producer {lease.writer}: epoch {epoch} partition {p} must start at "
                     f"{lease.node.next_offsets[p]}, not {r.start}"
                 )
-        lay, subject, n = self.layout, lease.subject, lease.node
-        contribution = ContributionNode(sink=n.sink, producer=n.producer, attempt=attempt, ranges=dict(ranges),
-                                        counts=dict(counts or {}))
-        node = n.model_copy(update={"committed_epoch": epoch, "next_offsets": {p: r.end for p, r in ranges.items()}})
-        # The fencing check goes first: ZooKeeper reports only the first failing op of a multi.
-        results = self._multi(
-            ("set", lay.producer(subject, n.sink, n.producer), node.dump(), lease.version),
-            ("create", lay.contribution(subject, epoch, lease.writer), contribution.dump()),
-            *extra,
-        )
-        if isinstance(results[0], BadVersionError):
-            version = self._written_by_us(lay.producer(subject, n.sink, n.producer), node)
-            if version is not None:  # our multi-op landed; its reply was lost to a connection drop
-                return Lease(subject, node, version, lease.first_epoch)
-            raise FencedError(f"producer {lease.writer} of {subject!r} was fenced by a newer incarnation")
-        if isinstance(results[1], NoNodeError):
-            raise AlignerError(f"epoch node {epoch} of {subject!r} missing: call ensure_epoch first")
-        if isinstance(results[1], NodeExistsError):
-            raise AlignerError(f"producer {lease.writer} already committed epoch {epoch} of {subject!r}")
-        _raise_first(results)
-        return Lease(subject, node, results[0].version, lease.first_epoch)  # type: ignore[attr-defined]
+
+    def _landed(self, contributions: Sequence[Contribution], nodes: Sequence[ProducerNode]) -> list[Lease] | None:
+        """After a commit's first version check failed: the new leases if the multi-op had landed
+        (a retry after a lost reply finds every producer node as it wrote it), else None."""
+        leases = []
+        for c, node in zip(contributions, nodes, strict=True):
+            path = self.layout.producer(c.lease.subject, node.sink, node.producer)
+            version = self._written_by_us(path, node)
+            if version is None:
+                return None
+            leases.append(Lease(c.lease.subject, node, version, c.lease.first_epoch))
+        return leases
+
+    def close_empty(self, lease: Lease, before: int) -> Lease:
+        """Commit empty epochs of one producer up to (not including) ``before``.
+
+        Producers that commit together must start from the same epoch: one that fell behind (a
+        Spark slot, a subject a sink writes beside its output) owes the epochs in between, and
+        closing them empty lets them commit for readers."""
+        while lease.next_epoch < before:
+            epoch = lease.next_epoch
+            self.ensure_epoch(lease.subject, epoch)
+            empty = {p: Range(start=o, end=o) for p, o in lease.node.next_offsets.items()}
+            lease = self.commit(lease, epoch, None, empty)
+        return lease
 
     def finish(self, lease: Lease) -> int | None:
         """Mark a producer finished after its last committed epoch (thesis 5.7: finite streams).
@@ -608,4 +682,4 @@ class Ledger:
         return None
 
 
-__all__ = ["Lease", "Ledger", "PendingEpoch", "epoch_name"]
+__all__ = ["Contribution", "Lease", "Ledger", "PendingEpoch", "epoch_name"]

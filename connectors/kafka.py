@@ -118,6 +118,38 @@ def end_offsets(
     return {tp.partition: fut.result(timeout).offset for tp, fut in futures.items()}
 
 
+def transactional_id(subject: str, sink: str, producer: str) -> str:
+    """The Kafka transactional id of a sink's producer: stable across restarts, so a new incarnation
+    (or a Spark task retry) fences the transaction its predecessor left open."""
+    return f"aligner.{subject}.{sink}.{producer}"
+
+
+def producer_config(bootstrap: str, txn_id: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A transactional producer tuned for epochs of many small records (one transaction per epoch)."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "transactional.id": txn_id,
+        "linger.ms": 5,
+        "batch.num.messages": 10000,
+        "queue.buffering.max.messages": 1_000_000,
+        "transaction.timeout.ms": 60000,
+        **QUIET,
+        **(extra or {}),
+    }
+
+
+def retriable(exc: KafkaException) -> bool:
+    """A Kafka failure worth waiting out: the broker did not answer in time or asked to retry."""
+    err = exc.args[0] if exc.args else None
+    return isinstance(err, KafkaError) and (err.retriable() or err.code() == KafkaError._TIMED_OUT)
+
+
+def requires_abort(exc: KafkaException) -> bool:
+    """The transaction cannot commit any more (e.g. a record failed): abort it and write the epoch again."""
+    err = exc.args[0] if exc.args else None
+    return isinstance(err, KafkaError) and err.txn_requires_abort()
+
+
 def consumer_config(bootstrap: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """An assign-only consumer: no group offsets are ever committed, positions come from ZooKeeper."""
     return {

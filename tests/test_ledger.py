@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from aligner.errors import (
+    AlignerError,
     EpochNotCommittedError,
     FencedError,
     MalformedNodeError,
@@ -200,3 +201,47 @@ def test_ensure_epoch_async_retries_when_the_writers_changed(ledger, subject_nam
     doc, _version = ledger.epoch_ensured(pending)
     assert set(doc.writers) == {"a:0", "b:0"}
     assert ledger.epoch_node(subject_name, 2).writers == ("a:0", "b:0")
+
+
+def test_commit_epoch_commits_several_subjects_at_once_or_not_at_all(ledger, subject_name):
+    """A job's output and changelog commit one epoch in one multi-op; a fenced producer of either one
+    fails the whole commit, and the caller's own ops with it."""
+    from aligner.ledger import Contribution
+
+    other = subject_name + "-cl"
+    _subject(ledger, subject_name, partitions=1)
+    _subject(ledger, other, partitions=1)
+    out = _commit_empty(ledger, ledger.claim(subject_name, "j", "0", [0], lambda: {0: 0}))  # epoch 0: output only
+    cl = ledger.claim(other, "j", "0", [0], lambda: {0: 7}, not_before=out.next_epoch)
+    assert (out.next_epoch, cl.next_epoch) == (1, 1) and ledger.epoch_numbers(other) == [1]
+    for subject in (subject_name, other):
+        ledger.ensure_epoch(subject, 1)
+
+    def parts(a, b, end_a=3, end_b=9):
+        return [Contribution(a, a.node.incarnation, {0: Range(start=0, end=end_a)}, {0: 3}),
+                Contribution(b, b.node.incarnation, {0: Range(start=7, end=end_b)}, {0: 2})]
+
+    marker = f"{ledger.layout.root}/marker"
+    fresh = ledger.reincarnate(cl)  # a newer incarnation of the changelog producer: cl is a zombie now
+    with pytest.raises(FencedError, match=f"j:0 of {other!r}"):
+        ledger.commit_epoch(1, parts(out, cl), [("create", marker, b"")])
+    assert not ledger.zk.exists(marker) and not ledger.is_committed(subject_name, 1)
+    assert ledger.producers(subject_name, "j")[0].committed_epoch == 0  # the output's part rolled back too
+    with pytest.raises(AlignerError, match="contributes twice"):
+        ledger.commit_epoch(1, [*parts(out, fresh), Contribution(out, 1, {0: Range(start=0, end=0)})])
+    out, fresh = ledger.commit_epoch(1, parts(out, fresh), [("create", marker, b"")])
+    assert ledger.zk.exists(marker) and ledger.is_committed(subject_name, 1) and ledger.is_committed(other, 1)
+    assert ledger.committed(other, 1).offsets == {0: (7, 9)} and (out.next_epoch, fresh.next_epoch) == (2, 2)
+    # Producers of several subjects commit the same epoch number, or nothing.
+    ledger.ensure_epoch(subject_name, 2)
+    with pytest.raises(AlignerError, match="must commit epoch 2 next"):
+        ledger.commit_epoch(3, [Contribution(out, 1, {0: Range(start=3, end=3)})])
+
+
+def test_close_empty_brings_a_producer_that_fell_behind_to_an_epoch(ledger, subject_name):
+    _subject(ledger, subject_name, partitions=1)
+    lease = ledger.claim(subject_name, "a", "0", [0], lambda: {0: 4})
+    assert ledger.close_empty(lease, 0) == lease
+    lease = ledger.close_empty(lease, 3)
+    assert lease.next_epoch == 3 and ledger.frontier(subject_name) == 2
+    assert all(c.offsets == {0: (4, 4)} for c in ledger.committed_many(subject_name, 0, 2))

@@ -1,0 +1,185 @@
+"""One sink writing two subjects in one Kafka transaction and one ZooKeeper multi-op per epoch.
+
+A job's output and its changelog subject (issue 12, state as a subject) are written this way: both
+subjects' records of an epoch are committed together or not at all, under the same epoch number.
+Real ZooKeeper and broker; records are read back exactly, by epoch, with the aligned reader.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from aligner.connectors.reader import EpochReader
+from aligner.connectors.sink import SinkProducer
+from aligner.connectors.subjects import create_subject
+from aligner.errors import AlignerError, SubjectConflictError
+from aligner.stamps import Stamp, stamp_of
+from tests.helpers import raw_records
+
+RECORDS = 30
+"""Output records per epoch; the second subject gets one record per third of them."""
+
+
+def _write_epoch(p: SinkProducer, second: str | None, tag: str) -> tuple[int, list[dict], list[dict]]:
+    """One epoch: RECORDS output records (keyed, so both partitions get some) and, when ``second`` is
+    given, a third as many records of that subject; returns the epoch and what was written."""
+    epoch = p.begin()
+    out, side = [], []
+    for j in range(RECORDS):
+        v = {"epoch": epoch, "j": j, "tag": tag}
+        p.send(json.dumps(v).encode(), key=b"k%d" % j)
+        out.append(v)
+        if second is not None and j % 3 == 0:
+            s = {"epoch": epoch, "key": f"k{j}", "tag": tag}
+            p.send_to(second, json.dumps(s).encode(), key=s["key"].encode())
+            side.append(s)
+    return epoch, out, side
+
+
+def _by_epoch(reader: EpochReader, subject: str, first: int, last: int) -> dict[int, Counter]:
+    got: dict[int, Counter] = {e: Counter() for e in range(first, last + 1)}
+    for r in reader.read(subject, first, last):
+        got[r.epoch][r.value] += 1
+    return got
+
+
+def _expected(written: dict[int, list[dict]]) -> dict[int, Counter]:
+    return {e: Counter(json.dumps(v).encode() for v in vs) for e, vs in written.items()}
+
+
+@pytest.fixture
+def two_subjects(stack, ledger, subject_name) -> tuple[str, str]:
+    output, second = subject_name, subject_name + "-cl"
+    create_subject(ledger, stack.kafka, output, 2)
+    create_subject(ledger, stack.kafka, second, 2)
+    return output, second
+
+
+def test_two_subjects_commit_the_same_epochs_in_one_multi_op(stack, ledger, two_subjects) -> None:
+    output, second = two_subjects
+    outs: dict[int, list[dict]] = {}
+    sides: dict[int, list[dict]] = {}
+    # The output already has epochs 0..1, written without the second subject.
+    with SinkProducer(ledger, stack.kafka, output, "job", 0, [0, 1]) as p:
+        for _ in range(2):
+            epoch, outs[epoch], _ = _write_epoch(p, None, "alone")
+            p.commit()
+
+    with SinkProducer(ledger, stack.kafka, output, "job", 0, [0, 1], also={second: [0, 1]}) as p:
+        assert p.next_epoch == 2 and p.leases[second].next_epoch == 2  # the second subject starts at 2, not 0
+        multis: list[tuple] = []
+        multi = ledger._multi
+
+        def counted(*ops: tuple) -> list:  # records the ZooKeeper multi-ops a commit sends (and sends them)
+            multis.append(ops)
+            return multi(*ops)
+
+        for _ in range(3):
+            epoch, outs[epoch], sides[epoch] = _write_epoch(p, second, "together")
+            ledger._multi = counted
+            try:
+                commit = p.commit()
+            finally:
+                del ledger._multi
+            assert commit.epoch == epoch and set(commit.also) == {second}
+            created = {op[1] for op in multis[-1] if op[0] == "create"}
+            assert {ledger.layout.contribution(output, epoch, "job:0"),
+                    ledger.layout.contribution(second, epoch, "job:0")} <= created
+        assert len(multis) == 3, "one multi-op per epoch for both subjects"
+        assert ledger.producers(second, "job")[0].committed_epoch == 4
+
+    # A run without the second subject, then with it again: the epoch it missed is closed empty.
+    with SinkProducer(ledger, stack.kafka, output, "job", 0, [0, 1]) as p:
+        epoch, outs[epoch], _ = _write_epoch(p, None, "alone-again")
+        p.commit()
+    with SinkProducer(ledger, stack.kafka, output, "job", 0, [0, 1], also={second: [0, 1]}) as p:
+        assert p.leases[second].next_epoch == p.next_epoch == 6
+        epoch, outs[epoch], sides[epoch] = _write_epoch(p, second, "last")
+        p.commit()
+        p.finish()
+
+    assert ledger.epoch_numbers(second) == [2, 3, 4, 5, 6]
+    with EpochReader(ledger, stack.kafka) as reader:
+        assert _by_epoch(reader, output, 0, 6) == _expected(outs)
+        assert _by_epoch(reader, second, 2, 6) == _expected({**sides, 5: []})
+    assert ledger.finished(second) == 6 and ledger.finished(output) == 6
+
+
+def test_an_aborted_epoch_shows_in_neither_subject_and_is_written_again(stack, ledger, two_subjects) -> None:
+    output, second = two_subjects
+    with SinkProducer(ledger, stack.kafka, output, "job", 0, [0, 1], also={second: [0, 1]}) as p:
+        first = p.leases
+        epoch, _, _ = _write_epoch(p, second, "aborted")
+        p._kp.flush(30)  # the aborted records reach the broker (Tansu shows them to read_committed readers)
+        p.abort()
+        retry = p.leases
+        assert {s: lease.node.incarnation for s, lease in retry.items()} == \
+            {s: lease.node.incarnation + 1 for s, lease in first.items()}
+        assert p.begin() == epoch
+        p.abort()  # an epoch aborted before anything was sent: a third attempt
+        again, out, side = _write_epoch(p, second, "kept")
+        assert again == epoch
+        p.commit()
+        attempts = {s: lease.node.incarnation for s, lease in p.leases.items()}
+    assert attempts == {s: lease.node.incarnation + 2 for s, lease in first.items()}
+    with EpochReader(ledger, stack.kafka) as reader:
+        assert _by_epoch(reader, output, epoch, epoch) == _expected({epoch: out})
+        assert _by_epoch(reader, second, epoch, epoch) == _expected({epoch: side})
+    for subject in (output, second):  # the broker holds the aborted attempt; readers dropped it by stamp
+        stamps = Counter(Stamp.decode(stamp_of(m.headers())).attempt for m in raw_records(stack.kafka, subject, 2))
+        aborted = RECORDS if subject == output else RECORDS // 3
+        assert stamps[first[subject].node.incarnation] == aborted, (subject, stamps)
+        assert stamps[attempts[subject]] == aborted
+
+
+def test_a_crash_between_kafka_and_zookeeper_commits_rewrites_both_subjects(stack, ledger, two_subjects) -> None:
+    output, second = two_subjects
+
+    class Crash(Exception):
+        pass
+
+    def crash(point: str) -> None:
+        if point == "after_kafka_commit":
+            raise Crash
+
+    zombie = SinkProducer(ledger, stack.kafka, output, "job", 0, [0, 1], also={second: [0, 1]}, fault=crash).open()
+    try:
+        epoch, _, _ = _write_epoch(zombie, second, "crashed")
+        with pytest.raises(Crash):
+            zombie.commit()  # committed in Kafka, not in ZooKeeper
+    finally:
+        zombie.close()
+    with SinkProducer(ledger, stack.kafka, output, "job", 0, [0, 1], also={second: [0, 1]}) as p, \
+            EpochReader(ledger, stack.kafka) as reader:
+        assert p.next_epoch == epoch
+        _, out, side = _write_epoch(p, second, "rewritten")
+        p.commit()
+        assert _by_epoch(reader, output, epoch, epoch) == _expected({epoch: out})
+        assert _by_epoch(reader, second, epoch, epoch) == _expected({epoch: side})
+
+
+def test_misuse_is_refused(stack, ledger, subject_name) -> None:
+    output, second = subject_name, subject_name + "-cl"
+    create_subject(ledger, stack.kafka, output, 2)
+    create_subject(ledger, stack.kafka, second, 3)
+    with pytest.raises(AlignerError, match="cannot be among the also subjects"):
+        SinkProducer(ledger, stack.kafka, output, "job", 0, [0], also={output: [1]})
+    with SinkProducer(ledger, stack.kafka, output, "job", 0, [0], also={second: [0]}) as p:
+        with pytest.raises(AlignerError, match="outside an epoch"):
+            p.send_to(second, b"{}")
+        p.begin()
+        with pytest.raises(AlignerError, match="does not own partition 1"):
+            p.send_to(second, b"{}", partition=1)
+        with pytest.raises(AlignerError, match="does not write subject"):
+            p.send_to("elsewhere", b"{}")
+        p.commit()
+    # Another sink writes the second subject ahead of this sink's output: they cannot commit together.
+    with SinkProducer(ledger, stack.kafka, second, "other", 0, [1]) as other:
+        for _ in range(3):
+            other.begin()
+            other.commit()
+    with pytest.raises(SubjectConflictError, match="another sink writes"):
+        SinkProducer(ledger, stack.kafka, output, "job", 1, [1], also={second: [2]}).open()
