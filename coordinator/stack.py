@@ -295,6 +295,28 @@ class EmbeddedStack:
                               workdir=str(self.workdir), zk_pid=zk.pid, kafka_pid=kafka.pid)
         return self.info
 
+    def pid(self, name: str) -> int | None:
+        """The live process of component ``name`` (the newest one after restarts), None when it is down."""
+        marker = "ZooKeeperServerMain" if name == ZOOKEEPER else tansu_binary()
+        live = [p for p in self._procs if p.poll() is None and marker in " ".join(map(str, p.args))]
+        return live[-1].pid if live else None
+
+    def restart(self, name: str, timeout: float = 60.0) -> int:
+        """Start a component that died again, on its port and data directory (what it had comes back)."""
+        if self.info is None:
+            raise StackError("the stack was never started")
+        if self.pid(name) is not None:
+            raise StackError(f"{name} is still running (pid {self.pid(name)})")
+        port = self.info.port(name)
+        proc = _spawn_component(name, self.workdir, port, self.tie_to_parent)
+        self._procs.append(proc)
+        _await_ready(name, proc, port, self.workdir, timeout)
+        return proc.pid
+
+    def processes(self) -> list[subprocess.Popen[bytes]]:
+        """Every process the stack started, dead ones included."""
+        return list(self._procs)
+
     def stop(self) -> None:
         for proc in reversed(self._procs):
             _kill_group(proc.pid)

@@ -26,9 +26,6 @@ from aligner.coordinator.stack import (
     ZOOKEEPER,
     EmbeddedStack,
     StackInfo,
-    _await_ready,
-    _spawn_component,
-    _zk_ok,
     wait_for,
 )
 from aligner.ledger import Ledger
@@ -52,19 +49,11 @@ def own_stack() -> Iterator[tuple[EmbeddedStack, StackInfo]]:
         stack.stop()
 
 
-def restart_zookeeper(stack: EmbeddedStack, info: StackInfo) -> None:
-    """Start ZooKeeper again on its port and data directory (committed znodes come back)."""
-    port = info.port(ZOOKEEPER)
-    proc = _spawn_component(ZOOKEEPER, stack.workdir, port, tie_to_parent=True)
-    stack._procs.append(proc)
-    _await_ready(ZOOKEEPER, proc, port, stack.workdir, LIVE)
-
-
 def zk_pid(stack: EmbeddedStack) -> int:
     """The live ZooKeeper process of the stack (the newest one after restarts)."""
-    procs = [p for p in stack._procs if p.poll() is None and "ZooKeeperServerMain" in " ".join(p.args)]
-    assert procs, "ZooKeeper is not running"
-    return procs[-1].pid
+    pid = stack.pid(ZOOKEEPER)
+    assert pid is not None, "ZooKeeper is not running"
+    return pid
 
 
 @dataclass
@@ -155,7 +144,7 @@ class Chain:
             except Exception:
                 slow.append(w.args[:1])
                 continue
-            assert code == 0, f"exit {code}: {''.join(w._stderr)[-2000:]}"
+            assert code == 0, f"exit {code}: {w.stderr}"
         assert not slow, f"not stopped within {STOP_WITHIN}s of SIGTERM: {slow}"
 
 
@@ -176,10 +165,10 @@ def chain(own_stack: tuple[EmbeddedStack, StackInfo]) -> Iterator[Chain]:
             c.producer.thread.join(30)
         for w in c.procs:
             w.stop()
-            print(f"--- {' '.join(w.args[:12])}: exit {w.proc.returncode}\n{''.join(w._stderr)[-1500:]}")
-        if stack.info is not None and not _zk_ok(int(info.zk.rsplit(":", 1)[1])):
-            restart_zookeeper(stack, info)  # a failed test must not leave the next one without ZooKeeper
-        for p in stack._procs:
+            print(f"--- {' '.join(w.args[:12])}: exit {w.proc.returncode}\n{w.stderr}")
+        if stack.pid(ZOOKEEPER) is None:
+            stack.restart(ZOOKEEPER, LIVE)  # a failed test must not leave the next one without ZooKeeper
+        for p in stack.processes():
             if p.poll() is None:
                 os.kill(p.pid, signal.SIGCONT)
         ledger.close()
@@ -202,12 +191,12 @@ def _cpu_seconds(pid: int) -> float:
 
 @pytest.mark.parametrize("outage", [10, 60])
 def test_zookeeper_down_and_back_no_component_exits(chain: Chain, own_stack, outage: int) -> None:
-    stack, info = own_stack
+    stack, _ = own_stack
     _start(chain)
     os.kill(zk_pid(stack), signal.SIGKILL)
     time.sleep(outage)  # the outage itself is the test's input, not a wait for progress
     chain.alive()
-    restart_zookeeper(stack, info)
+    stack.restart(ZOOKEEPER, LIVE)
     for w in chain.procs[1:]:
         w.wait_line(lambda line: line.startswith("committed"), timeout=LIVE)
     sent = chain.producer.close()  # type: ignore[union-attr]
