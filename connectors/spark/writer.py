@@ -28,17 +28,20 @@ one epoch, by exactly one *successful* task attempt, and every task attempt must
   (slot, epoch, attempt, last offset per partition, query id) in its commit message. Failed,
   retried or speculative attempts leave records whose attempt nobody names: readers drop them,
   even on a broker that shows aborted transactions (Tansu).
-* The driver's ``commit`` writes the epoch in ZooKeeper in **one multi-op**: for every slot the
-  producer node (compare-and-set on its version: zombies are fenced) and its contribution (the
-  reported attempt and ranges; an empty range for a slot without a task), plus the sink's Spark
-  progress node (last query id, batch id, epoch), compare-and-set as well, and the epoch's lineage
-  node ``spark/epochs/{epoch}`` -> (query id, batch id). Either the whole batch is one committed epoch
-  or nothing is.
+* The driver's ``commit`` writes the epoch in ZooKeeper in **one multi-op**, through the ledger's
+  ``commit_epoch`` like every sink: for every slot the producer node (compare-and-set on its
+  version: zombies are fenced) and its contribution (the reported attempt, ranges and counts; an
+  empty range for a slot without a task), plus the sink's Spark progress node (last query id,
+  batch id, epoch), compare-and-set (or created, for the first batch), and the epoch's lineage node
+  ``spark/epochs/{epoch}`` -> (query id, batch id). Either the whole batch is one committed epoch or
+  nothing is.
 * A batch that Spark runs again after a restart (its epoch committed in ZooKeeper but not yet in
   Spark's commit log) finds its (query id, batch id) in the progress node: the driver commits
   nothing, and the re-run's records, stamped for the next epoch with attempts nobody names, are
   dropped by readers. A batch whose ZooKeeper commit never happened is simply written again.
 
+A task attempt writes through :class:`aligner.connectors.stamped.StampedProducer`, the Kafka half
+every sink shares (producer settings, partition choice, delivery reports, stamps, broker retries).
 Kafka transactions are the pre-commit; ZooKeeper is the commit point. Plain read_committed Kafka
 consumers see the records of every task attempt that committed its transaction; aligned readers
 see each record once.
@@ -47,11 +50,9 @@ see each record once.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import secrets
 import time
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import date, datetime
@@ -62,17 +63,17 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, StringType, StructType
 
-from aligner.connectors.kafka import QUIET, end_offsets
+from aligner.connectors.kafka import end_offsets, transactional_id
 from aligner.connectors.sink import partitions_for
 from aligner.connectors.spark.common import AlignedOptionError, Connection, int_option, ledger_for, opt
 from aligner.connectors.spark.lineage import progress_path, sink_epoch_path, sink_epochs_path
 from aligner.connectors.spark.models import SparkProgressNode, SparkSinkEpochNode
-from aligner.epochs import ranges_for
+from aligner.connectors.stamped import StampedProducer, epoch_ranges
 from aligner.errors import AlignerError, FencedError
 from aligner.layout import writer_id
-from aligner.ledger import Lease, Ledger
-from aligner.models import ContributionNode, ProducerNode, Range, parse
-from aligner.stamps import HEADER, Stamp
+from aligner.ledger import Contribution, Lease, Ledger
+from aligner.models import ProducerNode, Range, parse
+from aligner.stamps import Stamp
 
 
 @dataclass
@@ -85,6 +86,8 @@ class SlotCommit(WriterCommitMessage):
     last: dict[int, int] = field(default_factory=dict)
     records: int = 0
     query: str | None = None
+    counts: dict[int, int] = field(default_factory=dict)
+    """Records written per partition: readers skip stamp checks where a range holds nothing else."""
 
 
 def read_progress(ledger: Ledger, subject: str, sink: str) -> tuple[SparkProgressNode | None, int]:
@@ -155,15 +158,8 @@ def open_slots(ledger: Ledger, kafka: str, subject: str, sink: str, n: int) -> l
                      lambda parts=parts: end_offsets(kafka, meta.topic, parts, committed_only=False))
     leases = load_slots(ledger, subject, sink, range(n))
     target = max(lease.next_epoch for lease in leases)
-    aligned = []
-    for lease in leases:
-        while lease.next_epoch < target:  # an epoch this slot alone still owes: close it empty
-            epoch = lease.next_epoch
-            ledger.ensure_epoch(subject, epoch)
-            empty = {p: Range(start=o, end=o) for p, o in lease.node.next_offsets.items()}
-            lease = ledger.commit(lease, epoch, 0, empty)
-        aligned.append(lease)
-    return aligned
+    # An epoch only some slots were expected to write: the others close it empty.
+    return [ledger.close_empty(lease, target) for lease in leases]
 
 
 def commit_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any], batch_id: int) -> int | None:
@@ -191,34 +187,30 @@ def commit_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any], ba
             )
         by_slot[m.slot] = m
     ledger.ensure_epoch(subject, epoch)
-    lay = ledger.layout
-    t = ledger.zk.transaction()
+    contributions = []
     for i, lease in enumerate(leases):
         m = by_slot.get(i)
-        ranges = ranges_for(lease.node.next_offsets, m.last if m else {})
-        attempt = m.attempt if m is not None and m.attempt is not None else 0
-        node = lease.node.model_copy(update={"committed_epoch": epoch,
-                                             "next_offsets": {p: r.end for p, r in ranges.items()}})
-        contribution = ContributionNode(sink=sink, producer=str(i), attempt=attempt, ranges=ranges)
-        t.set_data(lay.producer(subject, sink, str(i)), node.dump(), lease.version)
-        t.create(lay.contribution(subject, epoch, lease.writer), contribution.dump())
-    new = SparkProgressNode(query=query, batch=batch_id, epoch=epoch, producers=n)
-    if progress_version < 0:  # the first batch: an empty progress node, then compare-and-set it
-        ledger.zk.ensure_path(sink_epochs_path(ledger, subject, sink))
-        progress, progress_version = read_progress(ledger, subject, sink)
-    t.set_data(progress_path(ledger, subject, sink), new.dump(), progress_version)
-    t.create(sink_epoch_path(ledger, subject, sink, epoch),
-             SparkSinkEpochNode(query=query, batch=batch_id, epoch=epoch).dump())
-    results = t.commit()
-    failed = [r for r in results if isinstance(r, Exception) and type(r).__name__ not in
-              ("RolledBackError", "RuntimeInconsistency")]
-    if failed:
-        if isinstance(failed[0], (BadVersionError, NodeExistsError)):
-            raise FencedError(
-                f"batch {batch_id} of sink {sink!r} on {subject!r}: another writer changed the sink while this "
-                f"batch committed ({type(failed[0]).__name__}); nothing was committed"
-            )
-        raise failed[0]
+        if m is None or m.attempt is None:  # no task, or a task without rows: an empty contribution
+            ranges = {p: Range(start=o, end=o) for p, o in lease.node.next_offsets.items()}
+            contributions.append(Contribution(lease, 0, ranges))
+            continue
+        ranges = epoch_ranges(lease.node.next_offsets, m.last, m.counts, f"batch {batch_id} producer {i}")
+        contributions.append(Contribution(lease, m.attempt, ranges, m.counts or None))
+    progress_node = SparkProgressNode(query=query, batch=batch_id, epoch=epoch, producers=n).dump()
+    if progress_version < 0:  # the first batch: the progress node and its epochs folder come with it
+        progress_ops: list[tuple[Any, ...]] = [("create", progress_path(ledger, subject, sink), progress_node),
+                                               ("create", sink_epochs_path(ledger, subject, sink), b"")]
+    else:
+        progress_ops = [("set", progress_path(ledger, subject, sink), progress_node, progress_version)]
+    lineage = SparkSinkEpochNode(query=query, batch=batch_id, epoch=epoch).dump()
+    try:
+        ledger.commit_epoch(epoch, contributions,
+                            [*progress_ops, ("create", sink_epoch_path(ledger, subject, sink, epoch), lineage)])
+    except (FencedError, BadVersionError, NodeExistsError) as exc:
+        raise FencedError(
+            f"batch {batch_id} of sink {sink!r} on {subject!r}: another writer changed the sink while this "
+            f"batch committed ({type(exc).__name__}); nothing was committed"
+        ) from exc
     return epoch
 
 
@@ -285,15 +277,14 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
                     out = _SlotWriter(self.spec, slot)
                 out.write(batch)
                 if fault is not None and out.records >= fault:
-                    out.kp.flush(30)  # the records are on the broker when the attempt dies
+                    out.producer.kp.flush(30)  # the records are on the broker when the attempt dies
                     raise AlignerError(f"injected failure of task {slot} attempt 0 after {out.records} records")
             if out is None:
                 return SlotCommit(slot=slot, epoch=None, attempt=None, query=query)
             return out.finish(query)
-        except BaseException:
+        finally:
             if out is not None:
-                out.abort()
-            raise
+                out.close()  # a failed attempt's transaction is aborted, or fenced by the retry
 
     # ---- driver ----
 
@@ -308,46 +299,27 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
 
 
 class _SlotWriter:
-    """One task attempt writing one slot: a Kafka transaction of stamped records."""
+    """One task attempt writing one slot: a stamped Kafka transaction, committed in ZooKeeper by the driver."""
 
     def __init__(self, spec: SinkSpec, slot: int) -> None:
-        from confluent_kafka import Producer
-
         conn = spec.conn
         ledger = ledger_for(conn.zk, conn.root)
         (lease,) = load_slots(ledger, conn.subject, spec.sink, [slot])
-        self.topic = ledger.subject(conn.subject).topic
-        self.partitions = list(lease.node.partitions)
+        self.subject = conn.subject
+        self.lease = lease
         self.epoch = lease.next_epoch
         self.attempt = secrets.randbits(62) + 1
         self.slot = slot
-        self.headers = [(HEADER, Stamp(spec.sink, self.epoch, self.attempt).encode())]
-        self.last: dict[int, int] = {}
-        self.error: Exception | None = None
-        self.records = 0
-        self._rr = 0
-        self.kp = Producer({
-            "bootstrap.servers": conn.kafka,
-            "transactional.id": f"aligner.{conn.subject}.{spec.sink}.{slot}",
-            "linger.ms": 5,
-            "batch.num.messages": 10000,
-            "queue.buffering.max.messages": 1_000_000,
-            "transaction.timeout.ms": 60000,
-            **QUIET,
-        })
-        self.kp.init_transactions(30)
-        self.kp.begin_transaction()
-        self.open = True
+        topic = ledger.subject(conn.subject).topic
+        self.producer = StampedProducer(conn.kafka, transactional_id(conn.subject, spec.sink, str(slot)),
+                                        {conn.subject: (topic, lease.node.partitions)},
+                                        name=f"{slot} of sink {spec.sink!r}", stopping=ledger.stopping)
+        self.producer.open()  # fences the transaction of an earlier attempt of this slot
+        self.producer.begin(self.epoch, {conn.subject: Stamp(spec.sink, self.epoch, self.attempt)})
 
-    def _delivered(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            from confluent_kafka import KafkaException
-
-            self.error = KafkaException(err)
-            return
-        p, o = msg.partition(), msg.offset()
-        if o > self.last.get(p, -1):
-            self.last[p] = o
+    @property
+    def records(self) -> int:
+        return sum(self.producer.main.counts.values())
 
     def write(self, batch: pa.RecordBatch) -> None:
         names = batch.schema.names
@@ -357,36 +329,17 @@ class _SlotWriter:
         else:
             rows = batch.drop_columns(["key"]).to_pylist() if "key" in names else batch.to_pylist()
             values = [json.dumps(r, default=_json_default, separators=(",", ":")).encode() for r in rows]
-        parts, n = self.partitions, len(self.partitions)
-        kp, topic, headers, cb = self.kp, self.topic, self.headers, self._delivered
+        send = self.producer.send
         for key, value in zip(keys, values, strict=True):
-            if key is not None:
-                p = parts[zlib.crc32(key) % n]
-            else:
-                self._rr += 1
-                p = parts[self._rr % n]
-            while True:
-                try:
-                    kp.produce(topic, value, key, partition=p, headers=headers, on_delivery=cb)
-                    break
-                except BufferError:
-                    kp.poll(0.05)
-            self.records += 1
-            if self.records % 2000 == 0:
-                kp.poll(0)
+            send(value, key)
 
     def finish(self, query: str | None) -> SlotCommit:
-        remaining = self.kp.flush(60)
-        if remaining or self.error is not None:
-            raise AlignerError(f"producer {self.slot}: delivery failed ({self.error or f'{remaining} undelivered'})")
-        self.kp.commit_transaction(60)
-        self.open = False
-        return SlotCommit(slot=self.slot, epoch=self.epoch, attempt=self.attempt, last=dict(self.last),
-                          records=self.records, query=query)
+        """The pre-commit: every record delivered, ranges checked, the Kafka transaction committed."""
+        written = self.producer.flush_epoch({self.subject: self.lease.node.next_offsets})[self.subject]
+        self.producer.commit_transaction()
+        return SlotCommit(slot=self.slot, epoch=self.epoch, attempt=self.attempt, last=written.last,
+                          records=written.records, query=query, counts=written.counts)
 
-    def abort(self) -> None:
-        if self.open:
-            self.open = False
-            # The task fails anyway; its records carry an attempt nobody names.
-            with contextlib.suppress(Exception):
-                self.kp.abort_transaction(10)
+    def close(self) -> None:
+        """Release the producer; an uncommitted transaction's records carry an attempt nobody names."""
+        self.producer.close()
