@@ -50,6 +50,7 @@ from aligner.connectors.reader import Segment, read_partition
 from aligner.connectors.subjects import create_subject
 from aligner.epochs import Slice, check_retention
 from aligner.errors import AlignerError, EpochNotCommittedError, UndecodableRecordError
+from aligner.layout import split_writer
 from aligner.ledger import Ledger
 from aligner.models import ContributionNode, ProducerNode, SubjectNode
 from aligner.stamps import Stamp
@@ -235,6 +236,15 @@ class StateStore:
         self._base_apply(self._overlay.items(), Tag(identity, epoch, end))
         self._overlay = {}
 
+    def mark_all_changed(self) -> None:
+        """Every key counts as changed in the open epoch: the next changelog epoch carries the whole state.
+
+        For a store restored from another changelog (a hot-swap's new version starting from the old
+        version's state as of epoch S): its own changelog then holds that state too. O(state), once."""
+        overlay = self._overlay
+        for key, raw in self._base_items():
+            overlay.setdefault(key, raw)
+
     def rollback(self) -> None:
         """Forget the changes of the open (aborted) epoch: the store is as of its tag again."""
         self._overlay = {}
@@ -280,7 +290,7 @@ class StateStore:
             self._reset(Tag(identity, None))
         if upto_epoch is None or upto_epoch < start:
             if upto_epoch is not None and self._tag is not None and self._tag.epoch != upto_epoch:
-                self._base_apply((), Tag(identity, upto_epoch, self._tag.end))  # nothing written in between
+                self._base_apply((), Tag(identity, upto_epoch, None))  # the producer wrote nothing before
             strays = self._repair(ledger, bootstrap, meta, owner, partition, consumer_extra) if repair else 0
             return Restored(None, upto_epoch, checkpoint, 0, 0, strays, time.monotonic() - began)
         slices = self._slices(ledger, subject, owner, entry.writes, partition, start, upto_epoch)
@@ -366,7 +376,7 @@ class StateStore:
     def _repair(self, ledger: Ledger, bootstrap: str, meta: SubjectNode, owner: str, partition: int,
                 consumer_extra: dict[str, Any] | None) -> int:
         """Mark changed the keys of records after the producer's committed position (uncounted attempts)."""
-        sink, producer = owner.split(":", 1)
+        sink, producer = split_writer(owner)
         node, _ = ledger.read(ProducerNode, ledger.layout.producer(meta.name, sink, producer))
         start = node.next_offsets.get(partition)
         if start is None:

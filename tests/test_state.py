@@ -149,6 +149,10 @@ def test_store_api_epochs_and_rollback(backend: str, tmp_path: Path) -> None:
         store.delete("a")
         store.mark_committed(1, end=7)
         assert _state(store) == {"b": [1]} and store.tag.end == 7
+        store.put("new", 1)
+        store.mark_all_changed()  # a hot-swap hand-off: the whole state goes to the new changelog
+        assert dict(store.changes()) == {"b": b"[1]", "new": b"1"}
+        store.rollback()
         with pytest.raises(AlignerError, match="JSON"):
             store.put("bad", object())
         with pytest.raises(AlignerError, match="strings"):
