@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,10 +25,12 @@ from kazoo.client import KazooClient
 from aligner.connectors.kafka import QUIET
 from aligner.connectors.marker import EpochMarker
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import StackInfo, free_port
+from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack, StackInfo, free_port
+from aligner.errors import StoppedError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import JobNode
+from aligner.session import OutageLimit
 from tests.conftest import ROOT, run_cli
 
 BOUND_S = 15.0
@@ -238,3 +241,42 @@ def test_embedded_stack_state_without_processes_names_the_dead_zookeeper(world: 
     assert r.returncode == 1
     assert f"cannot reach ZooKeeper at 127.0.0.1:{closed}" in line and "aligner stack up" in line
     assert (home / "stack.json").exists()  # nothing is removed because a component is down
+
+
+
+
+@pytest.fixture
+def own_stack() -> Iterator[tuple[EmbeddedStack, StackInfo]]:
+    """A stack of this test's own: its ZooKeeper gets paused."""
+    own = EmbeddedStack()
+    info = own.start()
+    try:
+        yield own, info
+    finally:
+        own.stop()
+
+
+def test_a_command_gives_up_once_zookeeper_is_down_for_its_outage_limit(
+        own_stack: tuple[EmbeddedStack, StackInfo]) -> None:
+    """A one-shot command stops waiting once ZooKeeper has been unreachable for its outage limit
+    (aligner.session.OutageLimit, as the CLI's ledger() uses it); closing the session is no outage."""
+    own, info = own_stack
+    led = Ledger.connect(info.zk, f"/aligner-outage-{uuid.uuid4().hex[:8]}")
+    pid = own.pid(ZOOKEEPER)
+    assert pid is not None
+    try:
+        bound = OutageLimit(led, limit=2.0)
+        os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(StoppedError):
+            led.subject_names()  # blocks in the ledger's retries until the limit stops it
+        assert bound.gave_up.is_set()
+        assert time.monotonic() - started < BOUND_S  # the loss is noticed within the session's read timeout
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        led.close()
+    led = Ledger.connect(info.zk, "/aligner-outage")
+    bound = OutageLimit(led, limit=0.5)
+    bound.close()
+    led.close()  # reports LOST: no outage, so the limit must not fire
+    assert not bound.gave_up.wait(1.0)

@@ -1,0 +1,85 @@
+"""The coordinator's waits are woken by ZooKeeper watches (JobLedger's), not by re-reading on a timer.
+
+The waiter's backstop tick is made longer than the test's bound, so a wait that ends in time was
+woken by a watch: a consumer report, a consumer joining, a swap node written. Real ZooKeeper.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from aligner.coordinator import waiting
+from aligner.coordinator.waiting import Waiter
+from aligner.errors import StoppedError
+from aligner.jobs import JobLedger
+from aligner.ledger import Ledger
+from aligner.models import ConsumerNode, JobNode, SubjectNode, SwapNode
+
+WOKEN_WITHIN = 5.0
+"""A watch must wake the wait well within this; the backstop tick is set far beyond it."""
+
+
+@pytest.fixture
+def jobs(ledger: Ledger, subject_name: str, monkeypatch: pytest.MonkeyPatch) -> JobLedger:
+    monkeypatch.setattr(waiting, "TICK", 60.0)
+    for name in (subject_name, f"{subject_name}-out"):
+        ledger.register_subject(SubjectNode(name=name, topic=name, partitions=1))
+    led = JobLedger(ledger)
+    led.register(JobNode(job="j", inputs=(subject_name,), output=f"{subject_name}-out", parallelism=2))
+    return led
+
+
+@pytest.fixture
+def later() -> Iterator[list[threading.Timer]]:
+    """Timers that write to ZooKeeper while the test waits; cancelled and joined on every path."""
+    timers: list[threading.Timer] = []
+    yield timers
+    for t in timers:
+        t.cancel()
+        t.join(5.0)
+
+
+def _in(later: list[threading.Timer], seconds: float, action: Callable[[], object]) -> None:
+    timer = threading.Timer(seconds, action)
+    timer.daemon = True
+    later.append(timer)
+    timer.start()
+
+
+def test_consumer_reports_and_joins_wake_the_wait(ledger: Ledger, jobs: JobLedger, subject_name: str,
+                                                  later: list[threading.Timer]) -> None:
+    waiter = Waiter(ledger)
+    waiter.watch_job("j", [subject_name])
+    _in(later, 0.3, lambda: jobs.report("j", subject_name, 0, ConsumerNode(job_epoch=1)))
+    started = time.monotonic()
+    waiter.until(lambda: 0 in jobs.consumers("j", subject_name), "worker 0 to join", timeout=WOKEN_WITHIN)
+    _in(later, 0.3, lambda: jobs.report("j", subject_name, 0, ConsumerNode(job_epoch=2)))
+    waiter.until(lambda: jobs.consumers("j", subject_name)[0].job_epoch == 2, "worker 0's report",
+                 timeout=WOKEN_WITHIN)
+    assert time.monotonic() - started < 2 * WOKEN_WITHIN
+
+
+def test_swap_node_wakes_the_wait(ledger: Ledger, jobs: JobLedger, subject_name: str,
+                                  later: list[threading.Timer]) -> None:
+    waiter = Waiter(ledger)
+    waiter.watch_swap("j")
+    node = SwapNode(old="j", new="j2", target=f"{subject_name}-out", epoch=3, phase="precommit")
+    _in(later, 0.3, lambda: jobs.write_swap(node, -1))
+    waiter.until(lambda: jobs.swap("j")[0] is not None, "the swap node", timeout=WOKEN_WITHIN)
+
+
+def test_a_wait_without_progress_times_out_and_stops(ledger: Ledger, jobs: JobLedger, subject_name: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(waiting, "TICK", 0.2)
+    waiter = Waiter(ledger)
+    waiter.watch_job("j", [subject_name])
+    with pytest.raises(TimeoutError):
+        waiter.until(lambda: False, "nothing", timeout=0.5)
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(StoppedError):
+        Waiter(ledger, stop).until(lambda: False, "nothing")
