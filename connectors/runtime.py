@@ -14,16 +14,14 @@ committed (zero alignment shift, thesis 6.4.1).
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import json
 import logging
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from kazoo.exceptions import NoNodeError
 
@@ -31,7 +29,8 @@ from aligner import coverage
 from aligner.alignment import Command, ConsumerAlignment, Receipt, State
 from aligner.connectors.sink import TRANSIENT, FaultHook, SinkProducer, partitions_for
 from aligner.connectors.source import SourceRecord, SubjectSource
-from aligner.errors import AlignerError
+from aligner.connectors.state import MemoryStore, StateStore, create_changelog, open_store
+from aligner.errors import AlignerError, UnknownSubjectError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.metrics import INPUT_WAIT, KAFKA_RETRIES
@@ -52,44 +51,8 @@ from aligner.zk import StoppedError
 
 log = logging.getLogger("aligner.runtime")
 
-STATE_LIMIT = 800_000
-"""ZooKeeper's default node limit is 1 MB; state snapshots beyond this are refused clearly."""
-
-
-class KeyedState:
-    """A job's keyed state: JSON values by string key, snapshotted with every committed epoch."""
-
-    def __init__(self, data: dict[str, Any] | None = None) -> None:
-        self._data: dict[str, Any] = data or {}
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self._data.get(key, default)
-
-    def put(self, key: str, value: Any) -> None:
-        self._data[key] = value
-
-    def delete(self, key: str) -> None:
-        self._data.pop(key, None)
-
-    def items(self) -> Iterable[tuple[str, Any]]:
-        return self._data.items()
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def snapshot(self) -> str:
-        if not self._data:
-            return ""
-        raw = base64.b64encode(zlib.compress(json.dumps(self._data, sort_keys=True).encode())).decode()
-        if len(raw) > STATE_LIMIT:
-            raise AlignerError(f"keyed state snapshot is {len(raw)} bytes; the limit is {STATE_LIMIT}")
-        return raw
-
-    @classmethod
-    def restore(cls, snapshot: str) -> KeyedState:
-        if not snapshot:
-            return cls()
-        return cls(json.loads(zlib.decompress(base64.b64decode(snapshot))))
+KeyedState = StateStore
+"""A job's keyed state: JSON values by string key (see :mod:`aligner.connectors.state`)."""
 
 
 WAIT_LOG_AFTER = 30.0
@@ -97,6 +60,8 @@ WAIT_LOG_AFTER = 30.0
 WAIT_REPORT_AFTER = 5.0
 """Seconds of waiting before the consumer nodes say so (a brief gap between epochs is no news)."""
 
+
+StateKind = Literal["memory", "rocksdb", "none"]
 
 JobFunction = Callable[[SourceRecord, KeyedState], Iterable[tuple[bytes | None, bytes]]]
 """A job: for each input record, given the keyed state, the (key, value) records to emit."""
@@ -121,6 +86,17 @@ class JobSpec:
     output_partitions: tuple[int, ...] | None = None
     """The output partitions this job's producers share (default: all); a new version beside an old
     one writes other partitions of the same target."""
+    state: StateKind = "memory"
+    """Where keyed state lives between epochs: in memory, in RocksDB under ``state_dir`` (state larger
+    than memory; a restart on the same disk replays only the changelog's tail), or nowhere (a
+    stateless job writes no changelog)."""
+    state_dir: str | None = None
+    """RocksDB stores go to ``state_dir/{job}-{worker}`` (state "rocksdb" only)."""
+
+    @property
+    def changelog(self) -> str | None:
+        """The subject that holds this job's keyed state, one partition per worker."""
+        return None if self.state == "none" else f"{self.job}.state"
 
     def node(self) -> JobNode:
         return JobNode(job=self.job, version=self.version, inputs=self.inputs, output=self.output,
@@ -149,7 +125,8 @@ class JobWorker:
         self.fault = fault or (lambda point: None)
         self.on_commit = on_commit
         """Called after every committed job epoch (instrumentation, e.g. :class:`connectors.latency.LatencyProbe`)."""
-        self.state = KeyedState()
+        self.state: StateStore = MemoryStore()
+        """Opened by ``open``; kept across in-process reopens (each restores it to the last committed epoch)."""
         self.alignment: dict[str, ConsumerAlignment] = {s: ConsumerAlignment() for s in spec.inputs}
         self._commands: dict[str, Command] = {s: Command() for s in spec.inputs}
         self._wake = threading.Event()
@@ -179,6 +156,12 @@ class JobWorker:
         self._epochs_of = spec.follows or spec.job
         """Whose aligned job epoch nodes this job uses: its own, or the old version's it follows."""
         self.jobs.ensure_worker_path(spec.job, self.worker)
+        if spec.changelog is not None:
+            self._ensure_changelog(spec.changelog)
+        if spec.state == "rocksdb":
+            if spec.state_dir is None:
+                raise AlignerError(f"job {spec.job!r} keeps its state in RocksDB: give it a state directory")
+            self.state = open_store(Path(spec.state_dir) / f"{spec.job}-{self.worker}")
         self._open_io()
         # DataWatch recipes re-read their node after a connection loss or a new session.
         for subject in spec.inputs:
@@ -193,13 +176,18 @@ class JobWorker:
         spec = self.spec
         out_parts = spec.output_partitions or tuple(range(self.ledger.subject(spec.output).partitions))
         mine = [out_parts[i] for i in partitions_for(self.worker, spec.parallelism, len(out_parts))]
+        changelog = spec.changelog
         self.sink = SinkProducer(self.ledger, self.bootstrap, spec.output, spec.job, self.worker, mine,
-                                 fault=self.fault).open()
+                                 also={changelog: [self.worker]} if changelog else None, fault=self.fault).open()
         assignment = {s: list(range(self.worker, self.ledger.subject(s).partitions, spec.parallelism))
                       for s in spec.inputs}
         self.source = SubjectSource(self.ledger, self.bootstrap, assignment,
                                     "at_least_once" if spec.mode == "at_least_once" else "exactly_once")
-        self.state = KeyedState()
+        if changelog is None:
+            self.state.rollback()
+        else:  # exact read of this worker's changelog partition up to its last committed epoch
+            self.state.restore(self.ledger, self.bootstrap, changelog, self.worker,
+                               self.sink.leases[changelog].node.committed_epoch, repair=True)
         self.alignment = {s: ConsumerAlignment() for s in spec.inputs}
         last = self.sink.lease.node.committed_epoch
         if last is not None:
@@ -209,7 +197,6 @@ class JobWorker:
                 pass  # the output epoch committed without a job record: an old sink's epoch
             else:
                 self.source.restore(committed.offsets, committed.load_from)
-                self.state = KeyedState.restore(committed.state)
                 self.alignment.update(committed.alignment)
                 for subject, alignment in self.alignment.items():
                     self.source.set_limit(subject, alignment.load_limit)
@@ -217,6 +204,16 @@ class JobWorker:
             # A new version is aligned from its first epoch: it follows the old version's epochs.
             first = self.sink.next_epoch
             self.alignment = {s: ConsumerAlignment(state=State.ALIGNED, job_epoch=first) for s in spec.inputs}
+
+    def _ensure_changelog(self, name: str) -> None:
+        """The job's changelog subject, one partition per worker (created by the first worker to start)."""
+        try:
+            meta = self.ledger.subject(name)
+        except UnknownSubjectError:
+            meta = create_changelog(self.ledger, self.bootstrap, name, self.spec.parallelism)
+        if meta.partitions != self.spec.parallelism:
+            raise AlignerError(f"job {self.spec.job!r} runs {self.spec.parallelism} workers but its state subject "
+                               f"{name!r} has {meta.partitions} partitions: keyed state cannot be rescaled")
 
     def _reopen(self, stop: threading.Event) -> None:
         """After a broker or ZooKeeper failure: drop the open epoch and resume from the last committed
@@ -260,6 +257,7 @@ class JobWorker:
 
     def close(self) -> None:
         self._close_io()
+        self.state.close()
         self._wait_gauge.set(0)
 
     def _on_command(self, subject: str, data: bytes | None) -> None:
@@ -543,14 +541,23 @@ class JobWorker:
             self._run_unaligned(epoch, stop)
         node = WorkerEpochNode(epoch=epoch, mode="aligned" if covered is not None else self.spec.mode,
                                offsets=source.offsets(), load_from=source.load_from(), covered=covered,
-                               state=self.state.snapshot(), alignment=self.alignment)
+                               alignment=self.alignment)
+        changelog = self.spec.changelog
+        if changelog is not None:
+            for key, value in self.state.records():  # changed keys, in the epoch's transaction
+                sink.send_to(changelog, value, key, self.worker)
+        elif self.state.dirty:
+            raise AlignerError(f"job {self.spec.job!r} declares no state (state='none') but its function put some")
         swap = self._swap
         if not self._voiding and awaits_target(swap, epoch, self.spec.follows is not None):
             assert swap is not None
             while not self.ledger.wait_committed(self.spec.output, swap.epoch, timeout=1.0, stop=stop):
                 if stop.is_set():
                     raise StoppedError(f"{self.spec.job} worker {self.worker} stopped")
-        sink.commit(extra=[self.jobs.worker_epoch_op(self.spec.job, self.worker, node)])
+        done = sink.commit(extra=[self.jobs.worker_epoch_op(self.spec.job, self.worker, node)])
+        if changelog is not None:
+            written = done.also[changelog].get(self.worker)
+            self.state.mark_committed(epoch, written.end if written is not None else None)
         if self.on_commit is not None:
             try:
                 self.on_commit(node)

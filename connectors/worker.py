@@ -113,6 +113,8 @@ def run(
     max_epochs: Annotated[int | None, typer.Option(min=0, help="Stop after this job epoch")] = None,
     follows: Annotated[str | None, typer.Option(help="Run as the new version of this job (hot-swap)")] = None,
     output_partitions: Annotated[str | None, typer.Option(help="Comma-separated output partitions to use")] = None,
+    state: Annotated[str, typer.Option(help="Keyed state: memory, rocksdb (with --state-dir) or none")] = "memory",
+    state_dir: Annotated[str | None, typer.Option(help="Directory of RocksDB state stores")] = None,
     metrics_port: Annotated[int | None, typer.Option(min=1, max=65535, help="Serve Prometheus metrics here")]
     = None,
 ) -> None:
@@ -121,6 +123,10 @@ def run(
         raise typer.BadParameter(f"worker {worker} of a job with parallelism {parallelism}", param_hint="--worker")
     if mode not in ("exactly_once", "at_least_once"):
         raise typer.BadParameter(f"{mode!r} is not exactly_once or at_least_once", param_hint="--mode")
+    if state not in ("memory", "rocksdb", "none"):
+        raise typer.BadParameter(f"{state!r} is not memory, rocksdb or none", param_hint="--state")
+    if state == "rocksdb" and state_dir is None:
+        raise typer.BadParameter("--state rocksdb needs --state-dir", param_hint="--state-dir")
     try:
         parts = tuple(int(p) for p in output_partitions.split(",")) if output_partitions else None
     except ValueError:
@@ -130,7 +136,8 @@ def run(
     spec = JobSpec(job=job, inputs=tuple(input_), output=output, parallelism=parallelism, version=version,
                    interval=interval, mode=mode,  # type: ignore[arg-type]
                    epochs_per_checkpoint=epochs_per_checkpoint, deterministic=not nondeterministic,
-                   follows=follows, output_partitions=parts)
+                   follows=follows, output_partitions=parts, state=state,  # type: ignore[arg-type]
+                   state_dir=state_dir)
     fn = load_function(function)
     if metrics_port is not None:
         from prometheus_client import start_http_server

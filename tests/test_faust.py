@@ -26,6 +26,7 @@ from aligner.connectors.reader import EpochReader
 from aligner.connectors.runtime import KeyedState
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.source import SourceRecord
+from aligner.connectors.state import MemoryStore
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
@@ -526,7 +527,7 @@ def test_async_generator_job_functions_run_on_the_faust_loop():
             yield None, b"second"
 
         call = _sync_function(fn, loop)
-        state = KeyedState()
+        state = MemoryStore()
         rec = SourceRecord("s", 0, 5, 1, b"k", b"v", 0)
         assert list(call(rec, state)) == [(b"k", b"v"), (None, b"second")]
         assert list(call(rec, state)) == [(b"k", b"v"), (None, b"second")]

@@ -6,8 +6,8 @@ import json
 import time
 
 from aligner.connectors.latency import LatencyLog, LatencyProbe, json_field
-from aligner.connectors.runtime import KeyedState
 from aligner.connectors.source import SourceRecord
+from aligner.connectors.state import MemoryStore
 from aligner.models import WorkerEpochNode
 
 
@@ -22,7 +22,7 @@ def test_probe_records_max_average_and_checkpoint_latency_per_epoch(tmp_path):
     fn = probe.wrap(lambda r, s: [(None, b"out")])
     now = time.time()
     for created in (now - 0.4, now - 0.1, None):  # a record without a creation time is not measured
-        assert list(fn(_rec(created), KeyedState())) == [(None, b"out")]
+        assert list(fn(_rec(created), MemoryStore())) == [(None, b"out")]
     probe.checkpoint(WorkerEpochNode(epoch=7, mode="aligned", offsets={}, load_from={}))
     elapsed_ms = 1000 * (time.time() - now) + 1  # bounds the measured latencies above, however slow the machine
     probe.checkpoint(WorkerEpochNode(epoch=8, mode="aligned", offsets={}, load_from={}))

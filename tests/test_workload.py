@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from aligner.connectors.runtime import KeyedState
 from aligner.connectors.source import SourceRecord
+from aligner.connectors.state import MemoryStore
 from experiments.hotness import hot_issues
 from experiments.workload import ISSUE_COMMENTS, ISSUES, PR_COMMENTS, Pacer, Workload
 
@@ -51,8 +51,8 @@ def test_job1_emits_each_hot_comment_once_whatever_the_arrival_order():
     w = Workload(hot_threshold=2, window=8.0)
     comments = [_record(ISSUE_COMMENTS, {"id": n, "issue": 5, "et": 1.0 + n}, n) for n in range(4)]
     issue = _record(ISSUES, {"id": 5, "title": "issue 5", "pr": 5, "et": 0.5}, 0)
-    late_issue = _run(hot_issues(w), KeyedState(), [*comments, issue])
-    early_issue = _run(hot_issues(w), KeyedState(), [issue, *comments])
+    late_issue = _run(hot_issues(w), MemoryStore(), [*comments, issue])
+    early_issue = _run(hot_issues(w), MemoryStore(), [issue, *comments])
     # comments 1, 2, 3 are the 2nd..4th in window 0; the issue arriving late releases them in order
     assert [h["comment"] for h in late_issue] == [h["comment"] for h in early_issue] == [1, 2, 3]
     assert [h["count"] for h in early_issue] == [2, 3, 4]
@@ -61,7 +61,7 @@ def test_job1_emits_each_hot_comment_once_whatever_the_arrival_order():
 
 def test_job1_counts_per_tumbling_window():
     w = Workload(hot_threshold=2, window=8.0)
-    state = KeyedState()
+    state = MemoryStore()
     job = hot_issues(w, version=2)
     _run(job, state, [_record(ISSUES, {"id": 1, "title": "i", "pr": 1, "et": 0.0}, 0)])
     out = _run(job, state, [_record(ISSUE_COMMENTS, {"id": n, "issue": 1, "et": et}, n)
@@ -72,7 +72,7 @@ def test_job1_counts_per_tumbling_window():
 
 def test_expected_result_matches_a_replay_of_job1():
     w = Workload(comment_rate=100, item_rate=5)
-    state, job = KeyedState(), hot_issues(w)
+    state, job = MemoryStore(), hot_issues(w)
     records = [_record(ISSUES, v, n) for n, (_k, v) in enumerate(w.records(ISSUES, 60))]
     records += [_record(ISSUE_COMMENTS, v, n) for n, (_k, v) in enumerate(w.records(ISSUE_COMMENTS, 1000))]
     out = _run(job, state, records)
