@@ -38,6 +38,7 @@ from aligner.errors import (
     FencedError,
     MalformedNodeError,
     PartitionClaimedError,
+    StoppedError,
     SubjectConflictError,
     UnknownSubjectError,
 )
@@ -125,16 +126,27 @@ class Ledger:
         self._lock = threading.Lock()
 
     @classmethod
-    def connect(cls, hosts: str, root: str = "/aligner", timeout: float = 15.0,
+    def connect(cls, hosts: str, root: str = "/aligner", timeout: float | None = 15.0,
                 stop: threading.Event | None = None) -> Ledger:
         """Open a session; ``stop`` (when given) ends any later wait for ZooKeeper with StoppedError.
 
-        Reconnects are retried forever with backoff capped at a second, so a ZooKeeper that comes
-        back after minutes is found again at once (kazoo's default cap is an hour).
+        ``timeout`` None waits for the first session as long as it takes (a long-running component
+        started while ZooKeeper is down), until ``stop`` is set. Reconnects are retried forever with
+        backoff capped at a second, so a ZooKeeper that comes back after minutes is found again at
+        once (kazoo's default cap is an hour).
         """
         reconnect = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0)
         zk = KazooClient(hosts=hosts, timeout=SESSION_TIMEOUT, connection_retry=reconnect)
-        zk.start(timeout=timeout)
+        started = zk.start_async()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not started.wait(0.25):
+            stopped = stop is not None and stop.is_set()
+            if stopped or (deadline is not None and time.monotonic() > deadline):
+                zk.stop()
+                zk.close()
+                if stopped:
+                    raise StoppedError(f"stopped while waiting for ZooKeeper at {hosts}")
+                raise zk.handler.timeout_exception(f"no ZooKeeper session at {hosts} within {timeout:.0f}s")
         return cls(RetryingClient(zk, stop), Layout(root))
 
     @property

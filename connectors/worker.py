@@ -146,7 +146,7 @@ def run(
     stop = threading.Event()
     install_stop_signals(stop)
     try:
-        ledger = Ledger.connect(settings.zk, settings.root, stop=stop)
+        ledger = Ledger.connect(settings.zk, settings.root, timeout=None, stop=stop)
     except StoppedError:
         return
     except Exception as exc:

@@ -29,7 +29,7 @@ from typer._click import exceptions as click_errors  # typer vendors click: its 
 from typer._click.globals import get_current_context
 
 from aligner.coordinator import stack as stack_mod
-from aligner.errors import AlignerError, StackError, UnreachableError
+from aligner.errors import AlignerError, StackError, StoppedError, UnreachableError
 from aligner.settings import Settings
 
 if TYPE_CHECKING:
@@ -158,23 +158,26 @@ def _probe_zookeeper(address: str) -> None:
 
 
 @contextmanager
-def ledger(outage_limit: float | None = ZK_OUTAGE_LIMIT) -> Iterator[Ledger]:
+def ledger(outage_limit: float | None = ZK_OUTAGE_LIMIT, stop: threading.Event | None = None) -> Iterator[Ledger]:
     """A ledger session for one command; an unreachable ZooKeeper is one clear error naming its address.
 
     A connection lost for ``outage_limit`` seconds ends the command with that error (see
-    :class:`aligner.session.OutageLimit`); None rides out outages of any length (long-running
-    components: the marker)."""
+    :class:`aligner.session.OutageLimit`); None rides out outages of any length, the first
+    connection included, until ``stop`` is set (long-running components: the marker)."""
     from kazoo.handlers.threading import KazooTimeoutError
 
     from aligner.ledger import Ledger
     from aligner.session import OutageLimit
 
     s = settings()
-    _probe_zookeeper(s.zk)
-    try:
-        led = Ledger.connect(s.zk, s.root, timeout=ZK_CONNECT_TIMEOUT)
-    except KazooTimeoutError:
-        raise _unreachable(stack_mod.ZOOKEEPER, s.zk, f"no session within {ZK_CONNECT_TIMEOUT:.0f}s") from None
+    if outage_limit is None:
+        led = Ledger.connect(s.zk, s.root, timeout=None, stop=stop)  # waits for ZooKeeper as long as it takes
+    else:
+        _probe_zookeeper(s.zk)
+        try:
+            led = Ledger.connect(s.zk, s.root, timeout=ZK_CONNECT_TIMEOUT)
+        except KazooTimeoutError:
+            raise _unreachable(stack_mod.ZOOKEEPER, s.zk, f"no session within {ZK_CONNECT_TIMEOUT:.0f}s") from None
     bound = OutageLimit(led, outage_limit) if outage_limit is not None else None
     try:
         yield led
@@ -474,13 +477,17 @@ def markers(
             out.print(f"epoch {epoch}: " + " ".join(f"{p}:[{s},{e})" for p, (s, e) in data["ranges"].items()))
 
     logging.getLogger("aligner").setLevel(logging.WARNING)  # a long-running component reports outages
-    with ledger(outage_limit=None) as led:
-        led.subject(subject)
-        marker = EpochMarker(led, kafka(), subject, from_beginning=not from_end).open()
-        try:
-            marker.run(interval, stop, count, show)
-        finally:
-            marker.close()
+    try:
+        with ledger(outage_limit=None, stop=stop) as led:
+            led.subject(subject)
+            marker = EpochMarker(led, kafka(), subject, from_beginning=not from_end).open()
+            try:
+                marker.run(interval, stop, count, show)
+            finally:
+                marker.close()
+    except StoppedError:
+        if not stop.is_set():
+            raise  # not ours: report it
 
 
 # ---- jobs and alignment --------------------------------------------------------------------------

@@ -205,6 +205,28 @@ def test_zookeeper_down_and_back_no_component_exits(chain: Chain, own_stack, out
     chain.terminate_all()
 
 
+def test_components_started_while_zookeeper_is_down_wait_for_it(chain: Chain, own_stack) -> None:
+    """A marker and workers (re)started during an outage longer than a connect timeout keep waiting
+    (a supervisor restarting them must not see them die), then run as usual once ZooKeeper is back."""
+    stack, _ = own_stack
+    chain.producer = OutsideProducer(chain.info.kafka, chain.inp)
+    os.kill(zk_pid(stack), signal.SIGKILL)
+    chain.start_marker()
+    for i in range(2):
+        chain.procs.append(Worker("aligner.connectors.runtime", "--zk", chain.info.zk, "--kafka", chain.info.kafka,
+                                  "--root", chain.root, "--job", chain.job, "--function", "tests.jobs:tag_v1",
+                                  "--input", chain.inp, "--output", chain.out, "--worker", str(i),
+                                  "--parallelism", "2", "--interval", "0.3"))
+    time.sleep(20)  # the outage, longer than the 15 s a one-shot command waits for a session
+    chain.alive()
+    stack.restart(ZOOKEEPER, LIVE)
+    for w in chain.procs[1:]:
+        w.wait_line(lambda line: line.startswith("committed"), timeout=LIVE)
+    sent = chain.producer.close()
+    chain.drain_and_check(sent)
+    chain.terminate_all()
+
+
 def test_worker_session_expiry_is_ridden_out(chain: Chain) -> None:
     _, workers = _start(chain)
     paused = workers[0]
