@@ -13,8 +13,8 @@ Each such subject gets a ledger producer of its own (same sink and producer id),
 and reincarnated exactly like the output's.
 
 The Kafka half (producer settings, partition choice, held-back records, delivery reports, stamps,
-retries of an unreachable broker) is :class:`aligner.connectors.stamped.StampedProducer`, shared
-with the Spark writer.
+retries of an unreachable broker) is :class:`aligner.connectors.stamped.StampedProducer`, which
+``SinkProducer`` extends and the Spark writer's task attempts use as is.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from confluent_kafka import KafkaException
 from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpiredError
 
 from aligner.connectors.kafka import end_offsets, transactional_id
-from aligner.connectors.stamped import StampedProducer
+from aligner.connectors.stamped import Lane, StampedProducer
 from aligner.errors import AlignerError, EpochFailedError, SubjectConflictError
 from aligner.ledger import Contribution, Lease, Ledger, PendingEpoch
 from aligner.metrics import EPOCHS_COMMITTED, LAST_EPOCH, RECORDS_SENT
@@ -61,9 +61,13 @@ def partitions_for(index: int, parallelism: int, partitions: int) -> list[int]:
     return list(range(index, partitions, parallelism))
 
 
-class SinkProducer:
+class SinkProducer(StampedProducer):
     """One parallel producer of a sink, writing exact epochs of one subject (and of the ``also`` subjects,
-    {subject: private partitions}, in the same transactions and epochs: see :meth:`send_to`)."""
+    {subject: private partitions}, in the same transactions and epochs: see :meth:`send_to`).
+
+    The Kafka half is the :class:`StampedProducer` it extends (``send``, ``send_to``); this class
+    adds the ledger: claims, stamps from the leases' attempts, and the ZooKeeper commit.
+    """
 
     def __init__(
         self,
@@ -78,24 +82,19 @@ class SinkProducer:
         kafka_config: dict[str, Any] | None = None,
         fault: FaultHook | None = None,
     ) -> None:
-        self.ledger = ledger
-        self.bootstrap = bootstrap
-        self.subject = subject
-        self.sink = sink
         self.producer_id = str(producer)
-        self.partitions = sorted(partitions)
-        self.also = {s: sorted(parts) for s, parts in (also or {}).items()}
-        if subject in self.also:
-            raise AlignerError(f"sink {sink!r} writes {subject!r} already; it cannot be among the also subjects")
-        self._kafka_config = kafka_config or {}
+        super().__init__(bootstrap, transactional_id(subject, sink, self.producer_id), subject, partitions,
+                         also=also, name=f"{self.producer_id} of {subject!r}", kafka_config=kafka_config,
+                         stopping=ledger.stopping)
+        self.ledger = ledger
+        self.sink = sink
         self._fault = fault or (lambda point: None)
         self._leases: dict[str, Lease] = {}
         """Per subject written (the output first): the ledger producer's lease."""
-        self._out: StampedProducer | None = None
         self._epoch: int | None = None
+        """The open epoch, until ZooKeeper committed it (the Kafka transaction may have committed already)."""
         self._writers: dict[str, tuple[WritersNode, int]] = {}
         self._pending: list[PendingEpoch] = []
-        self._metrics = {s: RECORDS_SENT.labels(s, sink) for s in (subject, *self.also)}
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -103,19 +102,17 @@ class SinkProducer:
         """Claim (or reclaim, as a new incarnation) the producer in every subject written, and fence
         the Kafka transaction an older incarnation left open."""
         ledger, sink, me = self.ledger, self.sink, self.producer_id
-        topics: dict[str, tuple[str, list[int]]] = {}
-        for subject, parts in {self.subject: self.partitions, **self.also}.items():
-            topics[subject] = (ledger.subject(subject).topic, parts)
-        self.topic = topics[self.subject][0]
+        topics = {subject: ledger.subject(subject).topic for subject in self.lanes}
 
-        def starts(subject: str) -> Callable[[], dict[int, int]]:
-            topic, parts = topics[subject]
-            return lambda: end_offsets(self.bootstrap, topic, parts, committed_only=False)
+        def starts(lane: Lane) -> Callable[[], dict[int, int]]:
+            return lambda: end_offsets(self.bootstrap, topics[lane.subject], lane.partitions, committed_only=False)
 
-        main = ledger.claim(self.subject, sink, me, self.partitions, starts(self.subject))
+        main = ledger.claim(self.subject, sink, me, self.partitions, starts(self))
         leases = {self.subject: main}
-        for subject, parts in self.also.items():
-            lease = ledger.claim(subject, sink, me, parts, starts(subject), not_before=main.next_epoch)
+        for subject, lane in self.lanes.items():
+            if lane is self:
+                continue
+            lease = ledger.claim(subject, sink, me, lane.partitions, starts(lane), not_before=main.next_epoch)
             if lease.next_epoch > main.next_epoch:
                 raise SubjectConflictError(
                     f"producer {lease.writer} of {subject!r} is at epoch {lease.next_epoch}, past epoch "
@@ -124,21 +121,15 @@ class SinkProducer:
                 )
             leases[subject] = ledger.close_empty(lease, main.next_epoch)  # epochs written without it
         self._leases = leases
-        self._out = StampedProducer(self.bootstrap, transactional_id(self.subject, sink, me), topics,
-                                    name=f"{me} of {self.subject!r}", kafka_config=self._kafka_config,
-                                    stopping=ledger.stopping)
-        self.send = self._out.send
-        self._out.open()  # fences an older incarnation's transaction
+        self.start(topics)  # fences an older incarnation's transaction
         return self
 
     def close(self) -> None:
         """Release the producer without waiting on the broker: an open epoch's transaction is aborted
         if the broker answers at once, else left to the next incarnation, which fences it."""
-        out, self._out = self._out, None
         self._epoch = None
         self._pending = []
-        if out is not None:
-            out.close()
+        super().close()
 
     def __enter__(self) -> SinkProducer:
         return self.open()
@@ -169,37 +160,16 @@ class SinkProducer:
     def attempt(self) -> int:
         return self.lease.node.incarnation
 
-    @property
-    def _kp(self) -> Any:
-        """The Kafka producer (tests and profilers reach for it; its flush sends held-back records too)."""
-        return None if self._out is None else self._out.kp
-
     # ---- epochs -------------------------------------------------------------------------------
-
-    def send(self, value: bytes | None, key: bytes | None = None, partition: int | None = None,
-             headers: list[tuple[str, bytes]] | None = None) -> None:
-        """Write one record of the output subject in the open epoch (to ``partition``, or the owned
-        partition ``key`` hashes to, else round-robin). ``open`` replaces this method by the output
-        lane's ``send`` itself: one Python call per record on the hot path."""
-        raise AlignerError("send outside an epoch: call begin() first")
-
-    def send_to(self, subject: str, value: bytes | None, key: bytes | None = None, partition: int | None = None,
-                headers: list[tuple[str, bytes]] | None = None) -> None:
-        """Write one record of ``subject`` (the output or an ``also`` subject) in the open epoch."""
-        if self._out is None:
-            raise AlignerError("send outside an epoch: call begin() first")
-        self._out.send_to(subject, value, key, partition, headers)
 
     def begin(self) -> int:
         if self._epoch is not None:
             raise AlignerError(f"epoch {self._epoch} is still open; commit or abort it first")
-        if self._out is None:
-            raise AlignerError("producer is not open")
         epoch = self.lease.next_epoch
         # Round trip 1 goes out now and is awaited in commit(), overlapping the epoch's sends.
         self._pending = [self.ledger.ensure_epoch_async(s, epoch, self._writers.get(s)) for s in self._leases]
-        self._out.begin(epoch, {s: Stamp(self.sink, epoch, lease.node.incarnation)
-                                for s, lease in self._leases.items()})
+        self.begin_epoch(epoch, {s: Stamp(self.sink, epoch, lease.node.incarnation)
+                                 for s, lease in self._leases.items()})
         self._epoch = epoch
         return epoch
 
@@ -209,25 +179,24 @@ class SinkProducer:
         ``extra`` ZooKeeper ops (a job's input offsets) commit atomically with the epoch, in the
         same multi-op as every subject's contribution.
         """
-        if self._epoch is None or self._out is None:
+        if self._epoch is None:
             raise AlignerError("no open epoch to commit")
-        out, epoch = self._out, self._epoch
+        epoch = self._epoch
         try:
-            written = out.flush_epoch({s: lease.node.next_offsets for s, lease in self._leases.items()})
+            written = self.flush_epoch({s: lease.node.next_offsets for s, lease in self._leases.items()})
         except EpochFailedError as exc:
             self.abort()
             raise EpochFailedError(f"{exc}; aborted") from exc
         self._fault("before_kafka_commit")
         try:
             while self._pending:  # round trip 1, issued by begin(); done already on a retried commit
-                pending = self._pending[0]
-                self._writers[pending.subject] = self.ledger.epoch_ensured(pending)
+                self._writers[self._pending[0].subject] = self.ledger.epoch_ensured(self._pending[0])
                 self._pending.pop(0)
         except Exception:
             self.abort()  # the epoch node could not be made: nothing was committed anywhere
             raise
         try:
-            out.commit_transaction()
+            self.commit_transaction()
         except EpochFailedError as exc:
             self.abort()  # e.g. a record produced without a delivery report failed
             raise EpochFailedError(f"{exc}; aborted") from exc
@@ -240,7 +209,7 @@ class SinkProducer:
         self._epoch = None
         self._fault("after_zk_commit")
         for s, w in written.items():
-            self._metrics[s].inc(w.records)
+            RECORDS_SENT.labels(s, self.sink).inc(w.records)
             EPOCHS_COMMITTED.labels(s, self.sink).inc()
             LAST_EPOCH.labels(s, self.sink, self.producer_id).set(epoch)
         main = written[self.subject]
@@ -260,9 +229,9 @@ class SinkProducer:
 
     def abort(self) -> None:
         """Abort the open epoch; it will be written again under a new attempt number."""
-        if self._out is not None and self._epoch is not None:
+        if self._kp is not None and self._epoch is not None:
             try:
-                self._out.abort_transaction()
+                self.abort_transaction()
             finally:
                 self._epoch = None
                 self._pending = []

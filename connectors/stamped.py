@@ -2,8 +2,9 @@
 
 One Kafka transaction per epoch; every record carries the stamp (sink, epoch, attempt) in its
 headers, so readers keep only the attempt ZooKeeper names. The producer writes one or several
-subjects ("lanes") in the same transaction, each on its own private partitions: a job's output and
-its changelog subject commit together or not at all. It knows nothing of ZooKeeper: its owner
+subjects in the same transaction, each on its own private partitions (a :class:`Lane` per subject;
+the producer is itself the lane of its main subject): a job's output and its changelog subject
+commit together or not at all. It knows nothing of ZooKeeper: its owner
 (a sink) takes each lane's ranges from :meth:`StampedProducer.flush_epoch`, commits the Kafka
 transaction (the pre-commit) and then commits the epoch through the ledger (the commit point).
 
@@ -76,16 +77,19 @@ class _Producer(Producer):
 
 class Lane:
     """One subject written by a :class:`StampedProducer`: its topic, private partitions and the
-    records of the open epoch. ``send`` is the per-record hot path."""
+    records of the open epoch. ``send`` is the per-record hot path.
 
-    def __init__(self, owner: StampedProducer, subject: str, topic: str, partitions: Sequence[int]) -> None:
+    Keep the attributes of a lane plus its subclasses (a SinkProducer is one) under 30: CPython
+    3.11 reads attributes of larger instances through a slower path, measurably on ``send``."""
+
+    def __init__(self, owner: StampedProducer, subject: str, partitions: Sequence[int]) -> None:
         if not partitions:
             raise AlignerError(f"producer {owner.name} needs at least one partition of {subject!r}")
         self.owner = owner
         self.subject = subject
-        self.topic = topic
+        self.topic = ""
+        """The subject's Kafka topic, known once the producer starts."""
         self.partitions = sorted(partitions)
-        self.owned = frozenset(self.partitions)
         self.accepting: frozenset[int] = frozenset()
         """The partitions ``send`` takes: the owned ones while an epoch is open, else none."""
         self.headers: list[tuple[str, bytes]] = []
@@ -97,14 +101,14 @@ class Lane:
         self._produce: Callable[..., None] | None = None
         self._rr = 0
 
-    def _begin(self, stamp: Stamp) -> None:
+    def _open_epoch(self, stamp: Stamp) -> None:
         self.headers = [(HEADER, stamp.encode())]
         self.held = {}
         self.counts = dict.fromkeys(self.partitions, 0)
         self.last = {}
-        self.accepting = self.owned
+        self.accepting = frozenset(self.partitions)
 
-    def _close(self) -> None:
+    def _stop_accepting(self) -> None:
         self.accepting = frozenset()
         self.held = {}
 
@@ -189,32 +193,31 @@ class Lane:
         return Written(ranges, counts, dict(self.last))
 
 
-class StampedProducer:
+class StampedProducer(Lane):
     """A transactional Kafka producer writing stamped epochs of one or several subjects.
 
-    ``lanes`` maps each subject to (topic, private partitions); the first one is the main subject,
-    whose lane's ``send`` is this producer's ``send``. ``stopping`` ends waits for an unreachable
-    broker with StoppedError; without it they last as long as the outage.
+    It owns ``partitions`` of ``subject`` (it is that subject's lane: ``send`` is a plain method
+    call on the hot path) and, in the same transactions, the partitions ``also`` gives of further
+    subjects (see :meth:`send_to`). ``stopping`` ends waits for an unreachable broker with
+    StoppedError; without it they last as long as the outage.
     """
 
-    send: Callable[..., None]
-    """The main subject's :meth:`Lane.send` (bound directly: one call per record on the hot path)."""
-
-    def __init__(self, bootstrap: str, txn_id: str, lanes: Mapping[str, tuple[str, Sequence[int]]], *,
-                 name: str = "producer", kafka_config: Mapping[str, Any] | None = None,
-                 stopping: Callable[[], bool] | None = None) -> None:
-        if not lanes:
-            raise AlignerError(f"producer {name} writes no subject")
+    def __init__(self, bootstrap: str, txn_id: str, subject: str, partitions: Sequence[int], *,
+                 also: Mapping[str, Sequence[int]] | None = None, name: str = "producer",
+                 kafka_config: Mapping[str, Any] | None = None, stopping: Callable[[], bool] | None = None) -> None:
         self.name = name
+        super().__init__(self, subject, partitions)
+        if subject in (also or {}):
+            raise AlignerError(f"producer {name} writes {subject!r} already; it cannot be among the also subjects")
         self.bootstrap = bootstrap
-        self.txn_id = txn_id
-        self.lanes = {subject: Lane(self, subject, topic, parts) for subject, (topic, parts) in lanes.items()}
-        self.main = next(iter(self.lanes.values()))
-        self.send = self.main.send
+        self._config = producer_config(bootstrap, txn_id, kafka_config)
+        self.lanes: dict[str, Lane] = {subject: self}
+        """Every subject written, the main one first."""
+        self.lanes.update({s: Lane(self, s, parts) for s, parts in (also or {}).items()})
         self.error: Exception | None = None
         """The first failure of the open epoch's writes (a delivery report, a produce call)."""
         self.epoch: int | None = None
-        self._kafka_config = dict(kafka_config or {})
+        """The epoch whose transaction is open."""
         self._stopping = stopping or (lambda: False)
         self._kp: _Producer | None = None
 
@@ -226,13 +229,14 @@ class StampedProducer:
             raise AlignerError(f"producer {self.name} is not open")
         return self._kp
 
-    def open(self) -> StampedProducer:
-        """Create the Kafka producer and fence any older incarnation's open transaction."""
-        self._kp = _Producer(producer_config(self.bootstrap, self.txn_id, self._kafka_config), self._release_held)
-        for lane in self.lanes.values():
+    def start(self, topics: Mapping[str, str]) -> None:
+        """Create the Kafka producer for the subjects' ``topics`` and fence any older incarnation's
+        open transaction (same transactional id)."""
+        self._kp = _Producer(self._config, self._release_held)
+        for subject, lane in self.lanes.items():
+            lane.topic = topics[subject]
             lane._produce = self._kp.produce
         self.patiently(lambda t: self.kp.init_transactions(t))
-        return self
 
     def close(self) -> None:
         """Release the producer without waiting on the broker: an open epoch's transaction is aborted
@@ -241,7 +245,7 @@ class StampedProducer:
         if kp is None:
             return
         for lane in self.lanes.values():
-            lane._close()
+            lane._stop_accepting()
             lane._produce = None
         if self.epoch is not None:
             self.epoch = None
@@ -274,17 +278,17 @@ class StampedProducer:
 
     def send_to(self, subject: str, value: bytes | None, key: bytes | None = None, partition: int | None = None,
                 headers: list[tuple[str, bytes]] | None = None) -> None:
-        """``send`` to another subject of this producer, in the same transaction."""
+        """``send`` to any subject of this producer (the main one or an ``also`` one), in the same transaction."""
         self.lane(subject).send(value, key, partition, headers)
 
-    def begin(self, epoch: int, stamps: Mapping[str, Stamp]) -> None:
-        """Open the epoch's transaction; each lane stamps its records with its own stamp."""
+    def begin_epoch(self, epoch: int, stamps: Mapping[str, Stamp]) -> None:
+        """Open the epoch's transaction; each subject's records carry its own stamp."""
         if self.epoch is not None:
             raise AlignerError(f"epoch {self.epoch} is still open; commit or abort it first")
         self.kp.begin_transaction()
         self.error = None
         for subject, lane in self.lanes.items():
-            lane._begin(stamps[subject])
+            lane._open_epoch(stamps[subject])
         self.epoch = epoch
 
     def _release_held(self, report: bool = True) -> None:
@@ -292,7 +296,7 @@ class StampedProducer:
             lane._release(report)
 
     def flush_epoch(self, starts: Mapping[str, Mapping[int, int]]) -> dict[str, Written]:
-        """Get every record of the open epoch to the broker and return what each lane wrote, its
+        """Get every record of the open epoch to the broker and return what each subject got, its
         ranges starting at ``starts``. Raises EpochFailedError when a write failed: the caller aborts."""
         epoch = self.epoch
         if epoch is None:
@@ -319,7 +323,7 @@ class StampedProducer:
             if not requires_abort(exc):
                 raise
             raise EpochFailedError(f"epoch {epoch}: Kafka refused the commit ({exc.args[0]})") from exc
-        self._end()
+        self._end_epoch()
 
     def abort_transaction(self) -> None:
         """Abort the open epoch's transaction (its records carry an attempt nobody will name)."""
@@ -330,9 +334,9 @@ class StampedProducer:
                 self._release_held(report=False)  # the broker sees what it would without holding back
             self.patiently(lambda t: self.kp.abort_transaction(t))
         finally:
-            self._end()
+            self._end_epoch()
 
-    def _end(self) -> None:
+    def _end_epoch(self) -> None:
         self.epoch = None
         for lane in self.lanes.values():
-            lane._close()
+            lane._stop_accepting()

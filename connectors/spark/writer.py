@@ -310,16 +310,15 @@ class _SlotWriter:
         self.epoch = lease.next_epoch
         self.attempt = secrets.randbits(62) + 1
         self.slot = slot
-        topic = ledger.subject(conn.subject).topic
         self.producer = StampedProducer(conn.kafka, transactional_id(conn.subject, spec.sink, str(slot)),
-                                        {conn.subject: (topic, lease.node.partitions)},
-                                        name=f"{slot} of sink {spec.sink!r}", stopping=ledger.stopping)
-        self.producer.open()  # fences the transaction of an earlier attempt of this slot
-        self.producer.begin(self.epoch, {conn.subject: Stamp(spec.sink, self.epoch, self.attempt)})
+                                        conn.subject, lease.node.partitions, name=f"{slot} of sink {spec.sink!r}",
+                                        stopping=ledger.stopping)
+        self.producer.start({conn.subject: ledger.subject(conn.subject).topic})  # fences an earlier attempt
+        self.producer.begin_epoch(self.epoch, {conn.subject: Stamp(spec.sink, self.epoch, self.attempt)})
 
     @property
     def records(self) -> int:
-        return sum(self.producer.main.counts.values())
+        return sum(self.producer.counts.values())
 
     def write(self, batch: pa.RecordBatch) -> None:
         names = batch.schema.names
