@@ -6,12 +6,14 @@ epoch fixes the subject epochs it covers; every other worker reads that decision
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from aligner.alignment import Command, ConsumerAlignment, aggregate
-from aligner.errors import AlignerError, UnknownJobError, UnknownSubjectError
+from aligner.errors import AlignerError, MalformedNodeError, UnknownJobError, UnknownSubjectError
 from aligner.ledger import Ledger
 from aligner.models import (
     AlignmentDecision,
@@ -22,7 +24,10 @@ from aligner.models import (
     Span,
     SwapNode,
     WorkerEpochNode,
+    parse,
 )
+
+log = logging.getLogger("aligner.jobs")
 
 
 class JobLedger:
@@ -241,3 +246,35 @@ class JobLedger:
     def watch_swap(self, old_job: str, wake: Callable[[], object]) -> None:
         """Call ``wake`` whenever the hot-swap node of ``old_job`` is written."""
         self.on_data_change(self.layout.swap(old_job), wake)
+
+    def follow_command(self, job: str, subject: str, on_command: Callable[[Command], object]) -> None:
+        """Call ``on_command`` with the source's command now and after every change (re-armed by kazoo's
+        DataWatch after outages). A malformed node is logged and skipped, never applied."""
+        path = self.layout.command(job, subject)
+
+        def fired(data: bytes | None, _stat: object) -> None:
+            if data:
+                try:
+                    on_command(parse(CommandNode, path, data).command)
+                except MalformedNodeError as exc:
+                    log.error("%s", exc)
+
+        self.zk.DataWatch(path, fired)
+
+    def follow_swap(self, old_job: str, on_swap: Callable[[SwapNode | None], object]) -> None:
+        """Call ``on_swap`` with the hot-swap node of ``old_job`` (None while there is none) now and after
+        every change; a malformed node is logged and skipped."""
+        self.zk.ensure_path(self.layout.job(old_job))
+        path = self.layout.swap(old_job)
+
+        def fired(data: bytes | None, _stat: object) -> None:
+            try:
+                on_swap(parse(SwapNode, path, data) if data else None)
+            except MalformedNodeError as exc:
+                log.error("%s", exc)
+
+        self.zk.DataWatch(path, fired)
+
+    def election(self, identifier: str) -> Any:
+        """The coordinators' leader election: kazoo's Election recipe on this session."""
+        return self.zk.Election(self.layout.election, identifier)

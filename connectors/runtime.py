@@ -35,7 +35,6 @@ from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.metrics import INPUT_WAIT, KAFKA_RETRIES
 from aligner.models import (
-    CommandNode,
     ConsumerNode,
     JobNode,
     Mode,
@@ -43,7 +42,6 @@ from aligner.models import (
     SwapNode,
     WorkerEpochNode,
     now_ms,
-    parse,
 )
 from aligner.swap import Gate, Phase, awaits_target
 from aligner.swap import gate as swap_gate
@@ -165,10 +163,8 @@ class JobWorker:
         self._open_io()
         # DataWatch recipes re-read their node after a connection loss or a new session.
         for subject in spec.inputs:
-            self.ledger.zk.DataWatch(self.ledger.layout.command(spec.job, subject), self._command_watch(subject))
-        swap_path = self.ledger.layout.swap(self._epochs_of)
-        self.ledger.zk.ensure_path(self.ledger.layout.job(self._epochs_of))
-        self.ledger.zk.DataWatch(swap_path, self._swap_watch(swap_path))
+            self.jobs.follow_command(spec.job, subject, lambda cmd, s=subject: self._on_command(s, cmd))
+        self.jobs.follow_swap(self._epochs_of, self._on_swap)
         return self
 
     def _open_io(self) -> None:
@@ -241,30 +237,18 @@ class JobWorker:
             with contextlib.suppress(Exception):
                 source.close()
 
-    def _swap_watch(self, path: str) -> Callable[[bytes | None, Any], None]:
-        def watch(data: bytes | None, _stat: Any) -> None:
-            self._swap = parse(SwapNode, path, data) if data else None
-            self._wake.set()
-
-        return watch
-
-    def _command_watch(self, subject: str) -> Callable[[bytes | None, Any], None]:
-        # kazoo passes a third argument to callbacks that accept one; this takes exactly two.
-        def watch(data: bytes | None, _stat: Any) -> None:
-            self._on_command(subject, data)
-
-        return watch
+    def _on_swap(self, swap: SwapNode | None) -> None:
+        self._swap = swap
+        self._wake.set()
 
     def close(self) -> None:
         self._close_io()
         self.state.close()
         self._wait_gauge.set(0)
 
-    def _on_command(self, subject: str, data: bytes | None) -> None:
-        if data:
-            path = self.ledger.layout.command(self.spec.job, subject)
-            self._commands[subject] = parse(CommandNode, path, data).command
-            self._wake.set()
+    def _on_command(self, subject: str, command: Command) -> None:
+        self._commands[subject] = command
+        self._wake.set()
 
     # ---- waiting --------------------------------------------------------------------------------
 
@@ -432,7 +416,8 @@ class JobWorker:
             if source.load():
                 continue
             self._waiting(f"the next epoch of {', '.join(self.spec.inputs)}")
-            self._sleep(stop, 1.0 if until is None else max(0.0, until - time.monotonic()))
+            left = None if until is None else until - time.monotonic()
+            self._sleep(stop, 1.0 if left is None or left <= 0 else left)  # past the timer: woken by watches
         return True
 
     def _inputs_finished(self) -> bool:
@@ -443,16 +428,21 @@ class JobWorker:
         return True
 
     def _run_unaligned(self, epoch: int, stop: threading.Event) -> None:
+        """An epoch on the worker's own timer, unless an accepted Align makes it the last before J:
+        then it ends exactly where subject epoch k starts, however long that takes. The Align may
+        arrive while the epoch runs, so the rule is checked as the epoch goes, not only at its start."""
         ends = time.monotonic() + self.spec.interval
-        aligning = {s: a for s, a in self.alignment.items() if a.state is State.ALIGNING}
         source = self.source
         assert source is not None
-        if aligning and all(a.job_epoch == epoch + 1 for a in aligning.values()):
-            # The last unaligned epoch ends exactly where subject epoch k starts.
-            self._drain_until(lambda: all(source.consumed(s) >= (a.subject_epoch or 0) - 1
-                                          for s, a in aligning.items()), stop, epoch)
-            return
-        self._drain_until(lambda: time.monotonic() >= ends, stop, epoch, until=ends)
+
+        def done() -> bool:
+            last_before_j = {s: a for s, a in self.alignment.items()
+                             if a.state is State.ALIGNING and a.job_epoch == epoch + 1}
+            if last_before_j:
+                return all(source.consumed(s) >= (a.subject_epoch or 0) - 1 for s, a in last_before_j.items())
+            return time.monotonic() >= ends
+
+        self._drain_until(done, stop, epoch, until=ends)
 
     def _covered(self, epoch: int, stop: threading.Event) -> dict[str, Span | None]:
         """The subject epochs aligned job epoch ``epoch`` covers: decided once, by the first worker."""

@@ -31,7 +31,7 @@ def leadership(ledger: Ledger, timeout: float | None = None, identifier: str | N
     from kazoo.exceptions import LockTimeout
 
     me = identifier or uuid.uuid4().hex
-    election = ledger.zk.Election(ledger.layout.election, me)
+    election = JobLedger(ledger).election(me)
     try:
         acquired = election.lock.acquire(timeout=timeout)
     except LockTimeout:
@@ -56,10 +56,7 @@ class Coordinator:
 
     def watch_job(self, job: str, subjects: Sequence[str]) -> None:
         """Wake waits on this job's consumer reports (new consumers and every state change)."""
-        lay = self.ledger.layout
-        parallelism = self.jobs.job(job).parallelism
-        self.waiter.watch((lay.consumer(job, s, i) for s in subjects for i in range(parallelism)),
-                          (lay.consumers(job, s) for s in subjects))
+        self.waiter.watch_job(job, subjects)
 
     # ---- status -------------------------------------------------------------------------------
 

@@ -80,7 +80,7 @@ class HotSwap:
         o, n = self.check(old, new, target)
         for job in (o, n):
             self.coordinator.watch_job(job.job, job.inputs)
-        self.waiter.watch([self.ledger.layout.swap(old)])
+        self.waiter.watch_swap(old)
         swap, version = self.jobs.swap(old)
         if swap is not None and swap.phase == "done":
             return swap

@@ -11,11 +11,11 @@ from aligner.alignment import Command, State
 from aligner.connectors.runtime import JobSpec, JobWorker
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator, leadership
-from aligner.coordinator.lineage import flatten, job_epoch_lineage
 from aligner.coordinator.stack import wait_for
 from aligner.errors import AlignerError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
+from aligner.lineage import flatten, job_epoch_lineage
 from tests.jobs import tag_v1
 from tests.streams import assert_exactly_once, read_all
 
@@ -222,6 +222,51 @@ def test_multi_subject_job_aligns_on_an_epoch_vector(stack, ledger, subject_name
         assert nums == list(range(gl.sent if src == left else gr.sent))
 
 
+def _send(jobs: JobLedger, job: str, subject: str, command: Command) -> None:
+    """Write the next command to a source, as the coordinator would."""
+    current, version = jobs.command(job, subject)
+    jobs.send(job, subject, command.model_copy(update={"seq": current.seq + 1}), version)
+
+
+def _ends(ledger: Ledger, subject: str, epoch: int, partitions: list[int]) -> dict[int, int]:
+    slices = ledger.committed(subject, epoch).slices
+    return {p: slices[p].end for p in partitions if p in slices}
+
+
+def test_align_arriving_during_the_epoch_before_j_extends_it_to_k(stack, ledger, subject_name, spawn):
+    """Align(k, J) accepted while job epoch J - 1 already runs on its timer: that epoch must still end
+    exactly at the end of subject epoch k - 1 (however long that takes), or J would start short of k."""
+    raw, x = subject_name, f"{subject_name}-x"
+    _subjects(ledger, stack, raw, x)
+    spawn.generator(raw, epochs=100_000, per_epoch=5, pace=0.02)
+    spec = JobSpec(job=f"{raw}-m", inputs=(raw,), output=x, interval=1.0)
+    jobs = JobLedger(ledger)
+    stop = threading.Event()
+    worker = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
+    wait_for(lambda: ledger.frontier(raw) is not None, LIVE, "the input's first epoch")
+    _send(jobs, spec.job, raw, Command(kind="catch_up"))
+    wait_for(lambda: worker.step(stop) and worker.alignment[raw].state is State.READY, LIVE, "Ready")
+    before_j = worker.sink.next_epoch
+    seen = worker.records_in
+    done = threading.Event()
+    stepping = threading.Thread(target=lambda: (worker.step(stop), done.set()), daemon=True)
+    stepping.start()
+    try:
+        wait_for(lambda: worker.records_in > seen, LIVE, "epoch J - 1 to be under way")
+        k = (ledger.frontier(raw) or 0) + 40  # further than one 1 s timer's worth of input epochs
+        _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=k, job_epoch=before_j + 1))
+        wait_for(done.is_set, LIVE, "epoch J - 1 to end")
+    finally:
+        stop.set()
+        stepping.join(30)
+    stop.clear()
+    assert worker.alignment[raw].state is State.ALIGNING, "the Align was not taken during J - 1"
+    node = jobs.worker_epoch(spec.job, 0, before_j)
+    assert node.offsets[raw] == _ends(ledger, raw, k - 1, [0, 1]), f"epoch {before_j} did not end at k - 1 = {k - 1}"
+    worker.step(stop)
+    assert jobs.worker_epoch(spec.job, 0, before_j + 1).covered[raw].first == k
+
+
 def test_worker_restarted_while_aligning_ends_its_first_aligned_epoch_on_k(stack, ledger, subject_name, spawn):
     """A consumer that accepted Align(k, J) and restarts before J must still load nothing past k - 1
     (the limit belongs to the Aligning state, not to the command's arrival), or job epoch J would start
@@ -236,8 +281,7 @@ def test_worker_restarted_while_aligning_ends_its_first_aligned_epoch_on_k(stack
     wait_for(lambda: ledger.frontier(raw) is not None, LIVE, "the input's first epoch")
 
     def send(command: Command) -> None:
-        current, version = jobs.command(spec.job, raw)
-        jobs.send(spec.job, raw, command.model_copy(update={"seq": current.seq + 1}), version)
+        _send(jobs, spec.job, raw, command)
 
     def stepped_until(state: State) -> bool:
         worker.step(stop)
@@ -258,5 +302,4 @@ def test_worker_restarted_while_aligning_ends_its_first_aligned_epoch_on_k(stack
     node = jobs.worker_epoch(spec.job, 0, j)
     span = node.covered[raw]
     assert span is not None and span.first == k
-    ends = {p: s.end for p, s in ledger.committed(raw, span.last).slices.items()}
-    assert node.offsets[raw] == ends, f"job epoch {j} covers {span.first}..{span.last}"
+    assert node.offsets[raw] == _ends(ledger, raw, span.last, [0, 1]), f"job epoch {j} covers {span.first}..{span.last}"

@@ -21,9 +21,7 @@ PRODUCT = ("aligner", "connectors", "coordinator")
 ZK_ALLOWED = {
     # Files other engineers are still moving onto the ledger layer (issue 12); remove each entry
     # once its file has no `.zk.` left.
-    "connectors/runtime.py",  # the runtime's command and swap watches: the lead's rewrite of JobWorker
     "connectors/spark/writer.py",  # the Spark writer's commit multi-op: the one-stamped-producer rewrite
-    "coordinator/alignment.py",  # leader election (kazoo Election): the lead's
 }
 
 def sources(*folders: str) -> Iterator[tuple[str, ast.Module]]:
