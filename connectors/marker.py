@@ -53,7 +53,14 @@ class EpochMarker:
     def _ends(self) -> dict[int, int]:
         # A short timeout: an unreachable broker fails this epoch soon, and run() retries it, so
         # a stop request is never kept waiting behind a long client call.
-        return fetched_end_offsets(self._consumer, self.topic, self.partitions, self.bootstrap, timeout=3.0)
+        try:
+            return fetched_end_offsets(self._consumer, self.topic, self.partitions, self.bootstrap, timeout=3.0)
+        except TRANSIENT:
+            # After a broker pause a consumer may stay wedged on its old connections (seen: no EOF
+            # for minutes after the broker was back); the retry gets a fresh one.
+            old, self._consumer = self._consumer, Consumer(consumer_config(self.bootstrap))
+            old.close()
+            raise
 
     def finish(self) -> int | None:
         """The outside producers are done: mark the subject finished so aligned readers drain and stop."""
