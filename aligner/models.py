@@ -243,7 +243,10 @@ class WorkerEpochNode(Node):
     covered: dict[str, Span | None] | None = None
     """Aligned epochs only: the subject epochs this job epoch covered."""
     state: str = ""
-    """Keyed state snapshot: base64 of zlib-compressed JSON."""
+    """Unused since keyed state lives in the job's changelog subject (kept so older records parse)."""
+    state_from: str | None = None
+    """"job@epoch": this epoch's state was taken over from that job's state as of that epoch (a hot-swap's
+    new version starting from the old version's state)."""
     alignment: dict[str, ConsumerAlignment] = {}
     """Alignment state per input subject, committed with the epoch so a restart resumes it exactly."""
     committed_at: int = Field(default_factory=now_ms)

@@ -90,6 +90,10 @@ class JobSpec:
     stateless job writes no changelog)."""
     state_dir: str | None = None
     """RocksDB stores go to ``state_dir/{job}-{worker}`` (state "rocksdb" only)."""
+    inherit_state: bool = False
+    """A new version (``follows``) starts from the old version's keyed state and input positions as of
+    the epoch before its first, instead of rebuilding its state from the start of its inputs: for a
+    change of logic that keeps the state's format. Both versions need the same parallelism."""
 
     @property
     def changelog(self) -> str | None:
@@ -137,6 +141,8 @@ class JobWorker:
         self._rejected: dict[str, int] = {}
         self._swap_seen: tuple[int, int] | None = None
         self._swap: SwapNode | None = None
+        self._inherited: str | None = None
+        """"old@epoch" while this new version's first epoch carries the state it took over (hand-off)."""
         self.waiting_since: float | None = None
         """Monotonic time since which the worker has had no input to read (None while reading)."""
         self._wait_logged = 0.0
@@ -200,6 +206,34 @@ class JobWorker:
             # A new version is aligned from its first epoch: it follows the old version's epochs.
             first = self.sink.next_epoch
             self.alignment = {s: ConsumerAlignment(state=State.ALIGNED, job_epoch=first) for s in spec.inputs}
+            if spec.inherit_state:
+                self._inherit(spec.follows, first - 1)
+
+    def _inherit(self, old: str, epoch: int) -> None:
+        """State hand-off: take the old version's state and input positions as of its job epoch ``epoch``
+        (exact read of its changelog partition), and write the whole state into this version's own
+        changelog with the first epoch, which records where it came from."""
+        spec = self.spec
+        old_node = self.jobs.job(old)
+        if old_node.parallelism != spec.parallelism:
+            raise AlignerError(f"{spec.job} cannot inherit the state of {old}: {spec.parallelism} workers "
+                               f"against {old_node.parallelism}")
+        if spec.changelog is None:
+            raise AlignerError(f"{spec.job} declares no state (state='none'); it cannot inherit {old}'s")
+        while (committed := self.jobs.worker_epoch_or_none(old, self.worker, epoch)) is None:
+            if self.ledger.stopping():
+                raise StoppedError(f"{spec.job} worker {self.worker} stopped")
+            self._waiting(f"{old} worker {self.worker} to commit epoch {epoch} (state hand-off)")
+            self._arm(self.ledger.layout.worker_epoch(old, self.worker, epoch),
+                      lambda cb, o=old: self.ledger.watch_node(self.ledger.layout.worker_epoch(o, self.worker, epoch),
+                                                               cb))
+            self._wake.wait(1.0)
+            self._wake.clear()
+        self._got_input()
+        self.state.restore(self.ledger, self.bootstrap, f"{old}.state", self.worker, epoch)
+        self.state.mark_all_changed()
+        self.source.restore(committed.offsets, committed.load_from)
+        self._inherited = f"{old}@{epoch}"
 
     def _ensure_changelog(self, name: str) -> None:
         """The job's changelog subject, one partition per worker (created by the first worker to start)."""
@@ -531,7 +565,7 @@ class JobWorker:
             self._run_unaligned(epoch, stop)
         node = WorkerEpochNode(epoch=epoch, mode="aligned" if covered is not None else self.spec.mode,
                                offsets=source.offsets(), load_from=source.load_from(), covered=covered,
-                               alignment=self.alignment)
+                               alignment=self.alignment, state_from=self._inherited)
         changelog = self.spec.changelog
         if changelog is not None:
             for key, value in self.state.records():  # changed keys, in the epoch's transaction
@@ -548,6 +582,7 @@ class JobWorker:
         if changelog is not None:
             written = done.also[changelog].get(self.worker)
             self.state.mark_committed(epoch, written.end if written is not None else None)
+            self._inherited = None
         if self.on_commit is not None:
             try:
                 self.on_commit(node)

@@ -115,6 +115,8 @@ def run(
     output_partitions: Annotated[str | None, typer.Option(help="Comma-separated output partitions to use")] = None,
     state: Annotated[str, typer.Option(help="Keyed state: memory, rocksdb (with --state-dir) or none")] = "memory",
     state_dir: Annotated[str | None, typer.Option(help="Directory of RocksDB state stores")] = None,
+    inherit_state: Annotated[bool, typer.Option(help="With --follows: start from the old version's state")]
+    = False,
     metrics_port: Annotated[int | None, typer.Option(min=1, max=65535, help="Serve Prometheus metrics here")]
     = None,
 ) -> None:
@@ -137,7 +139,7 @@ def run(
                    interval=interval, mode=mode,  # type: ignore[arg-type]
                    epochs_per_checkpoint=epochs_per_checkpoint, deterministic=not nondeterministic,
                    follows=follows, output_partitions=parts, state=state,  # type: ignore[arg-type]
-                   state_dir=state_dir)
+                   state_dir=state_dir, inherit_state=inherit_state)
     fn = load_function(function)
     if metrics_port is not None:
         from prometheus_client import start_http_server

@@ -14,7 +14,7 @@ from aligner.coordinator.gc import collect
 from aligner.coordinator.hotswap import HotSwap, HotSwapRefused
 from aligner.coordinator.stack import wait_for
 from aligner.models import ContributionNode
-from tests.jobs import tag_v1, tag_v2
+from tests.jobs import count_v1, count_v2, tag_v1, tag_v2
 from tests.streams import assert_exactly_once, read_all
 
 LIVE = 180
@@ -99,6 +99,40 @@ def test_hotswap_under_continuous_input_is_exactly_once(stack, ledger, subject_n
     assert report["jobs"][old.job]["swapped_out"] and not report["jobs"][new.job]["swapped_out"]
     assert not ledger.zk.exists(f"{ledger.layout.job(old.job)}/workers")
     assert HotSwap(ledger).jobs.job_epoch_numbers(old.job)
+
+
+def test_new_version_inheriting_the_old_state_continues_it_exactly(stack, ledger, subject_name, spawn):
+    """State hand-off: v2 starts from v1's keyed state and input positions as of the epoch before its
+    first (read exactly from v1's changelog) instead of replaying the input; after the swap its running
+    counts continue v1's without a gap or a repeat, and its first epoch records where its state came from."""
+    raw, target = subject_name, f"{subject_name}-t"
+    create_subject(ledger, stack.kafka, raw, 2)
+    create_subject(ledger, stack.kafka, target, 4)
+    more = threading.Event()
+    gen = spawn.generator(raw, epochs=5000, pace=0.04, until=more)
+    old = JobSpec(job=f"{raw}-v1", inputs=(raw,), output=target, interval=0.2, output_partitions=(0, 1))
+    new = JobSpec(job=f"{raw}-v2", inputs=(raw,), output=target, interval=0.2, output_partitions=(2, 3),
+                  version="2", follows=old.job, inherit_state=True)
+    v1 = spawn.job(old, count_v1)
+    Coordinator(ledger).align(old.job, timeout=LIVE)
+    wait_for(lambda: (ledger.frontier(target) or 0) >= 5, LIVE, "v1 to build up some state")
+    v2 = spawn.job(new, count_v2)
+    swap = HotSwap(ledger).run(old.job, new.job, target, timeout=LIVE)
+    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
+    _finish(more, gen, v1, v2)
+    outputs = read_all(ledger, stack.kafka, target)
+    assert_exactly_once(outputs, gen.sent)
+    by_partition: dict[int, list[tuple[int, int, int]]] = {}
+    for epoch, value in outputs:
+        assert value["v"] == (1 if epoch <= swap.epoch else 2)
+        by_partition.setdefault(value["p"], []).append((value["o"], value["count"], value["v"]))
+    for p, rows in by_partition.items():
+        counts = [c for _, c, _ in sorted(rows)]
+        assert counts == list(range(1, len(counts) + 1)), f"partition {p}: counts do not run on across the swap"
+    jobs = HotSwap(ledger).jobs
+    first = min(jobs.worker_epoch_numbers(new.job, 0))
+    assert jobs.worker_epoch(new.job, 0, first).state_from == f"{old.job}@{first - 1}"
+    assert v2.worker.records_in < gen.sent, "v2 replayed the input from its start instead of taking v1's state"
 
 
 def test_coordinator_killed_after_precommit_resumes_the_swap(stack, ledger, subject_name, cli_env, spawn):
