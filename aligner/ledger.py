@@ -183,6 +183,15 @@ class Ledger:
         raw, stat = self.zk.get(path)
         return parse(model, path, raw), stat.version
 
+    def read_optional(self, model: type[M], path: str) -> tuple[M | None, int]:
+        """(node, version); (None, version) for a node created empty (a placeholder); (None, -1) for none."""
+        self._trip("read")
+        try:
+            raw, stat = self.zk.get(path)
+        except NoNodeError:
+            return None, -1
+        return (parse(model, path, raw) if raw else None), stat.version
+
     def _children(self, path: str) -> list[str]:
         self._trip("read")
         return self.zk.get_children(path)

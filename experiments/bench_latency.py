@@ -164,7 +164,7 @@ class Profile:
         self._wrap(w, "_drain_until", after="drained")
         self._wrap(sink._kp, "flush", before="flush_start", after="flushed")
         self._wrap(sink._kp, "commit_transaction", before="kafka_start", after="kafka_done")
-        self._wrap(sink.ledger, "commit", before="zk_start", after="zk_done")
+        self._wrap(sink.ledger, "commit_epoch", before="zk_start", after="zk_done")
 
     def _wrap(self, obj: Any, name: str, before: str | None = None, after: str | None = None,
               epoch: Callable[[], int] | None = None) -> None:

@@ -40,7 +40,7 @@ PARTITIONS = 4
 EPOCH = 10_000
 VALUE = b"x" * 100
 TARGET = 0.8
-SINK_ZK_CALLS = ("ensure_epoch", "ensure_epoch_async", "epoch_ensured", "commit")
+SINK_ZK_CALLS = ("ensure_epoch", "ensure_epoch_async", "epoch_ensured", "commit_epoch")
 """The sink's ZooKeeper calls per epoch. Round trip 1 goes out in ``begin`` (``ensure_epoch_async``)
 and is awaited in ``commit`` (``epoch_ensured``): timed is what the sink spends blocked in them, not
 the overlapped wait."""

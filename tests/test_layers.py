@@ -18,11 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("aligner", "connectors", "coordinator")
 """Folders installed as aligner, aligner.connectors and aligner.coordinator."""
 
-ZK_ALLOWED = {
-    # Files other engineers are still moving onto the ledger layer (issue 12); remove each entry
-    # once its file has no `.zk.` left.
-    "connectors/spark/writer.py",  # the Spark writer's commit multi-op: the one-stamped-producer rewrite
-}
+ZK_ALLOWED: set[str] = set()
+"""Files allowed to reach the ZooKeeper client outside aligner/: none (every access goes through the ledger layer)."""
 
 def sources(*folders: str) -> Iterator[tuple[str, ast.Module]]:
     """(path relative to the repository, parsed module) of every Python file under ``folders``."""

@@ -59,7 +59,7 @@ from datetime import date, datetime
 from typing import Any
 
 import pyarrow as pa
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, StringType, StructType
 
@@ -72,7 +72,7 @@ from aligner.connectors.stamped import StampedProducer, epoch_ranges
 from aligner.errors import AlignerError, FencedError
 from aligner.layout import writer_id
 from aligner.ledger import Contribution, Lease, Ledger
-from aligner.models import ProducerNode, Range, parse
+from aligner.models import ProducerNode, Range
 from aligner.stamps import Stamp
 
 
@@ -93,12 +93,7 @@ class SlotCommit(WriterCommitMessage):
 def read_progress(ledger: Ledger, subject: str, sink: str) -> tuple[SparkProgressNode | None, int]:
     """The sink's Spark progress and its node version: (None, -1) without a node, (None, version)
     for the empty node created before the first batch commits."""
-    path = progress_path(ledger, subject, sink)
-    try:
-        raw, stat = ledger.zk.get(path)
-    except NoNodeError:
-        return None, -1
-    return (parse(SparkProgressNode, path, raw) if raw else None), stat.version
+    return ledger.read_optional(SparkProgressNode, progress_path(ledger, subject, sink))
 
 
 # ---- slots (ledger producers of the sink) ---------------------------------------------------------
