@@ -93,7 +93,14 @@ class Subject:
                 if before is not None and sl.start != before.end:
                     anomalies.add("non_monotonic", name, f"epoch {ce.epoch} p{p} starts at {sl.start}, "
                                   f"epoch {prev.epoch} ended at {before.end}")
-        self.ends = {p: sl.end for p, sl in self.epochs[-1].slices.items()} if self.epochs else {}
+        # Where each partition stands after each epoch: a partition whose producer finished (the old
+        # version after a hot-swap) has no slice in later epochs, and stays where it ended.
+        self.ends_after: dict[int, dict[int, int]] = {}
+        ends: dict[int, int] = {}
+        for ce in self.epochs:
+            ends = {**ends, **{p: sl.end for p, sl in ce.slices.items()}}
+            self.ends_after[ce.epoch] = ends
+        self.ends = ends
 
     @property
     def last(self) -> int | None:
@@ -155,9 +162,9 @@ class Positions:
                         an.add("lineage", label, f"{job}/{w} epoch {e}: p{p} went back to {o} from {prev[p]}")
                 span = (node.covered or {}).get(self.source)
                 if span is not None:
-                    ce = upstream.by_epoch.get(span.last)
+                    ends = upstream.ends_after.get(span.last, {})
                     for p, o in offs.items():
-                        want = ce.slices[p].end if ce is not None and p in ce.slices else None
+                        want = ends.get(p)
                         if want != o:
                             an.add("lineage", label, f"{job}/{w} aligned epoch {e} covers {self.source} epochs "
                                    f"{span.first}..{span.last} but stopped p{p} at {o}, not {want}")
