@@ -21,19 +21,20 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from kazoo.exceptions import NoNodeError
 
 from aligner import coverage
 from aligner.alignment import Command, ConsumerAlignment, Receipt, State
+from aligner.connectors.idle import Idle
 from aligner.connectors.sink import TRANSIENT, FaultHook, SinkProducer, partitions_for
 from aligner.connectors.source import SourceRecord, SubjectSource
 from aligner.connectors.state import MemoryStore, StateStore, create_changelog, open_store
 from aligner.errors import AlignerError, UnknownSubjectError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
-from aligner.metrics import INPUT_WAIT, KAFKA_RETRIES
+from aligner.metrics import KAFKA_RETRIES
 from aligner.models import (
     ConsumerNode,
     JobNode,
@@ -41,7 +42,6 @@ from aligner.models import (
     Span,
     SwapNode,
     WorkerEpochNode,
-    now_ms,
 )
 from aligner.swap import Gate, Phase, awaits_target
 from aligner.swap import gate as swap_gate
@@ -52,11 +52,6 @@ log = logging.getLogger("aligner.runtime")
 KeyedState = StateStore
 """A job's keyed state: JSON values by string key (see :mod:`aligner.connectors.state`)."""
 
-
-WAIT_LOG_AFTER = 30.0
-"""Seconds without input after which a worker says (once, then every 10 minutes) that it waits."""
-WAIT_REPORT_AFTER = 5.0
-"""Seconds of waiting before the consumer nodes say so (a brief gap between epochs is no news)."""
 
 
 StateKind = Literal["memory", "rocksdb", "none"]
@@ -131,10 +126,7 @@ class JobWorker:
         """Opened by ``open``; kept across in-process reopens (each restores it to the last committed epoch)."""
         self.alignment: dict[str, ConsumerAlignment] = {s: ConsumerAlignment() for s in spec.inputs}
         self._commands: dict[str, Command] = {s: Command() for s in spec.inputs}
-        self._wake = threading.Event()
-        self._armed: set[str] = set()
-        """Paths with a one-shot watch of ours outstanding (never more than one per path)."""
-        self._armed_lock = threading.Lock()
+        self.idle = Idle(spec.job, worker, self._report_all)
         self.records_in = 0
         self.records_out = 0
         self._voiding = False
@@ -143,12 +135,6 @@ class JobWorker:
         self._swap: SwapNode | None = None
         self._inherited: str | None = None
         """"old@epoch" while this new version's first epoch carries the state it took over (hand-off)."""
-        self.waiting_since: float | None = None
-        """Monotonic time since which the worker has had no input to read (None while reading)."""
-        self._wait_logged = 0.0
-        self._wait_reported = False
-        self._waiting_ms = 0
-        self._wait_gauge = INPUT_WAIT.labels(spec.job, str(worker))
         self.sink: SinkProducer | None = None  # type: ignore[assignment]
         self.source: SubjectSource | None = None  # type: ignore[assignment]
 
@@ -223,13 +209,13 @@ class JobWorker:
         while (committed := self.jobs.worker_epoch_or_none(old, self.worker, epoch)) is None:
             if self.ledger.stopping():
                 raise StoppedError(f"{spec.job} worker {self.worker} stopped")
-            self._waiting(f"{old} worker {self.worker} to commit epoch {epoch} (state hand-off)")
-            self._arm(self.ledger.layout.worker_epoch(old, self.worker, epoch),
+            self.idle.waiting(f"{old} worker {self.worker} to commit epoch {epoch} (state hand-off)")
+            self.idle.arm(self.ledger.layout.worker_epoch(old, self.worker, epoch),
                       lambda cb, o=old: self.ledger.watch_node(self.ledger.layout.worker_epoch(o, self.worker, epoch),
                                                                cb))
-            self._wake.wait(1.0)
-            self._wake.clear()
-        self._got_input()
+            self.idle.wake.wait(1.0)
+            self.idle.wake.clear()
+        self.idle.got_input()
         self.state.restore(self.ledger, self.bootstrap, f"{old}.state", self.worker, epoch)
         self.state.mark_all_changed()
         self.source.restore(committed.offsets, committed.load_from)
@@ -273,74 +259,24 @@ class JobWorker:
 
     def _on_swap(self, swap: SwapNode | None) -> None:
         self._swap = swap
-        self._wake.set()
+        self.idle.wake.set()
 
     def close(self) -> None:
         self._close_io()
         self.state.close()
-        self._wait_gauge.set(0)
+        self.idle.close()
 
     def _on_command(self, subject: str, command: Command) -> None:
         self._commands[subject] = command
-        self._wake.set()
-
-    # ---- waiting --------------------------------------------------------------------------------
-
-    def _arm(self, path: str, arm: Callable[[Callable[[Any], None]], object]) -> None:
-        """Keep exactly one one-shot watch of ours on ``path``: it wakes the worker and disarms."""
-        with self._armed_lock:
-            if path in self._armed:
-                return
-            self._armed.add(path)
-
-        def fired(_event: Any) -> None:
-            with self._armed_lock:
-                self._armed.discard(path)
-            self._wake.set()
-
-        try:
-            arm(fired)
-        except BaseException:
-            with self._armed_lock:
-                self._armed.discard(path)
-            raise
+        self.idle.wake.set()
 
     def _watch_epoch(self, subject: str, epoch: int) -> None:
-        self._arm(self.ledger.layout.epoch(subject, epoch), lambda cb: self.ledger.arm_watch(subject, epoch, cb))
+        self.idle.arm(self.ledger.layout.epoch(subject, epoch), lambda cb: self.ledger.arm_watch(subject, epoch, cb))
 
-    def _sleep(self, stop: threading.Event, seconds: float) -> None:
-        """Wait for a watch, a command or ``seconds``; raise StoppedError once ``stop`` is set."""
-        if stop.is_set():
-            raise StoppedError(f"{self.spec.job} worker {self.worker} stopped")
-        self._wake.wait(min(seconds, 1.0))
-        self._wake.clear()
-        if stop.is_set():
-            raise StoppedError(f"{self.spec.job} worker {self.worker} stopped")
-
-    def _waiting(self, what: str) -> None:
-        """Make a long wait visible: a gauge of seconds waiting and a log line after a threshold."""
-        now = time.monotonic()
-        if self.waiting_since is None:
-            self.waiting_since = now
-            self._wait_logged = 0.0
-            self._waiting_ms = now_ms()
-        waited = now - self.waiting_since
-        if waited >= WAIT_REPORT_AFTER and not self._wait_reported:
-            self._wait_reported = True  # once per wait: `aligner status` computes the seconds itself
-            self._report_all()
-        waited = now - self.waiting_since
-        self._wait_gauge.set(waited)
-        if waited >= WAIT_LOG_AFTER and now - self._wait_logged >= (600.0 if self._wait_logged else 0.0):
-            self._wait_logged = now
-            log.info("%s worker %d: waiting %.0fs for %s", self.spec.job, self.worker, waited, what)
-
-    def _got_input(self) -> None:
-        if self.waiting_since is not None:
-            self.waiting_since = None
-            self._wait_gauge.set(0)
-            if self._wait_reported:
-                self._wait_reported = False
-                self._report_all()
+    @property
+    def waiting_since(self) -> float | None:
+        """Monotonic time since which the worker has had no input to read (None while reading)."""
+        return self.idle.since
 
     def _report_all(self) -> None:
         for subject in self.spec.inputs:
@@ -369,7 +305,7 @@ class JobWorker:
                             subject_epoch=self.source.consumed(subject),
                             rejected_seq=self._rejected.get(subject, 0),
                             swap_seen=self._swap_seen,
-                            waiting_since=self._waiting_ms if self._wait_reported else None)
+                            waiting_since=self.idle.reported_since)
         self.jobs.report(self.spec.job, subject, self.worker, node)
 
     def mode_of(self, subject: str) -> Mode:
@@ -408,8 +344,8 @@ class JobWorker:
             outcome = swap_gate(swap, epoch, new_version)
             if outcome is not Gate.WAIT:
                 return outcome
-            self._waiting(f"the outcome of the hot-swap at epoch {swap.epoch if swap else '?'}")
-            self._sleep(stop, 1.0)
+            self.idle.waiting(f"the outcome of the hot-swap at epoch {swap.epoch if swap else '?'}")
+            self.idle.sleep(stop, 1.0)
 
     def _report_swap(self, swap: SwapNode, epoch: int) -> None:
         seen = self._swap_seen
@@ -438,7 +374,7 @@ class JobWorker:
                 loaded_at = now
             records = source.poll()
             if records:
-                self._got_input()
+                self.idle.got_input()
                 self._process(records)
                 continue
             if not source.caught_up():
@@ -449,9 +385,9 @@ class JobWorker:
                 self._watch_epoch(subject, source.next_load(subject))
             if source.load():
                 continue
-            self._waiting(f"the next epoch of {', '.join(self.spec.inputs)}")
+            self.idle.waiting(f"the next epoch of {', '.join(self.spec.inputs)}")
             left = None if until is None else until - time.monotonic()
-            self._sleep(stop, 1.0 if left is None or left <= 0 else left)  # past the timer: woken by watches
+            self.idle.sleep(stop, 1.0 if left is None or left <= 0 else left)  # past the timer: woken by watches
         return True
 
     def _inputs_finished(self) -> bool:
@@ -501,9 +437,9 @@ class JobWorker:
             decided = coverage.decide(start, per, frontier, finished)
             if decided is not None:
                 break
-            self._waiting(f"subject epochs {start} to commit")
-            self._sleep(stop, 1.0)
-        self._got_input()
+            self.idle.waiting(f"subject epochs {start} to commit")
+            self.idle.sleep(stop, 1.0)
+        self.idle.got_input()
         return self.jobs.fix_job_epoch(self._epochs_of, epoch, decided.covered, decided.next).covered
 
     def _old_finished(self, epoch: int) -> bool:
@@ -516,14 +452,14 @@ class JobWorker:
         None when the old version will not decide it (swapped out, or its inputs finished)."""
         path = self.ledger.layout.job_epoch(self._epochs_of, epoch)
         while True:
-            self._arm(path, lambda cb: self.ledger.watch_node(path, cb))
+            self.idle.arm(path, lambda cb: self.ledger.watch_node(path, cb))
             node = self.jobs.job_epoch(self._epochs_of, epoch)
             if node is not None:
                 return node.covered
             if self._old_finished(epoch) or self._inputs_finished():
                 return None
-            self._waiting(f"{self._epochs_of} to decide job epoch {epoch}")
-            self._sleep(stop, 1.0)
+            self.idle.waiting(f"{self._epochs_of} to decide job epoch {epoch}")
+            self.idle.sleep(stop, 1.0)
 
     def _committed_prefix(self, subject: str, start: int, per: int) -> int:
         n = 0

@@ -267,6 +267,10 @@ def test_quiet_aligned_input_waits_idle_and_resumes(chain: Chain) -> None:
     assert marker.proc.wait(STOP_WITHIN + 2) == 0
     chain.procs.remove(marker)
     last = chain.ledger.frontier(chain.inp)
+    # On a busy machine the workers may still be working through the last epochs: the silence starts
+    # once they have consumed everything.
+    wait_for(lambda: Coordinator(chain.ledger).source_status(chain.job, chain.inp)["lag_epochs"] == 0, LIVE,
+             "the workers to consume every committed input epoch", interval=0.2)
     jobs_done = [w.lines[-1] for w in workers]
     before = [_cpu_seconds(w.proc.pid) for w in workers]
     time.sleep(12)  # the silence (the old runtime died after a fixed 120 s; the point here is idling)
