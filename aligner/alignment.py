@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from aligner.errors import AlignerError, IllegalTransition
+from aligner.errors import AlignerError, AlignmentSplitError, IllegalTransition
 
 
 class State(StrEnum):
@@ -119,8 +119,14 @@ class ConsumerAlignment(BaseModel):
             return self, Receipt.DEFERRED
         if command.kind == "align":
             late = not self.accepts(command, open_epoch) or next_load > (command.subject_epoch or 0)
-            if self.state is not State.READY or late:
+            # A later Align replaces one whose J has not started: when another consumer rejected the
+            # first, the coordinator chooses again, and a consumer holding on to the old (k, J) would
+            # reject every new choice.
+            pending = self.state is State.ALIGNING and self.job_epoch is not None and open_epoch < self.job_epoch
+            if not (self.state is State.READY or pending) or late:
                 return self.reject(command), Receipt.REJECTED
+            if pending:
+                return self.model_copy(update={"state": State.READY}).apply(command), Receipt.APPLIED
         try:
             return self.apply(command), Receipt.APPLIED
         except IllegalTransition:
@@ -155,6 +161,6 @@ def aggregate(states: Iterable[ConsumerAlignment]) -> ConsumerAlignment:
     if slowest.state in (State.ALIGNING, State.ALIGNED):
         keys = {(s.subject_epoch, s.job_epoch) for s in states}
         if len(keys) != 1:
-            raise AlignerError(f"consumers disagree on the alignment point: {sorted(keys, key=str)}")
+            raise AlignmentSplitError(f"consumers disagree on the alignment point: {sorted(keys, key=str)}")
     return slowest
 

@@ -129,3 +129,8 @@ class IllegalTransition(AlignerError):
 
 class HotSwapRefused(AlignerError):
     """The swap could not be exactly-once; nothing was changed."""
+
+
+class AlignmentSplitError(AlignerError):
+    """Consumers of one job hold different alignment points (one started J under an Align the others
+    rejected); the coordinator aborts the alignment and starts it again."""

@@ -8,17 +8,20 @@ a ZooKeeper leader election; only the leader writes commands.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from aligner.alignment import Command, State
+from aligner.alignment import Command, ConsumerAlignment, State
 from aligner.coordinator.waiting import Waiter
-from aligner.errors import AlignerError
+from aligner.errors import AlignerError, AlignmentSplitError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import AlignmentDecision, now_ms
+
+log = logging.getLogger("aligner.coordinator")
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -62,7 +65,10 @@ class Coordinator:
 
     def source_status(self, job: str, subject: str) -> dict[str, Any]:
         consumers = self.jobs.consumers(job, subject)
-        state = self.jobs.source_state(job, subject)
+        try:
+            state = self.jobs.source_state(job, subject)
+        except AlignmentSplitError:  # shown as it is; `aligner align` repairs it
+            state = ConsumerAlignment(state=State.ALIGNING)
         frontier = self.ledger.frontier(subject)
         consumed = min((c.subject_epoch for c in consumers.values() if c.subject_epoch is not None), default=-1)
         lag = 0 if frontier is None else max(0, frontier - consumed)
@@ -113,7 +119,19 @@ class Coordinator:
 
     def align(self, job: str, subjects: Sequence[str] | None = None, at_epoch: int | None = None,
               timeout: float | None = None, progress: Progress | None = None) -> AlignmentDecision:
-        """Align the job's sources; waits as long as the job takes unless ``timeout`` (seconds)."""
+        """Align the job's sources; waits as long as the job takes unless ``timeout`` (seconds).
+
+        Should the consumers end up split (one started J under an Align the others rejected as too
+        late), the alignment is aborted, nothing lost, and run again."""
+        while True:
+            try:
+                return self._align(job, subjects, at_epoch, timeout, progress)
+            except AlignmentSplitError as exc:
+                log.warning("job %s: %s; aborting the alignment and aligning again", job, exc)
+                self.abort(job, timeout, progress)
+
+    def _align(self, job: str, subjects: Sequence[str] | None, at_epoch: int | None, timeout: float | None,
+               progress: Progress | None) -> AlignmentDecision:
         subjects = self._subjects(job, subjects)
         decision, version = self.jobs.decision(job)
         if decision is None or decision.phase in ("aligned", "aborted") or decision.subjects != subjects:

@@ -17,7 +17,7 @@ from typing import Any
 from aligner import swap as machine
 from aligner.alignment import State
 from aligner.coordinator.alignment import Coordinator
-from aligner.errors import AlignerError, HotSwapRefused
+from aligner.errors import AlignerError, AlignmentSplitError, HotSwapRefused
 from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Ledger
@@ -57,6 +57,12 @@ class HotSwap:
             raise HotSwapRefused("hot-swap refused: " + "; ".join(problems))
         return o, n
 
+    def _aligned(self, job: str, subjects: tuple[str, ...]) -> bool:
+        try:
+            return all(self.jobs.source_state(job, s).state is State.ALIGNED for s in subjects)
+        except AlignmentSplitError:
+            return False  # the coordinator's align repairs a split alignment
+
     def _committed(self, job: str, subjects: tuple[str, ...]) -> int:
         epochs = [c.job_epoch for s in subjects for c in self.jobs.consumers(job, s).values()
                   if c.job_epoch is not None]
@@ -85,7 +91,7 @@ class HotSwap:
         if swap is not None and swap.phase == "done":
             return swap
         if swap is None or swap.phase == "aborted":
-            if any(self.jobs.source_state(old, s).state is not State.ALIGNED for s in o.inputs):
+            if not self._aligned(old, o.inputs):
                 self.coordinator.align(old, timeout=timeout, progress=progress)
             self._wait("the new version to follow", lambda: all(
                 c.alignment.state is State.ALIGNED and c.job_epoch is not None

@@ -12,7 +12,7 @@ from aligner.connectors.runtime import JobSpec, JobWorker
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator, leadership
 from aligner.coordinator.stack import wait_for
-from aligner.errors import AlignerError
+from aligner.errors import AlignerError, AlignmentSplitError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.lineage import flatten, job_epoch_lineage
@@ -303,3 +303,60 @@ def test_worker_restarted_while_aligning_ends_its_first_aligned_epoch_on_k(stack
     span = node.covered[raw]
     assert span is not None and span.first == k
     assert node.offsets[raw] == _ends(ledger, raw, span.last, [0, 1]), f"job epoch {j} covers {span.first}..{span.last}"
+
+
+def test_split_alignment_is_aborted_and_aligned_again(stack, ledger, subject_name, spawn):
+    """One consumer started J under an Align the other rejected as late, and the other took a later
+    Align: the job is split. ``Coordinator.align`` aborts (nothing lost) and aligns it again."""
+    raw, x = subject_name, f"{subject_name}-x"
+    _subjects(ledger, stack, raw, x)
+    enough = threading.Event()
+    gen = spawn.generator(raw, epochs=100_000, per_epoch=5, pace=0.02, until=enough)
+    spec = JobSpec(job=f"{raw}-s", inputs=(raw,), output=x, parallelism=2, interval=0.3)
+    jobs = JobLedger(ledger)
+    stop = threading.Event()
+    w0, w1 = (spawn(JobWorker(ledger, stack.kafka, spec, i, tag_v1)).open() for i in range(2))
+    wait_for(lambda: ledger.frontier(raw) is not None, LIVE, "the input's first epoch")
+
+    def state(w: JobWorker) -> State:
+        return w.alignment[raw].state
+
+    _send(jobs, spec.job, raw, Command(kind="catch_up"))
+    wait_for(lambda: (w0.step(stop), w1.step(stop)) and state(w0) is state(w1) is State.READY, LIVE, "Ready")
+    for _ in range(3):
+        w1.step(stop)  # w1 runs ahead: it will have started J when the Align comes
+    j = w0.sink.next_epoch + 1
+    _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.frontier(raw) or 0) + 2, job_epoch=j))
+    wait_for(lambda: (w0.step(stop), w1.step(stop)) and state(w0) is State.ALIGNED, LIVE, "w0 to start J")
+    assert state(w1) is State.READY  # rejected: too late
+    later = max(w0.sink.next_epoch, w1.sink.next_epoch) + 3
+    _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.frontier(raw) or 0) + 2,
+                                       job_epoch=later))
+    wait_for(lambda: w1.step(stop) and state(w1) is State.ALIGNING, LIVE, "w1 to take the later Align")
+    with pytest.raises(AlignmentSplitError):
+        jobs.source_state(spec.job, raw)
+
+    result: list[object] = []
+    coordinator = threading.Thread(target=lambda: result.append(Coordinator(ledger).align(spec.job, timeout=LIVE)),
+                                   daemon=True)
+    coordinator.start()
+    try:
+        wait_for(lambda: (w0.step(stop), w1.step(stop)) and not coordinator.is_alive(), LIVE, "the repair")
+    finally:
+        stop.set()
+        coordinator.join(30)
+    assert result and jobs.source_state(spec.job, raw).state is State.ALIGNED
+    assert w0.alignment[raw] == w1.alignment[raw]
+    stop.clear()
+    enough.set()
+    gen.finished()
+    running = {0: w0, 1: w1}
+
+    def drained() -> bool:
+        for i, w in list(running.items()):
+            if not w.step(stop):
+                del running[i]
+        return not running
+
+    wait_for(drained, LIVE, "both workers to drain")
+    assert_exactly_once(read_all(ledger, stack.kafka, x), gen.sent)  # across the split and the repair

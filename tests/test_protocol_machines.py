@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aligner import coverage, swap
-from aligner.alignment import Command, ConsumerAlignment, Receipt, State
-from aligner.errors import AlignerError, IllegalTransition
+from aligner.alignment import Command, ConsumerAlignment, Receipt, State, aggregate
+from aligner.errors import AlignerError, AlignmentSplitError, IllegalTransition
 from aligner.models import Span, SwapNode
 
 CATCH_UP = Command(seq=1, kind="catch_up")
@@ -30,6 +30,24 @@ def test_align_is_rejected_once_j_started_or_k_loaded(open_epoch, next_load):
     new, receipt = ready().receive(Command(seq=2, kind="align", subject_epoch=10, job_epoch=7),
                                    open_epoch, next_load, True)
     assert receipt is Receipt.REJECTED and new.state is State.READY and new.applied_seq == 2
+
+
+def test_a_later_align_replaces_one_whose_j_has_not_started():
+    """The coordinator chose again because another consumer rejected (k, J): a consumer that took the
+    first must take the new one too, or every new choice would be rejected forever."""
+    first, _ = ready().receive(Command(seq=2, kind="align", subject_epoch=54, job_epoch=63), 60, 50, False)
+    again, receipt = first.receive(Command(seq=3, kind="align", subject_epoch=63, job_epoch=66), 61, 54, False)
+    assert receipt is Receipt.APPLIED and (again.subject_epoch, again.job_epoch, again.load_limit) == (63, 66, 62)
+    started = first.started(63)
+    late, receipt = started.receive(Command(seq=3, kind="align", subject_epoch=70, job_epoch=70), 63, 60, False)
+    assert receipt is Receipt.REJECTED and (late.subject_epoch, late.job_epoch) == (54, 63)
+
+
+def test_a_split_alignment_is_its_own_error():
+    a = ConsumerAlignment(state=State.ALIGNED, subject_epoch=54, job_epoch=63)
+    b = ConsumerAlignment(state=State.ALIGNING, subject_epoch=63, job_epoch=66)
+    with pytest.raises(AlignmentSplitError, match="disagree"):
+        aggregate([a, b])
 
 
 def test_align_when_not_ready_is_rejected():
