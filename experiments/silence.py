@@ -5,7 +5,8 @@
 An outside producer writes to a topic, ``aligner markers`` cuts its epochs, two runtime workers run an
 aligned job on it. The marker is stopped (SIGTERM): no input epoch commits for ``--minutes``. Printed:
 whether every component is still running, the workers' CPU seconds during the silence, and how long
-after the first input epoch past the silence commits the job commits its next epoch; then every input is checked exactly once.
+after the first input epoch past the silence the job commits its next epoch; then every input is
+checked exactly once.
 """
 
 from __future__ import annotations
