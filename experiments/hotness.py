@@ -77,7 +77,7 @@ def pr_hotness(record: SourceRecord, state: KeyedState) -> Output:
 
 
 def pr_hotness_query(spark: Any, conn: dict[str, str], hot_issues_subject: str, pr_comments_subject: str,
-                     epochs_per_batch: int = 1) -> Any:
+                     epochs_per_batch: int | None = None) -> Any:
     """Job 2 on Spark Structured Streaming: the aligned multi-subject source, a stateful reduce.
 
     Each micro-batch covers whole committed epochs of both subjects (epoch-vector offsets). The
@@ -88,9 +88,11 @@ def pr_hotness_query(spark: Any, conn: dict[str, str], hot_issues_subject: str, 
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    rows = (spark.readStream.format("aligned").options(**conn)
-            .option("subjects", f"{hot_issues_subject},{pr_comments_subject}")
-            .option("epochsPerBatch", str(epochs_per_batch)).load())
+    reader = (spark.readStream.format("aligned").options(**conn)
+              .option("subjects", f"{hot_issues_subject},{pr_comments_subject}"))
+    if epochs_per_batch is not None:  # default: every committed epoch per batch, so the query keeps up
+        reader = reader.option("maxEpochsPerBatch", str(epochs_per_batch))
+    rows = reader.load()
     v = F.col("value").cast("string")
     parsed = rows.select(
         F.get_json_object(v, "$.pr").cast("long").alias("pr"),

@@ -44,17 +44,31 @@ def _write_epochs(producer: SinkProducer, epochs: range, records: int, abort_at:
         producer.commit()
 
 
-def _run_available_now(spark, spawn, stack, root, subject, checkpoint, seen: list) -> str:
+def _run_available_now(spark, spawn, stack, root, subject, checkpoint, seen: list, **options: str) -> str:
     def collect(df, batch_id):
         rows = df.select("epoch", "partition", "offset", "value").collect()
         seen.append((batch_id, [(r.epoch, r.partition, r.offset, bytes(r.value)) for r in rows]))
 
-    query = spawn.query(spark.readStream.format("aligned").options(**_opts(stack, root, subject)).load()
+    query = spawn.query(spark.readStream.format("aligned").options(**_opts(stack, root, subject), **options).load()
                         .writeStream.foreachBatch(collect).option("checkpointLocation", str(checkpoint))
                         .trigger(availableNow=True).start())
     assert query.awaitTermination(LIVE), "availableNow query did not finish"
     assert query.exception() is None, query.exception()
     return query.id
+
+
+def test_by_default_a_batch_takes_every_committed_epoch(spark, stack, root, ledger, subject_name, tmp_path, spawn):
+    """A query keeps up by default: however many epochs committed since the last batch, the next
+    batch takes them all (a cap is opt-in)."""
+    create_subject(ledger, stack.kafka, subject_name, 3)
+    producer = SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0, 1, 2]).open()
+    try:
+        _write_epochs(producer, range(5), 10)
+    finally:
+        producer.close()
+    seen: list = []
+    _run_available_now(spark, spawn, stack, root, subject_name, tmp_path / "cp", seen)
+    assert [(b, {r[0] for r in rows}, len(rows)) for b, rows in seen] == [(0, {0, 1, 2, 3, 4}, 50)]
 
 
 def test_stream_reads_every_epoch_once_and_resumes_from_checkpoint(spark, stack, root, ledger, subject_name,
@@ -64,7 +78,7 @@ def test_stream_reads_every_epoch_once_and_resumes_from_checkpoint(spark, stack,
     try:
         _write_epochs(producer, range(4), 30, abort_at=1)
         first: list = []
-        _run_available_now(spark, spawn, stack, root, subject_name, tmp_path / "cp", first)
+        _run_available_now(spark, spawn, stack, root, subject_name, tmp_path / "cp", first, maxEpochsPerBatch="1")
         # One micro-batch per committed epoch, in order, each holding exactly that epoch's records.
         assert [b for b, _ in first] == [0, 1, 2, 3]
         for batch_id, rows in first:
@@ -73,7 +87,8 @@ def test_stream_reads_every_epoch_once_and_resumes_from_checkpoint(spark, stack,
         producer.begin()
         producer.commit()  # epoch 6: empty
         second: list = []
-        query_id = _run_available_now(spark, spawn, stack, root, subject_name, tmp_path / "cp", second)
+        query_id = _run_available_now(spark, spawn, stack, root, subject_name, tmp_path / "cp", second,
+                                      maxEpochsPerBatch="1")
     finally:
         producer.close()
     assert [b for b, _ in second] == [4, 5, 6]
@@ -115,7 +130,8 @@ def test_multi_subject_stream_follows_epoch_vectors_and_resumes(spark, stack, ro
             rows = df.select("subject", "epoch", "partition", "offset", "value").collect()
             seen.append((batch_id, [(r.subject, r.epoch, r.partition, r.offset, bytes(r.value)) for r in rows]))
 
-        opts = {"zk": stack.zk, "kafka": stack.kafka, "root": root, "subjects": f"{fast},{slow}"}
+        opts = {"zk": stack.zk, "kafka": stack.kafka, "root": root, "subjects": f"{fast},{slow}",
+                "maxEpochsPerBatch": "1"}
         query = spawn.query(spark.readStream.format("aligned").options(**opts).load()
                             .writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "cp"))
                             .trigger(availableNow=True).start())

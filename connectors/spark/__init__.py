@@ -6,7 +6,7 @@ One line registers it::
     aligner.connectors.spark.register(spark)
 
 then ``spark.read.format("aligned")`` reads committed epochs of a subject,
-``spark.readStream.format("aligned")`` streams them one committed epoch (or ``epochsPerBatch``)
+``spark.readStream.format("aligned")`` streams every newly committed epoch (or at most ``maxEpochsPerBatch``)
 per micro-batch, and ``df.writeStream.format("aligned")`` turns every micro-batch into one epoch of a
 target subject. Kafka is read and written through confluent-kafka inside the executors; Spark's own
 Kafka connector is not needed.

@@ -2,15 +2,16 @@
 
 Spark offsets are subject epoch numbers: ``{"epoch": N}`` means "every epoch before N has been
 read", so a micro-batch from ``{"epoch": a}`` to ``{"epoch": b}`` covers exactly the committed epochs
-a .. b-1 and nothing else. Batches are therefore aligned with the subject: with the default
-``epochsPerBatch`` = 1 every micro-batch is exactly one committed epoch.
+a .. b-1 and nothing else. Batches are therefore aligned with the subject's epochs. By default a
+micro-batch takes every epoch committed since the last one, so a query keeps up however slow its
+batches are compared with the epochs; ``maxEpochsPerBatch`` (or ``epochsPerBatch``) = N opts in to
+batches of at most N epochs (1: every micro-batch is exactly one committed epoch).
 
 - ``initialOffset``: option ``startingEpoch``, else the subject's first epoch (0 for a new subject).
 - ``latestOffset(start, limit)``: one past the last committed epoch (the frontier), capped by the
-  read limit. ``getDefaultReadLimit`` is ``ReadMaxFiles(epochsPerBatch)``: the Python Data Source
-  API only carries Spark's built-in limits, and here one "file" is one subject epoch (a
-  ``ReadMaxRows`` limit is read the same way). ``ReadAllAvailable`` (e.g. ``Trigger.Once``) reads
-  up to the frontier.
+  read limit. ``getDefaultReadLimit`` is ``ReadAllAvailable`` unless a cap is set, then
+  ``ReadMaxFiles(cap)``: the Python Data Source API only carries Spark's built-in limits, and here
+  one "file" is one subject epoch (a ``ReadMaxRows`` limit is read the same way).
 - ``Trigger.AvailableNow`` is supported: the frontier is fixed when the query starts.
 - Restarting from a checkpoint resumes at the checkpointed epoch: offsets are plain epoch numbers
   and committed epochs never change, so a re-planned batch reads the same records again.
@@ -82,7 +83,9 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.conn = Connection.from_options(options, multi=True)
         self.schema = schema
         self.starting = int_option(options, "startingEpoch", None)
-        self.per_batch = int_option(options, "epochsPerBatch", 1, minimum=1)
+        cap = int_option(options, "maxEpochsPerBatch", None, minimum=1)
+        self.per_batch = cap if cap is not None else int_option(options, "epochsPerBatch", None, minimum=1)
+        """At most this many epochs per micro-batch; None: every committed epoch available (keeps up)."""
         self.stall_timeout = float_option(options, "stallTimeout", 30.0)
         self._target: dict[str, int] | None = None
 
@@ -122,6 +125,8 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._offset({s: self._first_epoch(s) for s in self._subjects})
 
     def getDefaultReadLimit(self) -> ReadLimit:
+        if self.per_batch is None:
+            return ReadAllAvailable()
         return ReadMaxFiles(self.per_batch)  # type: ignore[arg-type]
 
     def prepareForTriggerAvailableNow(self) -> None:

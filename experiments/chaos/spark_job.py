@@ -36,7 +36,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="chaos-spark")
     for name in ("zk", "kafka", "root", "source", "target", "sink", "checkpoint"):
         ap.add_argument(f"--{name}", required=True)
-    ap.add_argument("--epochs-per-batch", default="1000", help="a cap: a batch reads every committed epoch")
+    ap.add_argument("--epochs-per-batch", default=None, help="a cap (default: every committed epoch per batch)")
     args = ap.parse_args()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -52,7 +52,7 @@ def main() -> None:
     v = F.col("value").cast("string")
     n = F.get_json_object(v, "$.n").cast("long")
     out = (spark.readStream.format("aligned").options(**conn, subject=args.source)
-           .option("epochsPerBatch", args.epochs_per_batch).load()
+           .options(**({"maxEpochsPerBatch": args.epochs_per_batch} if args.epochs_per_batch else {})).load()
            .select("key", F.to_json(F.struct(n.alias("n"), F.get_json_object(v, "$.h").cast("long").alias("h"),
                                              (n * 2).alias("d"), F.col("epoch").alias("src_epoch"),
                                              F.col("partition").alias("src_partition"),
