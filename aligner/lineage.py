@@ -157,6 +157,21 @@ class SparkLineageLedger:
                 out[name] = parse(model, path, self.ledger.zk.get(path)[0])
         return out
 
+    def queries(self) -> list[str]:
+        """Ids of the streaming queries that recorded micro-batches."""
+        try:
+            return sorted(self.ledger.zk.get_children(f"{self.ledger.layout.root}/spark/queries"))
+        except NoNodeError:
+            return []
+
+    def last_batch(self, query: str) -> int | None:
+        """The newest micro-batch a query recorded (None: none)."""
+        try:
+            names = self.ledger.zk.get_children(self.query_batches_path(query))
+        except NoNodeError:
+            return None
+        return max((int(n) for n in names), default=None)
+
     # ---- sink epochs --------------------------------------------------------------------------
 
     def sink_epoch(self, model: type[M], subject: str, sink: str, epoch: int) -> M | None:

@@ -366,10 +366,13 @@ def _subject_status(led: Ledger, name: str) -> dict[str, Any]:
 @app.command()
 def status(as_json: JsonFlag = False) -> None:
     """Subjects with their epochs, sinks and producers."""
+    from aligner.connectors.spark.lineage import query_statuses
+
     with ledger() as led:
         rows = [_subject_status(led, n) for n in led.subject_names()]
         jobs = _job_rows(led)
-    if emit({"subjects": rows, "jobs": jobs}, as_json):
+        queries = query_statuses(led)
+    if emit({"subjects": rows, "jobs": jobs, "spark_queries": queries}, as_json):
         return
     table = Table(title="subjects")
     for col in ("subject", "topic", "partitions", "epochs", "last committed", "sinks / producers"):
@@ -384,6 +387,8 @@ def status(as_json: JsonFlag = False) -> None:
     out.print(table)
     if jobs:
         _print_jobs(jobs)
+    if queries:
+        _print_queries(queries)
 
 
 @app.command()
@@ -497,6 +502,20 @@ def _job_rows(led: Ledger) -> list[dict[str, Any]]:
 
     coord = Coordinator(led)
     return [coord.status(job) for job in coord.jobs.job_names()]
+
+
+def _print_queries(rows: list[dict[str, Any]]) -> None:
+    table = Table(title="spark queries")
+    for col in ("query", "last batch", "subject", "read epochs", "behind epochs", "behind s"):
+        table.add_column(col)
+    for q in rows:
+        for subject, r in q["subjects"].items() or {"-": None}.items():
+            if r is None:
+                table.add_row(q["query"], str(q["batch"]), "-", "-", "-", "-")
+                continue
+            table.add_row(q["query"], str(q["batch"]), subject, f"{r['first']}..{r['last']}",
+                          str(r["behind_epochs"]), f"{r['behind_seconds']:.2f}")
+    out.print(table)
 
 
 def _print_jobs(rows: list[dict[str, Any]]) -> None:

@@ -10,6 +10,7 @@ import pytest
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
+from tests.conftest import run_cli
 
 pytest.importorskip("pyspark")
 
@@ -57,9 +58,10 @@ def _run_available_now(spark, spawn, stack, root, subject, checkpoint, seen: lis
     return query.id
 
 
-def test_by_default_a_batch_takes_every_committed_epoch(spark, stack, root, ledger, subject_name, tmp_path, spawn):
+def test_by_default_a_batch_takes_every_committed_epoch(spark, stack, root, ledger, subject_name, tmp_path, spawn,
+                                                        cli_env):
     """A query keeps up by default: however many epochs committed since the last batch, the next
-    batch takes them all (a cap is opt-in)."""
+    batch takes them all (a cap is opt-in); `aligner status` shows the query and how far behind it is."""
     create_subject(ledger, stack.kafka, subject_name, 3)
     producer = SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0, 1, 2]).open()
     try:
@@ -67,8 +69,13 @@ def test_by_default_a_batch_takes_every_committed_epoch(spark, stack, root, ledg
     finally:
         producer.close()
     seen: list = []
-    _run_available_now(spark, spawn, stack, root, subject_name, tmp_path / "cp", seen)
+    query_id = _run_available_now(spark, spawn, stack, root, subject_name, tmp_path / "cp", seen)
     assert [(b, {r[0] for r in rows}, len(rows)) for b, rows in seen] == [(0, {0, 1, 2, 3, 4}, 50)]
+    r = run_cli(cli_env, "status", "--json")
+    assert r.returncode == 0, r.stderr
+    (query,) = [q for q in json.loads(r.stdout)["spark_queries"] if q["query"] == query_id]
+    assert query["batch"] == 0 and query["subjects"][subject_name] == {
+        "first": 0, "last": 4, "behind_epochs": 0, "behind_seconds": 0.0}
 
 
 def test_stream_reads_every_epoch_once_and_resumes_from_checkpoint(spark, stack, root, ledger, subject_name,

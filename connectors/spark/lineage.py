@@ -17,6 +17,7 @@ from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Ledger
 from aligner.lineage import SparkLineageLedger, flatten, job_epoch_lineage
+from aligner.models import now_ms
 
 SOURCE_BATCHES_KEPT = 100_000
 """Source batch nodes kept per query; older ones are deleted as new batches are recorded."""
@@ -167,3 +168,26 @@ def lineage_epochs(ledger: Ledger, spec: str, subject: str) -> list[int]:
             f"read one of those or name another job epoch"
         )
     return found[subject]
+
+
+def query_status(ledger: Ledger, query: str) -> dict[str, Any]:
+    """A streaming query as ``aligner status`` shows it: its last micro-batch, the subject epochs that
+    batch read, and how far behind each subject's last committed epoch it is (epochs and seconds)."""
+    spark = SparkLineageLedger(ledger)
+    batch = spark.last_batch(query)
+    read = source_batch(ledger, query, batch) if batch is not None else {}
+    subjects = {}
+    for subject, node in read.items():
+        frontier = ledger.frontier(subject)
+        behind = 0 if frontier is None else max(0, frontier - node.last)
+        seconds = 0.0
+        if behind:
+            oldest = ledger.committed(subject, node.last + 1)
+            seconds = max(0.0, (now_ms() - oldest.committed_at) / 1000)
+        subjects[subject] = {"first": node.first, "last": node.last, "behind_epochs": behind,
+                             "behind_seconds": round(seconds, 2)}
+    return {"query": query, "batch": batch, "subjects": subjects}
+
+
+def query_statuses(ledger: Ledger) -> list[dict[str, Any]]:
+    return [query_status(ledger, q) for q in SparkLineageLedger(ledger).queries()]
