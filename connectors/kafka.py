@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -12,7 +13,7 @@ from typing import Any
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from aligner.errors import AlignerError, UnreachableError
+from aligner.errors import AlignerError, StoppedError, UnreachableError
 
 LIBRDKAFKA_LOG = logging.getLogger("aligner.librdkafka")
 """Where librdkafka's own log lines go. An unreachable broker makes librdkafka log every reconnect
@@ -170,20 +171,22 @@ def consumer_config(bootstrap: str, extra: Mapping[str, Any] | None = None) -> d
 
 
 def fetched_end_offsets(consumer: Consumer, topic: str, partitions: Sequence[int], bootstrap: str,
-                        timeout: float = 30.0) -> dict[int, int]:
+                        timeout: float = 30.0, stop: threading.Event | None = None) -> dict[int, int]:
     """Last stable offsets as a fetch reports them at partition EOF.
 
     Tansu answers ListOffsets(latest) with the base offset of the last batch plus one, which is
     short of the end when that batch holds several records. Fetching from just before that
     answer until EOF gives the true end (the LSO, for a read_committed consumer) on any broker.
     """
-    listed = end_offsets(bootstrap, topic, partitions, committed_only=True, timeout=timeout)
+    listed = end_offsets(bootstrap, topic, partitions, committed_only=True, timeout=min(timeout, 3.0))
     consumer.assign([TopicPartition(topic, p, max(0, listed[p] - 1)) for p in partitions])
     ends: dict[int, int] = {}
     deadline = time.monotonic() + timeout
     while len(ends) < len(partitions):
         if time.monotonic() > deadline:
             raise TimeoutError(f"no end-of-partition from {topic} partitions {sorted(set(partitions) - set(ends))}")
+        if stop is not None and stop.is_set():
+            raise StoppedError(f"stopped while reading the end offsets of {topic}")
         for m in consumer.consume(10000, timeout=0.05):
             err = m.error()
             if err is not None and err.code() == KafkaError._PARTITION_EOF:

@@ -34,6 +34,7 @@ class EpochMarker:
         self.from_beginning = from_beginning
         self._lease: Lease | None = None
         self._writers = None
+        self._stop: threading.Event | None = None
 
     def open(self) -> EpochMarker:
         meta = self.ledger.subject(self.subject)
@@ -51,10 +52,11 @@ class EpochMarker:
         return self
 
     def _ends(self) -> dict[int, int]:
-        # A short timeout: an unreachable broker fails this epoch soon, and run() retries it, so
-        # a stop request is never kept waiting behind a long client call.
+        # A broker busy serving many consumers may take seconds to answer a fetch: wait (the stop
+        # flag is checked every 50 ms); an unreachable broker fails this epoch and run() retries it.
         try:
-            return fetched_end_offsets(self._consumer, self.topic, self.partitions, self.bootstrap, timeout=3.0)
+            return fetched_end_offsets(self._consumer, self.topic, self.partitions, self.bootstrap, timeout=30.0,
+                                       stop=self._stop)
         except TRANSIENT:
             # After a broker pause a consumer may stay wedged on its old connections (seen: no EOF
             # for minutes after the broker was back); the retry gets a fresh one.
@@ -88,6 +90,7 @@ class EpochMarker:
         same epoch number: a half-done mark is finished, never doubled), and ``stop`` ends any wait.
         """
         self.ledger.stop_on(stop)
+        self._stop = stop
         marked = failures = 0
         while not stop.is_set() and (count is None or marked < count):
             try:
