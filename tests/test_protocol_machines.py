@@ -108,7 +108,7 @@ def test_finished_subjects_end_the_tiling():
         coverage.decide({"a": 12}, 0, {"a": 11}, {"a": None})
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(per=st.integers(1, 4), k=st.lists(st.integers(0, 20), min_size=1, max_size=3),
        growth=st.lists(st.lists(st.integers(0, 3), min_size=3, max_size=3), min_size=1, max_size=40),
        finish_at=st.lists(st.one_of(st.none(), st.integers(0, 60)), min_size=3, max_size=3))
