@@ -21,7 +21,7 @@ LIVE = 180
 """Liveness bound (seconds) on waits for progress: generous, for a busy machine; never a speed check."""
 
 
-def _setup(stack, ledger, spawn, raw):
+def _setup(stack, ledger, spawn, raw, v1_fn=tag_v1, v2_fn=tag_v2, inherit_state=False, before_v2=None):
     target = f"{raw}-t"
     create_subject(ledger, stack.kafka, raw, 2)
     create_subject(ledger, stack.kafka, target, 4)
@@ -29,10 +29,12 @@ def _setup(stack, ledger, spawn, raw):
     gen = spawn.generator(raw, epochs=5000, pace=0.04, until=more)
     old = JobSpec(job=f"{raw}-v1", inputs=(raw,), output=target, interval=0.2, output_partitions=(0, 1))
     new = JobSpec(job=f"{raw}-v2", inputs=(raw,), output=target, interval=0.2, output_partitions=(2, 3),
-                  version="2", follows=old.job)
-    v1 = spawn.job(old, tag_v1)
+                  version="2", follows=old.job, inherit_state=inherit_state)
+    v1 = spawn.job(old, v1_fn)
     Coordinator(ledger).align(old.job, timeout=LIVE)
-    v2 = spawn.job(new, tag_v2)
+    if before_v2 is not None:
+        before_v2(target)
+    v2 = spawn.job(new, v2_fn)
     return target, more, gen, old, new, v1, v2
 
 
@@ -105,18 +107,11 @@ def test_new_version_inheriting_the_old_state_continues_it_exactly(stack, ledger
     """State hand-off: v2 starts from v1's keyed state and input positions as of the epoch before its
     first (read exactly from v1's changelog) instead of replaying the input; after the swap its running
     counts continue v1's without a gap or a repeat, and its first epoch records where its state came from."""
-    raw, target = subject_name, f"{subject_name}-t"
-    create_subject(ledger, stack.kafka, raw, 2)
-    create_subject(ledger, stack.kafka, target, 4)
-    more = threading.Event()
-    gen = spawn.generator(raw, epochs=5000, pace=0.04, until=more)
-    old = JobSpec(job=f"{raw}-v1", inputs=(raw,), output=target, interval=0.2, output_partitions=(0, 1))
-    new = JobSpec(job=f"{raw}-v2", inputs=(raw,), output=target, interval=0.2, output_partitions=(2, 3),
-                  version="2", follows=old.job, inherit_state=True)
-    v1 = spawn.job(old, count_v1)
-    Coordinator(ledger).align(old.job, timeout=LIVE)
-    wait_for(lambda: (ledger.frontier(target) or 0) >= 5, LIVE, "v1 to build up some state")
-    v2 = spawn.job(new, count_v2)
+    def some_state(target: str) -> None:
+        wait_for(lambda: (ledger.frontier(target) or 0) >= 5, LIVE, "v1 to build up some state")
+
+    target, more, gen, old, new, v1, v2 = _setup(stack, ledger, spawn, subject_name, count_v1, count_v2,
+                                                 inherit_state=True, before_v2=some_state)
     swap = HotSwap(ledger).run(old.job, new.job, target, timeout=LIVE)
     wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
     _finish(more, gen, v1, v2)
