@@ -68,7 +68,7 @@ def start_spark(info: StackInfo, root: str, checkpoint: str) -> tuple[Any, Any]:
         conf |= {"spark.driver.host": socket.gethostname(), "spark.driver.bindAddress": "0.0.0.0"}
     spark = local_session(master, "aligner-demo", **conf)
     conn = {"zk": info.zk, "kafka": info.kafka, "root": root}
-    query = (pr_hotness_query(spark, conn, HOT_ISSUES, PR_COMMENTS)
+    query = (pr_hotness_query(spark, conn, HOT_ISSUES, PR_COMMENTS, epochs_per_batch=8)
              .writeStream.format("aligned").options(**conn, subject=PR_HOTNESS, sinkId=SINK)
              .option("checkpointLocation", checkpoint)
              .trigger(processingTime="1 second").start())
