@@ -189,9 +189,10 @@ class JobWorker:
                 for subject, alignment in self.alignment.items():
                     self.source.set_limit(subject, alignment.load_limit)
         if spec.follows is not None and last is None:
-            # A new version is aligned from its first epoch: it follows the old version's epochs.
+            # A new version is aligned from its first epoch: it follows the old version's epochs (no
+            # (k, J) of its own: its workers' first epochs may differ, and it never runs an alignment).
             first = self.sink.next_epoch
-            self.alignment = {s: ConsumerAlignment(state=State.ALIGNED, job_epoch=first) for s in spec.inputs}
+            self.alignment = {s: ConsumerAlignment(state=State.ALIGNED) for s in spec.inputs}
             if spec.inherit_state:
                 self._inherit(spec.follows, first - 1)
 

@@ -95,6 +95,9 @@ class Coordinator:
 
     def _subjects(self, job: str, subjects: Sequence[str] | None) -> tuple[str, ...]:
         node = self.jobs.job(job)
+        if node.follows is not None:
+            raise AlignerError(f"job {job!r} runs as the new version of {node.follows!r}: it is aligned by following "
+                               f"its epochs and is never aligned or aborted itself (align or abort {node.follows!r})")
         chosen = tuple(subjects or node.inputs)
         unknown = [s for s in chosen if s not in node.inputs]
         if unknown:

@@ -13,6 +13,7 @@ from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.gc import collect
 from aligner.coordinator.hotswap import HotSwap, HotSwapRefused
 from aligner.coordinator.stack import wait_for
+from aligner.errors import AlignerError
 from aligner.models import ContributionNode
 from tests.jobs import count_v1, count_v2, tag_v1, tag_v2
 from tests.streams import assert_exactly_once, read_all
@@ -219,6 +220,9 @@ def test_hotswap_refuses_a_target_with_other_producers(stack, root, ledger, subj
     jobs.register(JobSpec(job=f"{raw}-a", inputs=(raw,), output=target).node())
     jobs.register(JobSpec(job=f"{raw}-b", inputs=(raw,), output=target, follows=f"{raw}-a").node())
     HotSwap(ledger).check(f"{raw}-a", f"{raw}-b", target)  # acceptable so far
+    for act in (Coordinator(ledger).align, Coordinator(ledger).abort):  # a follower is aligned by following
+        with pytest.raises(AlignerError, match=r"new version of .*align or abort"):
+            act(f"{raw}-b")
     ledger.claim(target, "someone-else", "0", [3], lambda: {3: 0})
     with pytest.raises(HotSwapRefused, match=r"other producers \['someone-else'\]"):
         HotSwap(ledger).check(f"{raw}-a", f"{raw}-b", target)
