@@ -1,10 +1,12 @@
 """Epoch job runtime for plain Python jobs: consume -> user function -> stamped sink.
 
 Worker ``i`` of a job with parallelism ``P`` is consumer ``i`` of every input subject and
-producer ``i`` of the output subject. One job epoch is one output subject epoch and one Kafka
-transaction; its input offsets, keyed state snapshot and alignment state commit in the same
-ZooKeeper multi-op as the output, so a worker killed anywhere restarts from its last committed
-epoch and replays the same input into the same state.
+producer ``i`` of the output subject and of the job's changelog subject (its keyed state). One job
+epoch is one output subject epoch and one Kafka transaction: the output, the changed keys, and (in
+the same ZooKeeper multi-op) the input offsets and alignment state commit together, so a worker
+killed anywhere restarts from its last committed epoch and replays the same input into the same
+state. The protocol's decisions are the pure machines of ``aligner.alignment``, ``aligner.coverage``
+and ``aligner.swap``; this module drives them.
 
 Unaligned epochs end on the worker's own timer. Aligned epochs end exactly at subject epoch
 boundaries: the first worker to start aligned job epoch E fixes which subject epochs it covers
@@ -51,8 +53,6 @@ log = logging.getLogger("aligner.runtime")
 
 KeyedState = StateStore
 """A job's keyed state: JSON values by string key (see :mod:`aligner.connectors.state`)."""
-
-
 
 StateKind = Literal["memory", "rocksdb", "none"]
 
