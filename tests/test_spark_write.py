@@ -38,7 +38,7 @@ def _run(spark, spawn, stack, root, source, target, checkpoint) -> None:
 
     j_of = F.udf(lambda value: json.loads(value)["j"], LongType())
     conn = {"zk": stack.zk, "kafka": stack.kafka, "root": root}
-    out = (spark.readStream.format("aligned").options(**conn, subject=source).load()
+    out = (spark.readStream.format("aligned").options(**conn, subject=source, maxEpochsPerBatch="1").load()
            .select("key", F.to_json(F.struct(F.col("epoch").alias("src_epoch"),
                                              F.col("partition").alias("src_partition"),
                                              F.col("offset").alias("src_offset"),
@@ -115,7 +115,7 @@ def test_rows_become_json_records_and_too_many_tasks_is_a_clear_error(spark, sta
             producer.send(json.dumps({"e": 0, "j": j}).encode(), key=str(j).encode())
         producer.commit()
     conn = {"zk": stack.zk, "kafka": stack.kafka, "root": root}
-    rows = (spark.readStream.format("aligned").options(**conn, subject=source).load()
+    rows = (spark.readStream.format("aligned").options(**conn, subject=source, maxEpochsPerBatch="1").load()
             .select("e", "j", F.col("timestamp").alias("at")))
 
     def run(df, checkpoint):

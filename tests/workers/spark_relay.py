@@ -36,7 +36,7 @@ def main() -> None:
     say(f"jvm {spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()}")
     conn = {"zk": args.zk, "kafka": args.kafka, "root": args.root}
     j_of = F.udf(lambda value: json.loads(value)["j"], LongType())
-    out = (spark.readStream.format("aligned").options(**conn, subject=args.source).load()
+    out = (spark.readStream.format("aligned").options(**conn, subject=args.source, maxEpochsPerBatch="1").load()
            .select("key", F.to_json(F.struct(F.col("epoch").alias("src_epoch"),
                                              F.col("partition").alias("src_partition"),
                                              F.col("offset").alias("src_offset"),
