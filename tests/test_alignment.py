@@ -239,7 +239,7 @@ def test_align_arriving_during_the_epoch_before_j_extends_it_to_k(stack, ledger,
     raw, x = subject_name, f"{subject_name}-x"
     _subjects(ledger, stack, raw, x)
     spawn.generator(raw, epochs=100_000, per_epoch=5, pace=0.02)
-    spec = JobSpec(job=f"{raw}-m", inputs=(raw,), output=x, interval=1.0)
+    spec = JobSpec(job=f"{raw}-m", inputs=(raw,), output=x, interval=3.0)  # long: the Align lands within it
     jobs = JobLedger(ledger)
     stop = threading.Event()
     worker = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
@@ -253,7 +253,7 @@ def test_align_arriving_during_the_epoch_before_j_extends_it_to_k(stack, ledger,
     stepping.start()
     try:
         wait_for(lambda: worker.records_in > seen, LIVE, "epoch J - 1 to be under way")
-        k = (ledger.frontier(raw) or 0) + 40  # further than one 1 s timer's worth of input epochs
+        k = (ledger.frontier(raw) or 0) + 60  # further than one 3 s timer's worth of input epochs (0.1 s each)
         _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=k, job_epoch=before_j + 1))
         wait_for(done.is_set, LIVE, "epoch J - 1 to end")
     finally:
