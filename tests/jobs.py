@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from aligner.connectors.runtime import KeyedState
 from aligner.connectors.source import SourceRecord
@@ -20,12 +20,19 @@ def tag_v1(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | No
     yield record.key, json.dumps(out).encode()
 
 
-def tag_v2(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
-    """Version 2 of tag_v1: same inputs, visibly different output (for hot-swap tests)."""
-    for key, value in tag_v1(record, state):
-        out = json.loads(value)
-        out["v"] = 2
-        yield key, json.dumps(out).encode()
+Job = Callable[[SourceRecord, KeyedState], Iterable[tuple[bytes | None, bytes]]]
+
+
+def _version_2(fn: Job) -> Job:
+    """Version 2 of a job: the same outputs, visibly marked v2 (for hot-swap tests)."""
+
+    def v2(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
+        for key, value in fn(record, state):
+            out = json.loads(value)
+            out["v"] = 2
+            yield key, json.dumps(out).encode()
+
+    return v2
 
 
 def count_v1(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
@@ -38,9 +45,6 @@ def count_v1(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | 
     yield record.key, json.dumps(out).encode()
 
 
-def count_v2(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
-    """Version 2 of count_v1, with the same state: a hot-swap may hand v1's state over."""
-    for key, value in count_v1(record, state):
-        out = json.loads(value)
-        out["v"] = 2
-        yield key, json.dumps(out).encode()
+tag_v2 = _version_2(tag_v1)
+count_v2 = _version_2(count_v1)
+"""Versions 2 keep their version 1's state: a hot-swap may hand v1's state over."""
