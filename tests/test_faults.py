@@ -113,12 +113,14 @@ class Chain:
         self.procs.append(w)
         return w
 
-    def start_worker(self, index: int, interval: float = 0.3) -> Worker:
+    def start_worker(self, index: int, interval: float = 0.3, opened: bool = True) -> Worker:
+        """Worker ``index`` of the job; with ``opened``, once it says it opened (not while ZooKeeper is down)."""
         w = Worker("aligner.connectors.runtime", "--zk", self.info.zk, "--kafka", self.info.kafka, "--root", self.root,
                    "--job", self.job, "--function", "tests.jobs:tag_v1", "--input", self.inp, "--output", self.out,
                    "--worker", str(index), "--parallelism", "2", "--interval", str(interval))
         self.procs.append(w)
-        w.wait_line(lambda line: line.startswith("open"), timeout=LIVE)
+        if opened:
+            w.wait_line(lambda line: line.startswith("open"), timeout=LIVE)
         return w
 
     def output_count(self) -> int:
@@ -213,10 +215,7 @@ def test_components_started_while_zookeeper_is_down_wait_for_it(chain: Chain, ow
     os.kill(zk_pid(stack), signal.SIGKILL)
     chain.start_marker()
     for i in range(2):
-        chain.procs.append(Worker("aligner.connectors.runtime", "--zk", chain.info.zk, "--kafka", chain.info.kafka,
-                                  "--root", chain.root, "--job", chain.job, "--function", "tests.jobs:tag_v1",
-                                  "--input", chain.inp, "--output", chain.out, "--worker", str(i),
-                                  "--parallelism", "2", "--interval", "0.3"))
+        chain.start_worker(i, opened=False)
     time.sleep(20)  # the outage, longer than the 15 s a one-shot command waits for a session
     chain.alive()
     stack.restart(ZOOKEEPER, LIVE)

@@ -203,17 +203,22 @@ def test_adapter_sets_short_group_timeouts_on_a_plain_app_and_keeps_explicit_one
     assert late.conf.broker_rebalance_timeout == GROUP_SETTINGS["broker_rebalance_timeout"]
 
 
+def _fed_job(stack, root, ledger, subject_name, tmp_path, spawn, kind):
+    """(home, input, output, job, started feeder): the 4-partition input and output of one Faust job."""
+    src, out, job = f"{subject_name}-in", f"{subject_name}-out", f"{kind}-{subject_name}"
+    create_subject(ledger, stack.kafka, src, 4)
+    create_subject(ledger, stack.kafka, out, 4)
+    feeder = spawn(Feeder(stack.zk, root, stack.kafka, src))
+    feeder.start()
+    return str(tmp_path / "home"), src, out, job, feeder
+
+
 def test_plain_faust_app_starts_and_resumes_after_sigkill_within_seconds_exactly_once(
         stack, root, ledger, subject_name, tmp_path, spawn):
     """Issue 11 item 7: a worker on a plain faust.App used to need ~30 s to start its job and ~113 s to
     resume after a SIGKILL (Faust's consumer group held it back). Now the job starts with the app's
     services; the figures measured here (printed) are well under 10 s, the bounds are liveness bounds."""
-    home = str(tmp_path / "home")
-    src, out, job = f"{subject_name}-in", f"{subject_name}-out", f"plain-{subject_name}"
-    create_subject(ledger, stack.kafka, src, 4)
-    create_subject(ledger, stack.kafka, out, 4)
-    feeder = spawn(Feeder(stack.zk, root, stack.kafka, src))
-    feeder.start()
+    home, src, out, job, feeder = _fed_job(stack, root, ledger, subject_name, tmp_path, spawn, "plain")
 
     started = time.monotonic()
     worker = _start_plain(spawn, root, home, job, src, out)
@@ -248,12 +253,7 @@ def test_faust_worker_stops_on_sigterm_and_sigint_within_5s_and_resumes_exactly_
     """Issue 11 item 2 for Faust: SIGTERM mid-epoch and SIGINT while an aligned job waits for quiet
     input both stop the worker within 5 s with exit code 0; the open epoch is aborted and the next
     start resumes from the last committed epoch; nothing is lost or repeated."""
-    home = str(tmp_path / "home")
-    src, out, job = f"{subject_name}-in", f"{subject_name}-out", f"plain-{subject_name}"
-    create_subject(ledger, stack.kafka, src, 4)
-    create_subject(ledger, stack.kafka, out, 4)
-    feeder = spawn(Feeder(stack.zk, root, stack.kafka, src))
-    feeder.start()
+    home, src, out, job, feeder = _fed_job(stack, root, ledger, subject_name, tmp_path, spawn, "plain")
     jobs = JobLedger(ledger)
 
     # 1. SIGTERM while input flows: the open epoch is aborted.
@@ -330,12 +330,7 @@ def test_faust_worker_stops_within_5s_on_sigterm_while_the_broker_is_paused(
         stack, root, ledger, subject_name, tmp_path, spawn, broker_pause):
     """Every client call of the job and of Faust hangs on the paused broker: the worker still exits 0
     within 5 s (the open epoch stays uncommitted), and the next start resumes exactly once."""
-    home = str(tmp_path / "home")
-    src, out, job = f"{subject_name}-in", f"{subject_name}-out", f"plain-{subject_name}"
-    create_subject(ledger, stack.kafka, src, 4)
-    create_subject(ledger, stack.kafka, out, 4)
-    feeder = spawn(Feeder(stack.zk, root, stack.kafka, src))
-    feeder.start()
+    home, src, out, job, feeder = _fed_job(stack, root, ledger, subject_name, tmp_path, spawn, "plain")
     worker = _start_plain(spawn, root, home, job, src, out)
     worker.wait_line(lambda line: (_committed(line) or 0) >= 1, timeout=LIVENESS)
     broker_pause()
@@ -377,12 +372,7 @@ def test_faust_worker_of_a_job_on_an_unknown_subject_exits_1_with_one_line(stack
 
 
 def test_faust_worker_killed_restarted_and_aligned_exactly_once(stack, root, ledger, subject_name, tmp_path, spawn):
-    home = str(tmp_path / "home")
-    src, out, job = f"{subject_name}-in", f"{subject_name}-out", f"faust-{subject_name}"
-    create_subject(ledger, stack.kafka, src, 4)
-    create_subject(ledger, stack.kafka, out, 4)
-    feeder = spawn(Feeder(stack.zk, root, stack.kafka, src))
-    feeder.start()
+    home, src, out, job, feeder = _fed_job(stack, root, ledger, subject_name, tmp_path, spawn, "faust")
     worker = _start(spawn, root, home, job, src, out, pause="2:after_kafka_commit")
     # 1. Killed between the Kafka commit and the ZooKeeper commit of epoch 2: that attempt never counts.
     worker.wait_line(lambda line: line == "paused 2 after_kafka_commit", timeout=60)
