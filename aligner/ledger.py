@@ -93,6 +93,15 @@ class PendingEpoch:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """A producer's private partitions in one subject, and where it starts writing there if new."""
+
+    subject: str
+    partitions: Sequence[int]
+    start_offsets: Callable[[], Mapping[int, int]]
+
+
+@dataclass(frozen=True)
 class Contribution:
     """One producer's part of an epoch commit: the attempt that counts and its ranges."""
 
@@ -281,50 +290,83 @@ class Ledger:
 
         ``start_offsets`` is asked only for a brand-new producer: where its first epoch begins.
         A brand-new producer writes from the subject's next epoch on, or from ``not_before`` when
-        that is later: a sink that commits a second subject with its output gives it the output's
-        epoch numbers (the epochs before are never written in that subject).
+        that is later (the epochs before are never written by it).
         """
-        meta = self.subject(subject)
-        parts = tuple(sorted(set(partitions)))
-        if not parts or len(parts) != len(partitions):
-            raise AlignerError(f"producer {producer} must claim distinct partitions, got {list(partitions)}")
-        bad = [p for p in parts if not 0 <= p < meta.partitions]
-        if bad:
-            raise AlignerError(f"subject {subject!r} has partitions 0..{meta.partitions - 1}; cannot claim {bad}")
+        return self.claim_together(sink, producer, [Claim(subject, partitions, start_offsets)], not_before)[0]
+
+    def claim_together(self, sink: str, producer: str, claims: Sequence[Claim], not_before: int = 0) -> list[Lease]:
+        """Claim one producer in several subjects whose epochs it commits together (a job's output
+        and its state changelog); returns the leases in the order of ``claims``.
+
+        Where the producer is new in every subject, one multi-op makes it a writer of all of them
+        from one common first epoch: claimed one by one, a crash (or a broker stall in
+        ``start_offsets``) between two claims would leave it a writer of the first subject only,
+        and the others' writers would commit epochs without it that it can never join.
+        Where it exists in some subjects only (a subject added to an existing sink), the new ones
+        start at the first existing lease's next epoch; the caller closes lanes that are behind.
+        """
         me = writer_id(sink, producer)
         lay = self.layout
-        self._ensure(lay.sink(subject, sink), SinkNode(sink=sink).dump(), parent=lay.sinks(subject))
-        self._ensure(lay.producers(subject, sink), b"")
+        wanted = [self._claimable(c, sink) for c in claims]
         while True:
-            writers, version = self.writers(subject)
-            for p in parts:
-                owner = writers.owner_of(p)
-                if owner is not None and owner != me:
-                    raise PartitionClaimedError(subject, p, owner, me)
-            entry = writers.writers.get(me)
-            if entry is not None:
-                if entry.partitions != parts:
-                    raise SubjectConflictError(
-                        f"producer {me} of {subject!r} owns partitions {list(entry.partitions)}; "
-                        f"it cannot reopen with {list(parts)}"
-                    )
-                return self._reincarnate(subject, sink, producer, entry.first_epoch)
-            first = max(self._last_epoch(subject) + 1, not_before)
-            entry = WriterEntry(partitions=parts, first_epoch=first)
-            updated = WritersNode(writers={**writers.writers, me: entry})
-            offsets = dict(start_offsets())
-            node = ProducerNode(sink=sink, producer=producer, partitions=parts, incarnation=1, owner=uuid.uuid4().hex,
-                                next_offsets={p: offsets[p] for p in parts})
-            epoch = EpochNode(epoch=first, writers=updated.expected(first))
-            results = self._multi(
-                ("set", lay.writers(subject), updated.dump(), version),
-                ("create", lay.producer(subject, sink, producer), node.dump()),
-                ("create", lay.epoch(subject, first), epoch.dump()),
+            docs = [self.writers(c.subject) for c in claims]
+            entries = [self._entry(c.subject, doc, me, parts)
+                       for c, parts, (doc, _) in zip(claims, wanted, docs, strict=True)]
+            new = [i for i, e in enumerate(entries) if e is None]
+            if new:
+                known = [Lease(c.subject, *self.read(ProducerNode, lay.producer(c.subject, sink, producer)),
+                               e.first_epoch).next_epoch
+                         for c, e in zip(claims, entries, strict=True) if e is not None]
+                first = max(not_before, *known[:1], *(self._last_epoch(claims[i].subject) + 1 for i in new))
+                ops: list[tuple[Any, ...]] = []
+                nodes: dict[int, ProducerNode] = {}
+                for i in new:
+                    c, parts, (doc, version) = claims[i], wanted[i], docs[i]
+                    entries[i] = WriterEntry(partitions=parts, first_epoch=first)
+                    updated = WritersNode(writers={**doc.writers, me: entries[i]})
+                    offsets = dict(c.start_offsets())
+                    nodes[i] = ProducerNode(sink=sink, producer=producer, partitions=parts, incarnation=1,
+                                            owner=uuid.uuid4().hex, next_offsets={p: offsets[p] for p in parts})
+                    epoch = EpochNode(epoch=first, writers=updated.expected(first))
+                    ops += [("set", lay.writers(c.subject), updated.dump(), version),
+                            ("create", lay.producer(c.subject, sink, producer), nodes[i].dump()),
+                            ("create", lay.epoch(c.subject, first), epoch.dump())]
+                results = self._multi(*ops)
+                if any(isinstance(r, (BadVersionError, NodeExistsError)) for r in results):
+                    continue  # someone claimed or created an epoch meanwhile (or our reply was lost): look again
+                _raise_first(results)
+            return [Lease(c.subject, nodes[i], 0, first) if i in new
+                    else self._reincarnate(c.subject, sink, producer, entries[i].first_epoch)  # type: ignore[union-attr]
+                    for i, c in enumerate(claims)]
+
+    def _claimable(self, claim: Claim, sink: str) -> tuple[int, ...]:
+        """Check a claim's partitions against the subject and make the sink's nodes; returns them sorted."""
+        meta = self.subject(claim.subject)
+        parts = tuple(sorted(set(claim.partitions)))
+        if not parts or len(parts) != len(claim.partitions):
+            raise AlignerError(f"a producer must claim distinct partitions, got {list(claim.partitions)}")
+        bad = [p for p in parts if not 0 <= p < meta.partitions]
+        if bad:
+            raise AlignerError(f"subject {claim.subject!r} has partitions 0..{meta.partitions - 1}; cannot claim {bad}")
+        lay = self.layout
+        self._ensure(lay.sink(claim.subject, sink), SinkNode(sink=sink).dump(), parent=lay.sinks(claim.subject))
+        self._ensure(lay.producers(claim.subject, sink), b"")
+        return parts
+
+    @staticmethod
+    def _entry(subject: str, doc: WritersNode, me: str, parts: tuple[int, ...]) -> WriterEntry | None:
+        """The producer's writers entry in a subject, after checking that nobody else owns its partitions."""
+        for p in parts:
+            owner = doc.owner_of(p)
+            if owner is not None and owner != me:
+                raise PartitionClaimedError(subject, p, owner, me)
+        entry = doc.writers.get(me)
+        if entry is not None and entry.partitions != parts:
+            raise SubjectConflictError(
+                f"producer {me} of {subject!r} owns partitions {list(entry.partitions)}; "
+                f"it cannot reopen with {list(parts)}"
             )
-            if any(isinstance(r, (BadVersionError, NodeExistsError)) for r in results):
-                continue  # someone claimed or created an epoch meanwhile: look again
-            _raise_first(results)
-            return Lease(subject, node, 0, first)
+        return entry
 
     def _reincarnate(self, subject: str, sink: str, producer: str, first_epoch: int) -> Lease:
         path = self.layout.producer(subject, sink, producer)

@@ -29,7 +29,7 @@ from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpir
 from aligner.connectors.kafka import end_offsets, transactional_id
 from aligner.connectors.stamped import Lane, StampedProducer
 from aligner.errors import AlignerError, EpochFailedError, SubjectConflictError
-from aligner.ledger import Contribution, Lease, Ledger, PendingEpoch
+from aligner.ledger import Claim, Contribution, Lease, Ledger, PendingEpoch
 from aligner.metrics import EPOCHS_COMMITTED, LAST_EPOCH, RECORDS_SENT
 from aligner.models import Range, WritersNode
 from aligner.stamps import Stamp
@@ -107,19 +107,19 @@ class SinkProducer(StampedProducer):
         def starts(lane: Lane) -> Callable[[], dict[int, int]]:
             return lambda: end_offsets(self.bootstrap, topics[lane.subject], lane.partitions, committed_only=False)
 
-        main = ledger.claim(self.subject, sink, me, self.partitions, starts(self))
+        lanes = [self, *(lane for lane in self.lanes.values() if lane is not self)]
+        claimed = ledger.claim_together(sink, me, [Claim(lane.subject, lane.partitions, starts(lane))
+                                                   for lane in lanes])
+        main = claimed[0]
         leases = {self.subject: main}
-        for subject, lane in self.lanes.items():
-            if lane is self:
-                continue
-            lease = ledger.claim(subject, sink, me, lane.partitions, starts(lane), not_before=main.next_epoch)
-            if lease.next_epoch > main.next_epoch:
+        for lease in claimed[1:]:
+            if lease.next_epoch > main.next_epoch:  # a subject added to this sink that others wrote on
                 raise SubjectConflictError(
-                    f"producer {lease.writer} of {subject!r} is at epoch {lease.next_epoch}, past epoch "
-                    f"{main.next_epoch} of {self.subject!r}: another sink writes {subject!r}; it cannot commit "
-                    f"together with {self.subject!r}"
+                    f"producer {lease.writer} of {lease.subject!r} is at epoch {lease.next_epoch}, past epoch "
+                    f"{main.next_epoch} of {self.subject!r}: another sink writes {lease.subject!r}; it cannot "
+                    f"commit together with {self.subject!r}"
                 )
-            leases[subject] = ledger.close_empty(lease, main.next_epoch)  # epochs written without it
+            leases[lease.subject] = ledger.close_empty(lease, main.next_epoch)  # epochs written without it
         self._leases = leases
         self.start(topics)  # fences an older incarnation's transaction
         return self

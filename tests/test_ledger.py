@@ -13,7 +13,7 @@ from aligner.errors import (
     SubjectConflictError,
     UnknownSubjectError,
 )
-from aligner.ledger import Ledger
+from aligner.ledger import Claim, Ledger
 from aligner.models import Range, SubjectNode
 
 
@@ -245,3 +245,29 @@ def test_close_empty_brings_a_producer_that_fell_behind_to_an_epoch(ledger, subj
     lease = ledger.close_empty(lease, 3)
     assert lease.next_epoch == 3 and ledger.frontier(subject_name) == 2
     assert all(c.offsets == {0: (4, 4)} for c in ledger.committed_many(subject_name, 0, 2))
+
+
+def test_claim_together_is_all_or_nothing(ledger, subject_name):
+    """A producer that commits two subjects together joins both at one epoch or neither: a failure
+    between the two claims must not leave the second subject's other writers committing without it."""
+    out, state = subject_name, subject_name + ".state"
+    _subject(ledger, out)
+    _subject(ledger, state)
+    ledger.claim_together("job", "0", [Claim(out, [0], lambda: {0: 0}), Claim(state, [0], lambda: {0: 0})])
+
+    def stalled() -> dict[int, int]:
+        raise TimeoutError("broker stalled")
+
+    with pytest.raises(TimeoutError):
+        ledger.claim_together("job", "1", [Claim(out, [1], lambda: {1: 0}), Claim(state, [1], stalled)])
+    assert "job:1" not in ledger.writers(out)[0].writers
+    assert "job:1" not in ledger.writers(state)[0].writers
+    other = ledger.claim(state, "other", "0", [2], lambda: {2: 0})
+    for _ in range(3):  # another writer of the state subject moves on meanwhile
+        other = _commit_empty(ledger, other)
+    ahead = ledger.epoch_numbers(state)[-1] + 1
+    leases = ledger.claim_together("job", "1", [Claim(out, [1], lambda: {1: 0}), Claim(state, [1], lambda: {1: 0})])
+    assert leases[0].next_epoch == leases[1].next_epoch == ahead
+    again = ledger.claim_together("job", "1", [Claim(out, [1], lambda: {1: 0}), Claim(state, [1], lambda: {1: 0})])
+    assert [lease.node.incarnation for lease in again] == [2, 2]
+    assert [lease.next_epoch for lease in again] == [lease.next_epoch for lease in leases]

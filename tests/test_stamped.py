@@ -176,7 +176,9 @@ def test_misuse_is_refused(stack, ledger, subject_name) -> None:
         with pytest.raises(AlignerError, match="does not write subject"):
             p.send_to("elsewhere", b"{}")
         p.commit()
-    # Another sink writes the second subject ahead of this sink's output: they cannot commit together.
+    # A producer of the output alone gains a second subject that another sink wrote ahead of its
+    # output: they cannot commit together.
+    SinkProducer(ledger, stack.kafka, output, "job", 1, [1]).open().close()
     with SinkProducer(ledger, stack.kafka, second, "other", 0, [1]) as other:
         for _ in range(3):
             other.begin()
