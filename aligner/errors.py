@@ -134,3 +134,21 @@ class HotSwapRefused(AlignerError):
 class AlignmentSplitError(AlignerError):
     """Consumers of one job hold different alignment points (one started J under an Align the others
     rejected); the coordinator aborts the alignment and starts it again."""
+
+
+class AccessDeniedError(AlignerError):
+    """ZooKeeper refused an operation under its ACLs (NoAuth): names the path, the operation and the
+    identity, and how an admin grants access. Nothing was changed."""
+
+    def __init__(self, op: str, path: str, identity: str) -> None:
+        super().__init__(
+            f"ZooKeeper denied {op} of {path} to {identity}: the ACL policy does not grant it "
+            "(an admin grants access with `aligner acl grant`; `aligner acl show PATH` prints who may do what)"
+        )
+        self.op = op
+        self.path = path
+        self.identity = identity
+
+
+class KafkaConfigError(AlignerError):
+    """The Kafka client properties file (ALIGNER_KAFKA_CONFIG / --kafka-config) cannot be read or used."""
