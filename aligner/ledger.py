@@ -30,6 +30,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.retry import KazooRetry
 
+from aligner.acl import AclPolicy
 from aligner.epochs import CommittedEpoch, assemble, missing_writers
 from aligner.errors import (
     AlignerError,
@@ -56,6 +57,7 @@ from aligner.models import (
     WritersNode,
     parse,
 )
+from aligner.settings import zk_security
 from aligner.zk import RetryingClient
 
 SESSION_TIMEOUT = 10.0
@@ -136,16 +138,19 @@ class Ledger:
 
     @classmethod
     def connect(cls, hosts: str, root: str = "/aligner", timeout: float | None = 15.0,
-                stop: threading.Event | None = None) -> Ledger:
+                stop: threading.Event | None = None, auth: str | None = None) -> Ledger:
         """Open a session; ``stop`` (when given) ends any later wait for ZooKeeper with StoppedError.
 
         ``timeout`` None waits for the first session as long as it takes (a long-running component
         started while ZooKeeper is down), until ``stop`` is set. Reconnects are retried forever with
         backoff capped at a second, so a ZooKeeper that comes back after minutes is found again at
-        once (kazoo's default cap is an hour).
+        once (kazoo's default cap is an hour). ``auth`` (``digest:USER:PASSWORD``; '' for none) defaults
+        to ``ALIGNER_ZK_AUTH``; the session's creates then carry the ACL policy's ACLs (aligner.acl).
         """
+        security = zk_security(auth)
         reconnect = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0)
-        zk = KazooClient(hosts=hosts, timeout=SESSION_TIMEOUT, connection_retry=reconnect)
+        zk = KazooClient(hosts=hosts, timeout=SESSION_TIMEOUT, connection_retry=reconnect,
+                         **security.kazoo_options())  # type: ignore[arg-type]
         started = zk.start_async()
         deadline = None if timeout is None else time.monotonic() + timeout
         while not started.wait(0.25):
@@ -156,7 +161,7 @@ class Ledger:
                 if stopped:
                     raise StoppedError(f"stopped while waiting for ZooKeeper at {hosts}")
                 raise zk.handler.timeout_exception(f"no ZooKeeper session at {hosts} within {timeout:.0f}s")
-        return cls(RetryingClient(zk, stop), Layout(root))
+        return cls(RetryingClient(zk, stop, AclPolicy(root, security.auth)), Layout(root))
 
     @property
     def stop(self) -> threading.Event:

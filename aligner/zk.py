@@ -11,7 +11,10 @@ uses so that
 - no request is sent while the session is down (it waits in the retry's backoff instead), and a
   request in flight is awaited in short slices, so setting the owner's stop event ends any wait
   within a fraction of a second with :class:`StoppedError`;
-- a connection-state listener logs SUSPENDED / LOST / CONNECTED and sets Prometheus gauges.
+- a connection-state listener logs SUSPENDED / LOST / CONNECTED and sets Prometheus gauges;
+- it is the one place a node gets its ACL: every create (plain, in a multi-op, or by ``ensure_path``)
+  carries the ACL that the policy (:mod:`aligner.acl`) gives its path, and a request ZooKeeper refuses
+  under its ACLs raises :class:`AccessDeniedError` naming the path and the identity.
 
 A retried request may have succeeded the first time (the reply was lost). Creates and versioned
 sets report that as ``NodeExistsError`` / ``BadVersionError``; callers that care compare the node
@@ -20,6 +23,7 @@ with what they wrote (the producer node carries a per-incarnation token for exac
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -27,12 +31,13 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import ConnectionLoss
+from kazoo.exceptions import ConnectionLoss, NoAuthError, NodeExistsError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import InterruptedError as RetryInterrupted
 from kazoo.retry import KazooRetry
 
-from aligner.errors import StoppedError
+from aligner.acl import AclPolicy
+from aligner.errors import AccessDeniedError, StoppedError
 from aligner.metrics import ZK_CONNECTED, ZK_OUTAGES
 
 log = logging.getLogger("aligner.zk")
@@ -48,8 +53,11 @@ class Transaction:
         self._client = client
         self._ops: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
 
-    def create(self, *args: Any, **kwargs: Any) -> None:
-        self._ops.append(("create", args, kwargs))
+    def create(self, path: str, value: bytes = b"", **kwargs: Any) -> None:
+        acl = self._client.policy.acl(path)
+        if acl is not None and kwargs.get("acl") is None:
+            kwargs["acl"] = acl
+        self._ops.append(("create", (path, value), kwargs))
 
     def set_data(self, *args: Any, **kwargs: Any) -> None:
         self._ops.append(("set_data", args, kwargs))
@@ -67,19 +75,31 @@ class Transaction:
         return t
 
     def commit(self) -> list[object]:
-        return self._client.call(lambda: self._build().commit_async())
+        return self._checked(self._client.call(lambda: self._build().commit_async()))
 
     def commit_async(self) -> Any:
         """Send now; the result's ``get()`` retries the whole multi-op on connection loss."""
-        return _Deferred(self._client, lambda: self._build().commit_async())
+        return _Deferred(self._client, lambda: self._build().commit_async(), self._checked)
+
+    def _checked(self, results: list[object]) -> list[object]:
+        """A multi-op refused under the ACLs fails as a whole: raise it, naming the refused op's path."""
+        for (kind, args, _kw), result in zip(self._ops, results, strict=False):
+            if isinstance(result, NoAuthError):
+                op = {"create": "create", "set_data": "write", "delete": "delete", "check": "read"}[kind]
+                raise AccessDeniedError(op, args[0], self._client.policy.identity)
+        return results
 
 
 class _Deferred:
     """An async request sent at once whose ``get`` retries it through the client if it fails."""
 
-    def __init__(self, client: RetryingClient, send: Callable[[], Any]) -> None:
+    def __init__(self, client: RetryingClient, send: Callable[[], Any],
+                 check: Callable[[Any], Any] | None = None, path: str = "", op: str = "read") -> None:
         self._client = client
         self._send = send
+        self._check = check
+        self._path = path
+        self._op = op
         self._first: Any = send() if client.kazoo.connected else None
 
     def get(self) -> Any:
@@ -90,14 +110,45 @@ class _Deferred:
             pending, first = (first, None) if first is not None else (self._send(), None)
             return pending
 
-        return self._client.call(again)
+        try:
+            result = self._client.call(again)
+        except NoAuthError:
+            raise AccessDeniedError(self._op, self._path, self._client.policy.identity) from None
+        return self._check(result) if self._check is not None else result
+
+
+class _Denials:
+    """A kazoo recipe (and its lock) whose calls report an ACL refusal as :class:`AccessDeniedError`."""
+
+    def __init__(self, target: Any, client: RetryingClient, path: str) -> None:
+        self._target = target
+        self._client = client
+        self._path = path
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._target, name)
+        if name == "lock":
+            return _Denials(value, self._client, self._path)
+        if not callable(value):
+            return value
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return value(*args, **kwargs)
+            except NoAuthError as exc:
+                raise self._client.denied(exc, "joining the election", self._path) from None
+
+        return guarded
 
 
 class RetryingClient:
     """The kazoo calls the ledger layer makes, retried through one policy and stop-aware."""
 
-    def __init__(self, kazoo: KazooClient, stop: threading.Event | None = None) -> None:
+    def __init__(self, kazoo: KazooClient, stop: threading.Event | None = None,
+                 policy: AclPolicy | None = None) -> None:
         self.kazoo = kazoo
+        self.policy = policy or AclPolicy("/", None)
+        """The identity and the grants that give every created node its ACL (none: open, as without auth)."""
         self.stop = stop or threading.Event()
         self._stops = [self.stop]
         self._retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, ignore_expire=True,
@@ -105,6 +156,16 @@ class RetryingClient:
         self._down_since: float | None = None
         kazoo.add_listener(self._on_state)
         ZK_CONNECTED.set(1 if kazoo.connected else 0)
+        if self.policy.auth is not None:
+            self._watch_grants()
+
+    def _watch_grants(self) -> None:
+        """Keep the policy's grants current (kazoo's DataWatch re-arms after outages and new sessions)."""
+        try:
+            kazoo = self.kazoo
+            kazoo.DataWatch(self.policy.grants_path, self.policy.on_grants)
+        except NoAuthError:  # readers are restricted and this identity is none of them: it creates nothing
+            self.policy.loaded.set()
 
     # ---- session state ------------------------------------------------------------------------
 
@@ -159,37 +220,74 @@ class RetryingClient:
         except RetryInterrupted:
             raise StoppedError("stopped while waiting for ZooKeeper") from None
 
+    def denied(self, exc: BaseException, op: str, path: str) -> BaseException:
+        """``exc`` as the caller should see it: a NoAuth becomes one clear :class:`AccessDeniedError`."""
+        return AccessDeniedError(op, path, self.policy.identity) if isinstance(exc, NoAuthError) else exc
+
+    def _guarded(self, op: str, path: str, send: Callable[[], Any]) -> Any:
+        try:
+            return self.call(send)
+        except NoAuthError as exc:
+            raise self.denied(exc, op, path) from None
+
     def get(self, path: str, watch: Callable[..., Any] | None = None) -> Any:
-        return self.call(lambda: self.kazoo.get_async(path, watch=watch))
+        return self._guarded("read", path, lambda: self.kazoo.get_async(path, watch=watch))
 
     def get_children(self, path: str, watch: Callable[..., Any] | None = None) -> list[str]:
-        return self.call(lambda: self.kazoo.get_children_async(path, watch=watch))
+        return self._guarded("read", path, lambda: self.kazoo.get_children_async(path, watch=watch))
 
     def exists(self, path: str, watch: Callable[..., Any] | None = None) -> Any:
-        return self.call(lambda: self.kazoo.exists_async(path, watch=watch))
+        return self._guarded("read", path, lambda: self.kazoo.exists_async(path, watch=watch))
 
     def create(self, path: str, value: bytes = b"", **kwargs: Any) -> str:
-        return self.call(lambda: self.kazoo.create_async(path, value, **kwargs))
+        acl = self.policy.acl(path)
+        if acl is None or kwargs.get("acl") is not None:
+            return self._guarded("create", path, lambda: self.kazoo.create_async(path, value, **kwargs))
+        if kwargs.pop("makepath", False):  # each missing parent gets the ACL of its own path
+            parent = path.rsplit("/", 1)[0]
+            if parent:
+                self.ensure_path(parent)
+        return self._guarded("create", path, lambda: self.kazoo.create_async(path, value, acl=acl, **kwargs))
 
     def set(self, path: str, value: bytes, version: int = -1) -> Any:
-        return self.call(lambda: self.kazoo.set_async(path, value, version=version))
+        return self._guarded("write", path, lambda: self.kazoo.set_async(path, value, version=version))
 
     def delete(self, path: str, version: int = -1, recursive: bool = False) -> Any:
         if recursive:
-            return self._retry.copy()(lambda: self.kazoo.delete(path, version=version, recursive=True))
-        return self.call(lambda: self.kazoo.delete_async(path, version=version))
+            try:
+                return self._retry.copy()(lambda: self.kazoo.delete(path, version=version, recursive=True))
+            except NoAuthError as exc:
+                raise self.denied(exc, "delete", path) from None
+        return self._guarded("delete", path, lambda: self.kazoo.delete_async(path, version=version))
 
     def ensure_path(self, path: str) -> Any:
-        return self.call(lambda: self.kazoo.ensure_path_async(path))
+        if self.policy.grants is None:
+            return self._guarded("create", path, lambda: self.kazoo.ensure_path_async(path))
+        # Like kazoo's ensure_path (exists first, then create from the deepest existing node down),
+        # but each node gets the ACL of its own path.
+        if self.exists(path) is not None:
+            return True
+        parent = path.rsplit("/", 1)[0]
+        if parent:
+            self.ensure_path(parent)
+        with contextlib.suppress(NodeExistsError):
+            self.create(path)
+        return True
 
     def transaction(self) -> Transaction:
         return Transaction(self)
 
     def get_async(self, path: str) -> _Deferred:
-        return _Deferred(self, lambda: self.kazoo.get_async(path))
+        return _Deferred(self, lambda: self.kazoo.get_async(path), path=path)
 
     def get_children_async(self, path: str) -> _Deferred:
-        return _Deferred(self, lambda: self.kazoo.get_children_async(path))
+        return _Deferred(self, lambda: self.kazoo.get_children_async(path), path=path)
+
+    def get_acls(self, path: str) -> Any:
+        return self._guarded("read the ACL", path, lambda: self.kazoo.get_acls_async(path))
+
+    def set_acls_async(self, path: str, acls: list[Any]) -> _Deferred:
+        return _Deferred(self, lambda: self.kazoo.set_acls_async(path, acls), path=path, op="setting the ACL")
 
     # ---- recipes (they keep their watches across connection loss and session expiry) ----------
 
@@ -200,7 +298,7 @@ class RetryingClient:
         return self.kazoo.ChildrenWatch(path, func)
 
     def Election(self, path: str, identifier: str | None = None) -> Any:
-        return self.kazoo.Election(path, identifier)
+        return _Denials(self.kazoo.Election(path, identifier), self, path)
 
     def add_listener(self, listener: Callable[[str], Any]) -> None:
         self.kazoo.add_listener(listener)

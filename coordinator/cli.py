@@ -76,7 +76,12 @@ def main_options(
     zk: Annotated[str | None, typer.Option(help="ZooKeeper connect string [env ALIGNER_ZK]")] = None,
     kafka: Annotated[str | None, typer.Option(help="Kafka bootstrap servers [env ALIGNER_KAFKA]")] = None,
     root: Annotated[str | None, typer.Option(help="ZooKeeper root of aligner state [env ALIGNER_ROOT]")] = None,
+    zk_auth: Annotated[str | None, typer.Option(help="ZooKeeper identity digest:USER:PASSWORD [env ALIGNER_ZK_AUTH]",
+                                                show_default=False)] = None,
+    kafka_config: Annotated[str | None, typer.Option(help="Kafka client.properties file (SASL, TLS) "
+                                                          "[env ALIGNER_KAFKA_CONFIG]")] = None,
 ) -> None:
+    _security_options(zk_auth, kafka_config)
     overrides: dict[str, Any] = {k: v for k, v in {"zk": zk, "kafka": kafka, "root": root}.items() if v}
     try:
         settings = Settings(**overrides)
@@ -86,6 +91,22 @@ def main_options(
     state.explicit = frozenset(settings.model_fields_set & {"zk", "kafka"})
     state.resolved = False
     state.embedded = None
+
+
+def _security_options(zk_auth: str | None, kafka_config: str | None) -> None:
+    """--zk-auth and --kafka-config are exported to the environment: every ZooKeeper session and Kafka
+    client (here and in processes this command starts) reads them there, as it reads ALIGNER_*."""
+    from aligner.settings import kafka_properties, parse_zk_auth
+
+    if zk_auth is not None:
+        try:
+            parse_zk_auth(zk_auth)
+        except ValueError as exc:
+            usage(f"--zk-auth: {exc}")
+        os.environ["ALIGNER_ZK_AUTH"] = zk_auth
+    if kafka_config is not None:
+        kafka_properties(kafka_config)  # a missing or unusable file is one clear error now
+        os.environ["ALIGNER_KAFKA_CONFIG"] = os.path.abspath(kafka_config)
 
 
 def emit(data: Any, as_json: bool) -> bool:
@@ -712,6 +733,60 @@ def gc(
             out.print(f"{s}: first retained epoch {r['first_retained']}, {r['deleted_epochs']} epochs removed")
         for j, r in report["jobs"].items():
             out.print(f"job {j}: {r['deleted_nodes']} nodes removed" + (" (swapped out)" if r["swapped_out"] else ""))
+
+
+# ---- acl -----------------------------------------------------------------------------------------
+
+acl_app = typer.Typer(help="ZooKeeper ACLs: who may write which subjects and jobs.", no_args_is_help=True)
+app.add_typer(acl_app, name="acl")
+
+
+@acl_app.command("grant")
+def acl_grant(
+    identity: Annotated[str | None, typer.Option(help="USER:PASSWORD, or USER once known (only a digest is stored)",
+                                                 show_default=False)] = None,
+    subject: Annotated[list[str] | None, typer.Option(callback=_names, help="Subject it may commit (repeat)")] = None,
+    job: Annotated[list[str] | None, typer.Option(callback=_names, help="Job (or Spark query) it may run")] = None,
+    reader: Annotated[bool, typer.Option("--reader", help="Make it a reader (then only readers read)")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Grant an identity subjects and jobs, and apply the ACLs to existing nodes. The first grant makes
+    the --zk-auth identity the admin (coordinator) and secures the whole tree."""
+    from aligner.acl import AclLedger, grants_json
+    from aligner.settings import zk_security
+
+    if identity is None and (subject or job or reader):
+        usage("--subject, --job and --reader need --identity")
+    with ledger() as led:
+        grants = AclLedger(led).grant(zk_security().auth, identity, subject or (), job or (), reader)
+    if not emit(grants_json(grants), as_json):
+        out.print(f"admin {grants.admin}; " + (f"{identity.split(':', 1)[0]} granted" if identity else "ACLs applied"),
+                  markup=False)
+
+
+@acl_app.command("show")
+def acl_show(
+    path: Annotated[str | None, typer.Argument(help="A ZooKeeper path (default: the root)", show_default=False)] = None,
+    depth: Annotated[int, typer.Option(min=0, help="Levels of children to show")] = 1,
+    as_json: JsonFlag = False,
+) -> None:
+    """Print the ACLs of a node and its children, and the grants."""
+    from aligner.acl import AclLedger, grants_json
+
+    with ledger() as led:
+        acls = AclLedger(led)
+        rows = acls.show(path or led.layout.root, depth)
+        grants, _ = acls.grants()
+    if emit({**grants_json(grants), "acls": {p: [{"id": w, "perms": perms} for w, perms in a] for p, a in rows}},
+            as_json):
+        return
+    table = Table("path", "identity", "permissions")
+    for p, entries in rows:
+        for i, (who, perms) in enumerate(entries or [("-", "-")]):
+            table.add_row(p if i == 0 else "", who, perms)
+    out.print(table)
+    if grants is None:
+        out.print("no grants: nodes are created open (`aligner --zk-auth digest:ADMIN:PW acl grant` secures them)")
 
 
 # ---- errors: one line on stderr, exit 1 (2 for usage) ------------------------------------------

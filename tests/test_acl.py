@@ -1,0 +1,256 @@
+"""ZooKeeper authentication and ACLs (issue 14, item 1), on the real ZooKeeper of the embedded stack.
+
+An admin (coordinator) identity grants a sink identity one subject and one job. Then an unauthenticated
+client and a reader identity try to write a command, an epoch, a contribution, a decision and a swap
+node: each attempt fails with one clear error naming the path and the identity, and nothing in the tree
+changes. The granted sink commits epochs of its own subject, not of another one, and cannot write its
+own job's command.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from kazoo.security import Permissions
+
+from aligner.acl import AclLedger, Grants, acl_for, digest_id, rule
+from aligner.alignment import Command
+from aligner.coordinator.stack import StackInfo
+from aligner.errors import AccessDeniedError, AlignerError
+from aligner.jobs import JobLedger
+from aligner.layout import writer_id
+from aligner.ledger import Lease, Ledger
+from aligner.models import (
+    AlignmentDecision,
+    ConsumerNode,
+    ContributionNode,
+    JobNode,
+    ProducerNode,
+    Range,
+    SubjectNode,
+    SwapNode,
+)
+from aligner.settings import parse_zk_auth
+from tests.conftest import run_cli
+
+ADMIN = "digest:admin:admin-secret"
+SINK = "digest:sink-a:sink-secret"
+READER = "digest:reader:reader-secret"
+ROOT = "/r"
+
+# ---- the policy itself (pure) -----------------------------------------------------------------------
+
+
+def _grants(readers: list[str] | None = None) -> Grants:
+    return Grants(admin="admin", identities={u: digest_id(u, "pw") for u in ("admin", "sink-a", "reader")},
+                  subjects={"a": ["sink-a"]}, jobs={"j": ["sink-a"]}, readers=readers or [])
+
+
+def _perms(path: str, grants: Grants) -> dict[str, int]:
+    acl = acl_for(ROOT, path, grants)
+    assert acl is not None
+    return {f"{a.id.scheme}:{a.id.id.split(':')[0]}": a.perms for a in acl}
+
+
+def test_no_grants_means_open_acl() -> None:
+    assert acl_for(ROOT, "/r/subjects/a/epochs/0000000001", None) is None
+
+
+@pytest.mark.parametrize(("path", "sink"), [
+    ("/r/subjects/a/epochs", Permissions.READ | Permissions.CREATE),
+    ("/r/subjects/a/epochs/0000000001", Permissions.READ | Permissions.CREATE),
+    ("/r/subjects/a/epochs/0000000001/k:0", Permissions.READ),  # a contribution never changes
+    ("/r/subjects/a/writers", Permissions.READ | Permissions.WRITE),
+    ("/r/subjects/a/sinks/k/producers/0", Permissions.READ | Permissions.WRITE),
+    ("/r/subjects/a/retention", None),
+    ("/r/subjects/b/epochs/0000000001", None),  # not granted
+    ("/r/jobs/j/sources/a/command", Permissions.READ),  # the coordinator alone writes commands
+    ("/r/jobs/j/sources/a/consumers/0", Permissions.READ | Permissions.WRITE),
+    ("/r/jobs/j/decision", Permissions.READ),
+    ("/r/jobs/j/swap", Permissions.READ),
+    ("/r/jobs/k/swap", None),
+    ("/r/acl", None),
+    ("/r/coordinator/election", None),
+    ("/r", None),
+])
+def test_policy_by_path(path: str, sink: int | None) -> None:
+    perms = _perms(path, _grants())
+    assert perms["digest:admin"] == Permissions.ALL
+    assert perms.get("digest:sink-a") == sink
+    assert perms["world:anyone"] == Permissions.READ
+    assert "digest:reader" not in perms
+
+
+def test_restricted_readers() -> None:
+    perms = _perms("/r/subjects/b/epochs", _grants(readers=["reader"]))
+    assert "world:anyone" not in perms
+    assert perms["digest:reader"] == Permissions.READ
+    assert perms["digest:sink-a"] == Permissions.READ  # a job reads its upstream subjects
+    assert rule(ROOT, "/other") == ("", None, "")
+
+
+def test_zk_auth_format() -> None:
+    assert parse_zk_auth("digest:u:p:w").password == "p:w"
+    for bad in ("u:s3cret", "digest:u", "sasl:u:s3cret", "digest:bad user:s3cret"):
+        with pytest.raises(ValueError) as info:
+            parse_zk_auth(bad)
+        assert "s3cret" not in str(info.value)  # never echo a password
+
+
+# ---- on the real ZooKeeper -------------------------------------------------------------------------
+
+
+@dataclass
+class Secured:
+    root: str
+    admin: Ledger
+    subject: str
+    other: str
+    job: str
+    epoch: int
+    lease: Lease
+    """The sink's producer in ``subject``, epoch ``epoch`` ensured (for contribution attempts)."""
+
+    def client(self, stack: StackInfo, auth: str) -> Ledger:
+        return Ledger.connect(stack.zk, self.root, auth=auth)
+
+
+def snapshot(led: Ledger, path: str) -> dict[str, bytes]:
+    """Every node under ``path`` with its data and version: what 'nothing changed' compares."""
+    out: dict[str, bytes] = {}
+    todo = [path]
+    while todo:
+        p = todo.pop()
+        data, stat = led.zk.get(p)
+        out[p] = data + f"@{stat.version}/{stat.cversion}".encode()
+        todo.extend(f"{p}/{c}" for c in led.zk.get_children(p))
+    return out
+
+
+@pytest.fixture
+def secured(stack: StackInfo, root: str) -> Iterator[Secured]:
+    admin = Ledger.connect(stack.zk, root, auth=ADMIN)
+    try:
+        for s in ("in-a", "in-b"):
+            admin.register_subject(SubjectNode(name=s, topic=s, partitions=2))
+        JobLedger(admin).register(JobNode(job="job-a", inputs=("in-b",), output="in-a", parallelism=1))
+        AclLedger(admin).grant(parse_zk_auth(ADMIN), SINK.removeprefix("digest:"), subjects=["in-a"],
+                               jobs=["job-a"])
+        with Ledger.connect(stack.zk, root, auth=SINK) as sink:
+            lease = sink.claim("in-a", "k", "0", [0, 1], lambda: {0: 0, 1: 0})
+            sink.ensure_epoch("in-a", lease.next_epoch)
+        yield Secured(root, admin, "in-a", "in-b", "job-a", lease.next_epoch, lease)
+    finally:
+        admin.close()
+
+
+def _attempts(led: Ledger, s: Secured) -> dict[str, tuple[str, object]]:
+    """Write attempts an unauthorized client makes: name -> (path it must name, thunk)."""
+    lay, jobs = led.layout, JobLedger(led)
+    command_path = lay.command(s.job, s.other)
+    version = s.admin.zk.get(command_path)[1].version
+    contribution = ContributionNode(sink="k", producer="0", attempt=1, ranges={0: Range(start=0, end=0)})
+    swap = SwapNode(old=s.job, new="job-b", target=s.subject, epoch=3, phase="precommit")
+    decision = AlignmentDecision(job=s.job, subjects=(s.other,), phase="catching_up", seq=1)
+    return {
+        "command": (command_path, lambda: jobs.send(s.job, s.other, Command(kind="abort", seq=9), version)),
+        "epoch": (lay.epoch(s.subject, s.epoch + 1), lambda: led.ensure_epoch(s.subject, s.epoch + 1)),
+        "contribution": (lay.contribution(s.subject, s.epoch, writer_id("k", "1")),
+                         lambda: led.zk.create(lay.contribution(s.subject, s.epoch, writer_id("k", "1")),
+                                               contribution.dump())),
+        "commit": (lay.producer(s.subject, "k", "0"),
+                   lambda: led.commit(s.lease, s.epoch, 1, {0: Range(start=0, end=0), 1: Range(start=0, end=0)})),
+        "swap": (lay.swap(s.job), lambda: jobs.write_swap(swap, -1)),
+        "decision": (lay.decision(s.job), lambda: jobs.decide(decision, -1)),
+    }
+
+
+@pytest.mark.parametrize("who", ["unauthenticated", "reader"])
+def test_unauthorized_writes_are_refused_and_change_nothing(stack: StackInfo, secured: Secured, who: str) -> None:
+    auth, identity = ("", "an unauthenticated client") if who == "unauthenticated" else (READER, "'reader'")
+    with secured.client(stack, auth) as led:
+        before = snapshot(secured.admin, secured.root)
+        for name, (path, attempt) in _attempts(led, secured).items():
+            with pytest.raises(AccessDeniedError) as info:
+                attempt()  # type: ignore[operator]
+            assert info.value.path == path, name
+            assert identity in str(info.value), name
+        assert led.subject(secured.subject).name == secured.subject  # reading is open (no reader grants)
+        assert snapshot(secured.admin, secured.root) == before
+
+
+def test_granted_sink_commits_its_subject_only(stack: StackInfo, secured: Secured) -> None:
+    with secured.client(stack, SINK) as sink:
+        lease = sink.commit(secured.lease, secured.epoch, 1, {0: Range(start=0, end=0), 1: Range(start=0, end=0)})
+        assert sink.is_committed(secured.subject, secured.epoch)
+        sink.ensure_epoch(secured.subject, lease.next_epoch)  # its next epoch too
+        producer, _ = sink.read(ProducerNode, sink.layout.producer(secured.subject, "k", "0"))
+        assert producer.committed_epoch == secured.epoch
+
+        before = snapshot(secured.admin, secured.root)
+        with pytest.raises(AccessDeniedError, match="'sink-a'") as info:
+            sink.claim(secured.other, "k", "0", [0], lambda: {0: 0})
+        assert info.value.path.startswith(sink.layout.sinks(secured.other))
+        with pytest.raises(AccessDeniedError):
+            sink.ensure_epoch(secured.other, 0)
+        assert snapshot(secured.admin, secured.root) == before
+        other_lease = secured.admin.claim(secured.other, "adm", "0", [0], lambda: {0: 0})
+        secured.admin.ensure_epoch(secured.other, other_lease.next_epoch)
+        with pytest.raises(AccessDeniedError):
+            sink.commit(other_lease, other_lease.next_epoch, 1, {0: Range(start=0, end=0)})
+        assert not secured.admin.is_committed(secured.other, other_lease.next_epoch)
+
+        # its job: it reports consumer states but cannot write its own command
+        jobs = JobLedger(sink)
+        jobs.report(secured.job, secured.other, 0, ConsumerNode())
+        with pytest.raises(AccessDeniedError):
+            jobs.send(secured.job, secured.other, Command(kind="abort", seq=1), -1)
+
+
+def test_admin_writes_commands_and_nodes_created_later_get_acls(stack: StackInfo, secured: Secured) -> None:
+    jobs = JobLedger(secured.admin)
+    _, version = jobs.command(secured.job, secured.other)
+    jobs.send(secured.job, secured.other, Command(kind="abort", seq=1), version)
+    assert jobs.command(secured.job, secured.other)[0].kind == "abort"
+    # a subject registered after the grants: only the admin may write it until it is granted
+    secured.admin.register_subject(SubjectNode(name="late", topic="late", partitions=1))
+    with secured.client(stack, SINK) as sink:
+        with pytest.raises(AccessDeniedError):
+            sink.ensure_epoch("late", 0)
+        AclLedger(secured.admin).grant(parse_zk_auth(ADMIN), "sink-a", subjects=["late"])  # known identity
+        sink.ensure_epoch("late", 0)
+        assert sink.epoch_numbers("late") == [0]
+
+
+def test_grant_needs_an_identity_and_only_the_admin_grants(stack: StackInfo, secured: Secured) -> None:
+    with secured.client(stack, SINK) as sink, pytest.raises(AccessDeniedError, match=r"/acl"):
+        AclLedger(sink).grant(parse_zk_auth(SINK), "reader:x", subjects=[secured.subject])
+    with secured.client(stack, "") as anon, pytest.raises(AlignerError, match="ALIGNER_ZK_AUTH"):
+        AclLedger(anon).grant(None, "reader:x")
+    with pytest.raises(AlignerError, match="not known yet"):
+        AclLedger(secured.admin).grant(parse_zk_auth(ADMIN), "stranger", subjects=[secured.subject])
+
+
+def test_cli_acl_and_clear_denial(secured: Secured, cli_env: dict[str, str]) -> None:
+    env = {**cli_env, "ALIGNER_ROOT": secured.root}
+    source = f"{secured.root}/jobs/{secured.job}/sources/{secured.other}"
+    shown = run_cli(env, "acl", "show", source, "--json")
+    assert shown.returncode == 0, shown.stderr
+    acls = json.loads(shown.stdout)["acls"]
+    assert {"id": "digest:sink-a", "perms": "READ"} in acls[f"{source}/command"]
+    assert {"id": "digest:admin", "perms": "ALL"} in acls[f"{source}/command"]
+    assert "digest:admin" in run_cli(env, "acl", "show", source).stdout  # the table
+    denied = run_cli(env, "--zk-auth", READER, "abort", secured.job)
+    assert denied.returncode == 1
+    lines = denied.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in denied.stderr, denied.stderr
+    assert "'reader'" in lines[0] and f"{secured.root}/coordinator/election" in lines[0]  # a coordinator
+    granted = run_cli(env, "--zk-auth", ADMIN, "acl", "grant", "--job", "job-b", "--identity", "reader:reader-secret")
+    assert granted.returncode == 0, granted.stderr
+    grants, _ = AclLedger(secured.admin).grants()
+    assert grants is not None and grants.jobs["job-b"] == ["reader"]
+    refused = run_cli(env, "--zk-auth", READER, "acl", "grant", "--subject", "x", "--identity", "reader")
+    assert refused.returncode == 1 and f"{secured.root}/acl" in refused.stderr and "Traceback" not in refused.stderr
