@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 ZK_ROUND_TRIPS = Counter("aligner_zk_round_trips_total", "ZooKeeper requests made", ["kind"])
 EPOCHS_COMMITTED = Counter("aligner_epochs_committed_total", "Producer epoch commits", ["subject", "sink"])
@@ -21,4 +21,9 @@ INPUT_WAIT = Gauge(
 )
 KAFKA_RETRIES = Counter(
     "aligner_epoch_retries_total", "Epochs aborted on a Kafka or ZooKeeper failure and run again", ["job", "worker"]
+)
+COMMIT_SECONDS = Histogram(
+    "aligner_epoch_commit_seconds",
+    "A sink's epoch commit: Kafka flush and transaction commit, then the ZooKeeper multi-op",
+    ["subject", "sink"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )

@@ -19,6 +19,7 @@ retries of an unreachable broker) is :class:`aligner.connectors.stamped.StampedP
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,7 @@ from aligner.connectors.kafka import end_offsets, transactional_id
 from aligner.connectors.stamped import Lane, StampedProducer
 from aligner.errors import AlignerError, EpochFailedError, SubjectConflictError
 from aligner.ledger import Claim, Contribution, Lease, Ledger, PendingEpoch
-from aligner.metrics import EPOCHS_COMMITTED, LAST_EPOCH, RECORDS_SENT
+from aligner.metrics import COMMIT_SECONDS, EPOCHS_COMMITTED, LAST_EPOCH, RECORDS_SENT
 from aligner.models import Range, WritersNode
 from aligner.stamps import Stamp
 
@@ -182,6 +183,7 @@ class SinkProducer(StampedProducer):
         if self._epoch is None:
             raise AlignerError("no open epoch to commit")
         epoch = self._epoch
+        started = time.monotonic()
         try:
             written = self.flush_epoch({s: lease.node.next_offsets for s, lease in self._leases.items()})
         except EpochFailedError as exc:
@@ -208,6 +210,7 @@ class SinkProducer(StampedProducer):
         self._leases = dict(zip(self._leases, leases, strict=True))
         self._epoch = None
         self._fault("after_zk_commit")
+        COMMIT_SECONDS.labels(self.subject, self.sink).observe(time.monotonic() - started)
         for s, w in written.items():
             RECORDS_SENT.labels(s, self.sink).inc(w.records)
             EPOCHS_COMMITTED.labels(s, self.sink).inc()

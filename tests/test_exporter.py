@@ -98,3 +98,27 @@ def test_exporter_command_serves_metrics_and_stops_on_sigterm(spawn, stack, root
     started = time.monotonic()
     assert exporter.proc.wait(STOP_WITHIN + 5) == 0, exporter.stderr
     assert time.monotonic() - started < STOP_WITHIN
+
+
+def test_dashboard_uses_only_metrics_that_exist(ledger: Ledger, subject_name: str) -> None:
+    """The Grafana dashboard in deploy/ queries metric names this project exports (none renamed away)."""
+    import json
+    import re
+    from pathlib import Path
+
+    from prometheus_client import REGISTRY, CollectorRegistry
+
+    import aligner.metrics  # noqa: F401  (registers the per-process metrics)
+
+    _deployment(ledger, subject_name)
+    collector = LedgerCollector(ledger)
+    collector.refresh()
+    registry = CollectorRegistry()
+    registry.register(collector)
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
+    exported = {family.name + suffix for reg in (registry, REGISTRY) for family in reg.collect()
+                for suffix in suffixes.get(family.type, ("",))}
+    dashboard = json.loads((Path(__file__).parent.parent / "deploy/grafana/aligner-dashboard.json").read_text())
+    used = {name for panel in dashboard["panels"] for target in panel["targets"]
+            for name in re.findall(r"\baligner_[a-z_]+", target["expr"])}
+    assert used and used <= exported, sorted(used - exported)
