@@ -1,4 +1,12 @@
-"""Small confluent-kafka helpers shared by sinks, readers and the marker."""
+"""Small confluent-kafka helpers shared by sinks, readers and the marker.
+
+Every confluent-kafka client the product creates is configured by :func:`admin`,
+:func:`producer_config` or :func:`consumer_config`; they merge the Kafka client properties of
+``ALIGNER_KAFKA_CONFIG`` (SASL, TLS, client.id, ...; see :func:`aligner.settings.kafka_properties`), so
+the CLI, the runtime, the marker, Spark drivers and executors and Faust jobs all reach a secured
+cluster through the environment they inherit. The file may tune any setting except the ones the
+protocol depends on (:data:`PROTOCOL`), and it never overrides the bootstrap servers the product was given.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +22,9 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from aligner.errors import AlignerError, StoppedError, UnreachableError
+from aligner.settings import kafka_properties
+
+log = logging.getLogger("aligner.kafka")
 
 LIBRDKAFKA_LOG = logging.getLogger("aligner.librdkafka")
 """Where librdkafka's own log lines go. An unreachable broker makes librdkafka log every reconnect
@@ -30,8 +41,34 @@ UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, Ka
 """librdkafka error codes that mean the broker did not answer (not that it refused the request)."""
 
 
+PROTOCOL = frozenset({"bootstrap.servers", "transactional.id", "group.id", "enable.auto.commit",
+                      "enable.auto.offset.store", "isolation.level", "enable.partition.eof", "auto.offset.reset",
+                      "logger"})
+"""Settings the product decides (bootstrap servers come from ALIGNER_KAFKA / --kafka; exactly-once and
+positions from ZooKeeper depend on the others): the client properties file cannot override them."""
+
+_warned: set[str] = set()
+
+
+def client_properties() -> dict[str, Any]:
+    """The ALIGNER_KAFKA_CONFIG settings every client gets ({} when it is not set), without the ones
+    the product decides (each such key is logged once, so a copied producer.properties still works)."""
+    props = kafka_properties()
+    for key in sorted(PROTOCOL & props.keys()):
+        if key not in _warned:
+            _warned.add(key)
+            log.warning("Kafka client config: %s=%s is ignored (the product sets it)", key, props[key])
+        del props[key]
+    return props
+
+
 def admin(bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap, **QUIET})
+    return AdminClient(admin_config(bootstrap))
+
+
+def admin_config(bootstrap: str) -> dict[str, Any]:
+    """An admin client's settings: the client properties file, the bootstrap servers, no log flood."""
+    return {**client_properties(), "bootstrap.servers": bootstrap, **QUIET}
 
 
 def _bootstrap_hosts(bootstrap: str) -> list[tuple[str, int]]:
@@ -128,12 +165,13 @@ def transactional_id(subject: str, sink: str, producer: str) -> str:
 def producer_config(bootstrap: str, txn_id: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A transactional producer tuned for epochs of many small records (one transaction per epoch)."""
     return {
-        "bootstrap.servers": bootstrap,
-        "transactional.id": txn_id,
         "linger.ms": 5,
         "batch.num.messages": 10000,
         "queue.buffering.max.messages": 1_000_000,
         "transaction.timeout.ms": 60000,
+        **client_properties(),
+        "bootstrap.servers": bootstrap,
+        "transactional.id": txn_id,
         **QUIET,
         **(extra or {}),
     }
@@ -154,6 +192,11 @@ def requires_abort(exc: KafkaException) -> bool:
 def consumer_config(bootstrap: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """An assign-only consumer: no group offsets are ever committed, positions come from ZooKeeper."""
     return {
+        "fetch.max.bytes": 64 * 1024 * 1024,
+        "max.partition.fetch.bytes": 16 * 1024 * 1024,
+        "queued.min.messages": 200000,
+        "fetch.wait.max.ms": 10,
+        **client_properties(),
         "bootstrap.servers": bootstrap,
         "group.id": f"aligner-reader-{uuid.uuid4().hex[:8]}",
         "enable.auto.commit": False,
@@ -161,10 +204,6 @@ def consumer_config(bootstrap: str, extra: Mapping[str, Any] | None = None) -> d
         "isolation.level": "read_committed",
         "enable.partition.eof": True,
         "auto.offset.reset": "error",
-        "fetch.max.bytes": 64 * 1024 * 1024,
-        "max.partition.fetch.bytes": 16 * 1024 * 1024,
-        "queued.min.messages": 200000,
-        "fetch.wait.max.ms": 10,
         **QUIET,
         **(extra or {}),
     }
