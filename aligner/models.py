@@ -199,6 +199,9 @@ class JobNode(Node):
     """A new version running beside ``follows``: it reads that job's aligned epochs and voids its
     output until a hot-swap hands the target over to it."""
     output_partitions: tuple[int, ...] | None = None
+    shadow: Ident | None = None
+    """A new version's private subject: what it would have written, epoch for epoch, while its output
+    is voided, so ``aligner verify`` can compare it with the old version's before the swap."""
     created_at: int = Field(default_factory=now_ms)
 
     def same_shape(self, other: JobNode) -> bool:
