@@ -33,6 +33,7 @@ from aligner.connectors.idle import Idle
 from aligner.connectors.sink import TRANSIENT, FaultHook, SinkProducer, partitions_for
 from aligner.connectors.source import SourceRecord, SubjectSource
 from aligner.connectors.state import MemoryStore, StateStore, create_changelog, open_store
+from aligner.connectors.subjects import create_subject
 from aligner.errors import AlignerError, UnknownSubjectError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
@@ -90,6 +91,14 @@ class JobSpec:
     the epoch before its first, instead of rebuilding its state from the start of its inputs: for a
     change of logic that keeps the state's format. Both versions need the same parallelism."""
 
+    shadow: bool = False
+    """A new version (``follows``) writes what it voids to its private subject ``{job}.shadow``, epoch
+    for epoch, so it can be compared with the old version before the swap (``aligner verify``)."""
+
+    @property
+    def shadow_subject(self) -> str | None:
+        return f"{self.job}.shadow" if self.shadow else None
+
     @property
     def changelog(self) -> str | None:
         """The subject that holds this job's keyed state, one partition per worker."""
@@ -99,7 +108,7 @@ class JobSpec:
         return JobNode(job=self.job, version=self.version, inputs=self.inputs, output=self.output,
                        parallelism=self.parallelism, deterministic=self.deterministic,
                        per_key_order=self.per_key_order, mode=self.mode, follows=self.follows,
-                       output_partitions=self.output_partitions)
+                       output_partitions=self.output_partitions, shadow=self.shadow_subject)
 
 
 class JobWorker:
@@ -142,12 +151,16 @@ class JobWorker:
 
     def open(self) -> JobWorker:
         spec = self.spec
+        if spec.shadow and spec.follows is None:
+            raise AlignerError(f"job {spec.job!r}: only a new version (follows=OLD) writes a shadow subject")
         self.jobs.register(spec.node())
         self._epochs_of = spec.follows or spec.job
         """Whose aligned job epoch nodes this job uses: its own, or the old version's it follows."""
         self.jobs.ensure_worker_path(spec.job, self.worker)
         if spec.changelog is not None:
             self._ensure_changelog(spec.changelog)
+        if spec.shadow_subject is not None:
+            self._ensure_shadow(spec.shadow_subject)
         if spec.state == "rocksdb":
             if spec.state_dir is None:
                 raise AlignerError(f"job {spec.job!r} keeps its state in RocksDB: give it a state directory")
@@ -164,9 +177,10 @@ class JobWorker:
         spec = self.spec
         out_parts = spec.output_partitions or tuple(range(self.ledger.subject(spec.output).partitions))
         mine = [out_parts[i] for i in partitions_for(self.worker, spec.parallelism, len(out_parts))]
-        changelog = spec.changelog
+        changelog, shadow = spec.changelog, spec.shadow_subject
+        also = {**({changelog: [self.worker]} if changelog else {}), **({shadow: mine} if shadow else {})}
         self.sink = SinkProducer(self.ledger, self.bootstrap, spec.output, spec.job, self.worker, mine,
-                                 also={changelog: [self.worker]} if changelog else None, fault=self.fault).open()
+                                 also=also or None, fault=self.fault).open()
         assignment = {s: list(range(self.worker, self.ledger.subject(s).partitions, spec.parallelism))
                       for s in spec.inputs}
         self.source = SubjectSource(self.ledger, self.bootstrap, assignment,
@@ -221,6 +235,14 @@ class JobWorker:
         self.state.mark_all_changed()
         self.source.restore(committed.offsets, committed.load_from)
         self._inherited = f"{old}@{epoch}"
+
+    def _ensure_shadow(self, name: str) -> None:
+        """The shadow subject, shaped like the output (created by the first worker to start)."""
+        out = self.ledger.subject(self.spec.output)
+        try:
+            self.ledger.subject(name)
+        except UnknownSubjectError:
+            create_subject(self.ledger, self.bootstrap, name, out.partitions, value_format=out.value_format)
 
     def _ensure_changelog(self, name: str) -> None:
         """The job's changelog subject, one partition per worker (created by the first worker to start)."""
@@ -322,7 +344,13 @@ class JobWorker:
 
     def _process(self, records: list[SourceRecord]) -> None:
         fn, state, send = self.fn, self.state, self.sink.send
-        if self._voiding:
+        shadow = self.spec.shadow_subject
+        if self._voiding and shadow is not None:
+            send_to = self.sink.send_to
+            for r in records:
+                for key, value in fn(r, state):  # voided at the target, kept in the shadow for comparison
+                    send_to(shadow, value, key)
+        elif self._voiding:
             for r in records:
                 for _ in fn(r, state):  # state advances; the output is voided
                     pass

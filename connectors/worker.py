@@ -117,6 +117,8 @@ def run(
     state_dir: Annotated[str | None, typer.Option(help="Directory of RocksDB state stores")] = None,
     inherit_state: Annotated[bool, typer.Option(help="With --follows: start from the old version's state")]
     = False,
+    shadow: Annotated[bool, typer.Option(help="With --follows: write the voided output to JOB.shadow (verify)")]
+    = False,
     metrics_port: Annotated[int | None, typer.Option(min=1, max=65535, help="Serve Prometheus metrics here")]
     = None,
 ) -> None:
@@ -127,6 +129,8 @@ def run(
         raise typer.BadParameter(f"{mode!r} is not exactly_once or at_least_once", param_hint="--mode")
     if state not in ("memory", "rocksdb", "none"):
         raise typer.BadParameter(f"{state!r} is not memory, rocksdb or none", param_hint="--state")
+    if shadow and follows is None:
+        raise typer.BadParameter("--shadow needs --follows: only a new version writes a shadow", param_hint="--shadow")
     if state == "rocksdb" and state_dir is None:
         raise typer.BadParameter("--state rocksdb needs --state-dir", param_hint="--state-dir")
     try:
@@ -139,7 +143,7 @@ def run(
                    interval=interval, mode=mode,  # type: ignore[arg-type]
                    epochs_per_checkpoint=epochs_per_checkpoint, deterministic=not nondeterministic,
                    follows=follows, output_partitions=parts, state=state,  # type: ignore[arg-type]
-                   state_dir=state_dir, inherit_state=inherit_state)
+                   state_dir=state_dir, inherit_state=inherit_state, shadow=shadow)
     fn = load_function(function)
     if metrics_port is not None:
         from prometheus_client import start_http_server

@@ -659,22 +659,36 @@ def hotswap(
     subject: Annotated[str, typer.Option("--subject", callback=_name, help="The target subject both write")],
     at_epoch: Annotated[int | None, typer.Option(min=0, help="Swap at this target epoch at the earliest")] = None,
     abort_swap: Annotated[bool, typer.Option("--abort", help="Abort a swap that is not committed yet")] = False,
+    verify_epochs: Annotated[int | None, typer.Option(
+        min=1, help="First compare NEW's shadow with OLD over this many epochs; refuse the swap if they differ")
+    ] = None,
+    ignore_field: Annotated[list[str] | None, typer.Option(
+        help="With --verify-epochs: a JSON field of the values that is meant to differ (repeat)")] = None,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for each phase")] = 300.0,
     as_json: JsonFlag = False,
 ) -> None:
     """Swap OLD for NEW on SUBJECT at a future epoch S, exactly once: OLD writes <= S, NEW writes > S."""
     from aligner.coordinator.alignment import leadership
     from aligner.coordinator.hotswap import HotSwap
+    from aligner.coordinator.verify import verify_before_swap
 
     if old == new:
         usage("--old and --new must name two different jobs")
-    if abort_swap and at_epoch is not None:
-        usage("--abort takes no --at-epoch")
+    if abort_swap and (at_epoch is not None or verify_epochs is not None):
+        usage("--abort takes no --at-epoch or --verify-epochs")
+    if ignore_field and verify_epochs is None:
+        usage("--ignore-field needs --verify-epochs")
     with ledger(max(ZK_OUTAGE_LIMIT, timeout)) as led, leadership(led, timeout=timeout):
         swapper = HotSwap(led)
         if abort_swap:
             node = swapper.abort(old)
         else:
+            if verify_epochs is not None:
+                swapper.check(old, new, subject)
+                report = verify_before_swap(led, kafka(), old, new, verify_epochs, ignore_field or (), timeout)
+                if report is not None and not as_json:
+                    err.print(f"verified: {new} agrees with {old} over epochs {report['first']}..{report['last']} "
+                              f"({report['records']} records)")
             def progress(what: str, info: dict[str, Any]) -> None:
                 if not as_json:
                     err.print(f"[dim]{what}[/] {info.get('phase', '')} S={info.get('epoch', '?')}", end="\r")
@@ -691,18 +705,33 @@ def verify(
     job: Annotated[list[str] | None, typer.Option("--job", callback=_names, help="Two jobs whose outputs to compare")
                    ] = None,
     subject: Annotated[list[str] | None, typer.Option("--subject", callback=_names, help="Or two subjects")] = None,
-    epochs_: Annotated[str, typer.Option("--epochs", help="Inclusive span A:B")] = "0:0",
+    epochs_: Annotated[str | None, typer.Option(
+        "--epochs", help="Inclusive span A:B (default with two jobs, one shadowing the other: every epoch both "
+                         "committed)")] = None,
+    ignore_field: Annotated[list[str] | None, typer.Option(
+        help="A JSON field of the values that is meant to differ (repeat)")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Diff two jobs' (or subjects') outputs epoch by epoch as multisets; report the first difference."""
-    from aligner.coordinator.verify import verify_outputs
+    """Diff two jobs' (or subjects') outputs epoch by epoch as multisets; report the first difference.
+
+    A new version running with --shadow is read from its shadow subject."""
+    from aligner.coordinator.verify import shadow_span, verify_outputs
 
     names = list(job or []) + list(subject or [])
     if len(names) != 2 or (job and subject):
         usage("give exactly two --job or two --subject")
-    first, last = _epochs(epochs_)
+    if epochs_ is None and not job:
+        usage("--epochs is needed to compare two subjects")
     with ledger() as led:
-        report = verify_outputs(led, kafka(), names, first, last, by_job=bool(job))
+        if epochs_ is not None:
+            first, last = _epochs(epochs_)
+        else:
+            span = shadow_span(led, *names) or shadow_span(led, *reversed(names))
+            if span is None:
+                raise AlignerError(f"no epochs to compare: neither of {names} runs as a shadowing new version of the "
+                                   f"other with committed shadow epochs; give --epochs")
+            first, last = span
+        report = verify_outputs(led, kafka(), names, first, last, by_job=bool(job), ignore=ignore_field or ())
     if not emit(report, as_json):
         if report["first_difference"] is None:
             out.print(f"[green]identical[/] {names[0]} and {names[1]} over epochs {first}..{last}")

@@ -13,8 +13,10 @@ from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.gc import collect
 from aligner.coordinator.hotswap import HotSwap, HotSwapRefused
 from aligner.coordinator.stack import wait_for
+from aligner.coordinator.verify import shadow_span, verify_before_swap, verify_outputs
 from aligner.errors import AlignerError
 from aligner.models import ContributionNode
+from tests.conftest import run_cli
 from tests.jobs import count_v1, count_v2, tag_v1, tag_v2
 from tests.streams import assert_exactly_once, read_all
 
@@ -22,7 +24,8 @@ LIVE = 180
 """Liveness bound (seconds) on waits for progress: generous, for a busy machine; never a speed check."""
 
 
-def _setup(stack, ledger, spawn, raw, v1_fn=tag_v1, v2_fn=tag_v2, inherit_state=False, before_v2=None):
+def _setup(stack, ledger, spawn, raw, v1_fn=tag_v1, v2_fn=tag_v2, inherit_state=False, before_v2=None,
+           shadow=False):
     target = f"{raw}-t"
     create_subject(ledger, stack.kafka, raw, 2)
     create_subject(ledger, stack.kafka, target, 4)
@@ -30,7 +33,7 @@ def _setup(stack, ledger, spawn, raw, v1_fn=tag_v1, v2_fn=tag_v2, inherit_state=
     gen = spawn.generator(raw, epochs=5000, pace=0.04, until=more)
     old = JobSpec(job=f"{raw}-v1", inputs=(raw,), output=target, interval=0.2, output_partitions=(0, 1))
     new = JobSpec(job=f"{raw}-v2", inputs=(raw,), output=target, interval=0.2, output_partitions=(2, 3),
-                  version="2", follows=old.job, inherit_state=inherit_state)
+                  version="2", follows=old.job, inherit_state=inherit_state, shadow=shadow)
     v1 = spawn.job(old, v1_fn)
     Coordinator(ledger).align(old.job, timeout=LIVE)
     if before_v2 is not None:
@@ -129,6 +132,30 @@ def test_new_version_inheriting_the_old_state_continues_it_exactly(stack, ledger
     first = min(jobs.worker_epoch_numbers(new.job, 0))
     assert jobs.worker_epoch(new.job, 0, first).state_from == f"{old.job}@{first - 1}"
     assert v2.worker.records_in < gen.sent, "v2 replayed the input from its start instead of taking v1's state"
+
+
+def test_shadow_is_verified_before_the_swap(stack, ledger, subject_name, spawn, cli_env):
+    """v2 runs in shadow mode: what it voids at the target goes to its shadow subject, epoch for epoch.
+    A verified swap refuses while v2's results differ from v1's, and goes ahead when the difference
+    (the version field) is declared intended; the shadow then equals v1's output on every epoch both wrote."""
+    target, more, gen, old, new, v1, v2 = _setup(stack, ledger, spawn, subject_name, shadow=True)
+    with pytest.raises(HotSwapRefused, match=r"differs from .* at epoch \d+"):
+        verify_before_swap(ledger, stack.kafka, old.job, new.job, 3, timeout=LIVE)
+    assert HotSwap(ledger).jobs.swap(old.job)[0] is None, "a refused swap changed nothing"
+    differ = run_cli(cli_env, "verify", "--job", old.job, "--job", new.job, "--json")
+    assert differ.returncode == 3, differ.stderr
+    assert json.loads(differ.stdout)["read"] == [target, new.shadow_subject]
+    report = verify_before_swap(ledger, stack.kafka, old.job, new.job, 3, ignore=["v"], timeout=LIVE)
+    assert report is not None and report["first_difference"] is None and report["epochs"] == 3
+    swap = HotSwap(ledger).run(old.job, new.job, target, timeout=LIVE)
+    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
+    _finish(more, gen, v1, v2)
+    _verify(ledger, stack, target, gen, swap.epoch)
+    span = shadow_span(ledger, old.job, new.job)
+    assert span is not None and span[1] == swap.epoch
+    whole = verify_outputs(ledger, stack.kafka, [old.job, new.job], *span, by_job=True, ignore=["v"])
+    assert whole["first_difference"] is None and whole["records"] > 0
+    assert all(epoch <= swap.epoch for epoch, _ in read_all(ledger, stack.kafka, new.shadow_subject))
 
 
 def test_coordinator_killed_after_precommit_resumes_the_swap(stack, ledger, subject_name, cli_env, spawn):
