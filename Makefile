@@ -26,7 +26,7 @@ zookeeper:
 
 test: setup
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=20
 
 demo: setup
 	$(PY) -m experiments.demo
