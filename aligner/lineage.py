@@ -13,13 +13,13 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from aligner.errors import EpochNotCommittedError, LineageError, UnknownJobError
+from aligner.errors import EpochNotCommittedError, FencedError, LineageError, UnknownJobError
 from aligner.jobs import JobLedger
 from aligner.layout import epoch_name, split_writer
 from aligner.ledger import Ledger
-from aligner.models import M, parse
+from aligner.models import M, Node, parse
 
 # ---- lineage trees of coordinator jobs -------------------------------------------------------------
 
@@ -171,6 +171,25 @@ class SparkLineageLedger:
         except NoNodeError:
             return None
         return max((int(n) for n in names), default=None)
+
+    def write_progress(self, node: Node, subject: str, sink: str, version: int) -> None:
+        """Record a sink's progress without an epoch commit (a batch whose output was voided before its
+        producers' first epoch): created with its epochs folder the first time, else compare-and-set."""
+        path = self.progress_path(subject, sink)
+        try:
+            if version < 0:
+                t = self.ledger.zk.transaction()
+                t.create(path, node.dump())
+                t.create(self.sink_epochs_path(subject, sink), b"")
+                results = t.commit()
+                failed = [r for r in results if isinstance(r, Exception)]
+                if failed:
+                    raise failed[0]
+            else:
+                self.ledger.zk.set(path, node.dump(), version=version)
+        except (BadVersionError, NodeExistsError) as exc:
+            raise FencedError(f"the progress of sink {sink!r} on {subject!r} changed concurrently "
+                              f"({type(exc).__name__}); nothing was recorded") from exc
 
     # ---- sink epochs --------------------------------------------------------------------------
 

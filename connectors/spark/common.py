@@ -221,6 +221,8 @@ class ReadPlan:
     """Streaming reads: the micro-batch's epochs [first, last], recorded as lineage by its tasks."""
     subject_column: bool = False
     """Multi-subject streaming reads: rows end with the ``subject`` column."""
+    job_span: tuple[int, int] | None = None
+    """A query running as an aligned job: the job epochs [first, last] the micro-batch covers."""
 
 
 class AlignedPartition(InputPartition):
@@ -239,7 +241,7 @@ class AlignedPartition(InputPartition):
 
 def plan_partitions(ledger: Ledger, kafka: str, subject: SubjectNode, epochs: Sequence[int],
                     stall_timeout: float, zk: str = "", lineage: bool = False,
-                    subject_column: bool = False) -> list[AlignedPartition]:
+                    subject_column: bool = False, job_span: tuple[int, int] | None = None) -> list[AlignedPartition]:
     """Resolve committed epochs and split them into input partitions; every error surfaces here.
 
     Raises UnknownSubjectError, EpochNotCommittedError or EpochOutOfRetentionError before any task runs.
@@ -255,7 +257,8 @@ def plan_partitions(ledger: Ledger, kafka: str, subject: SubjectNode, epochs: Se
     span = (min(epochs), max(epochs)) if lineage and epochs else None
     plan = ReadPlan(kafka=kafka, subject=subject.name, topic=subject.topic,
                     fields=tuple((f.name, f.type) for f in field_columns(subject)), stall_timeout=stall_timeout,
-                    zk=zk, root=ledger.layout.root, span=span, subject_column=subject_column)
+                    zk=zk, root=ledger.layout.root, span=span, subject_column=subject_column,
+                    job_span=job_span)
     parts = [AlignedPartition(plan, p, by_partition[p]) for p in sorted(by_partition)]
     if span is not None and not parts:
         parts = [AlignedPartition(plan, 0, [])]
@@ -381,7 +384,8 @@ def record_batch_lineage(plan: ReadPlan) -> None:
     query, batch = ctx.getLocalProperty("sql.streaming.queryId"), ctx.getLocalProperty("streaming.sql.batchId")
     if not query or batch is None:
         return
-    record_source_batch(ledger_for(plan.zk, plan.root), query, int(batch), plan.subject, *plan.span)
+    record_source_batch(ledger_for(plan.zk, plan.root), query, int(batch), plan.subject, *plan.span,
+                        job_span=plan.job_span)
 
 
 def read_aligned_partition(partition: AlignedPartition, schema: StructType) -> Iterator[pa.RecordBatch]:

@@ -49,9 +49,13 @@ def source_batch_path(ledger: Ledger, query: str, batch: int, subject: str) -> s
 # ---- recording and reading ------------------------------------------------------------------------
 
 
-def record_source_batch(ledger: Ledger, query: str, batch: int, subject: str, first: int, last: int) -> None:
-    """Create-if-absent: micro-batch ``batch`` of ``query`` read epochs first..last of ``subject``."""
-    node = SparkSourceBatchNode(query=query, batch=batch, subject=subject, first=first, last=last)
+def record_source_batch(ledger: Ledger, query: str, batch: int, subject: str, first: int, last: int,
+                        job_span: tuple[int, int] | None = None) -> None:
+    """Create-if-absent: micro-batch ``batch`` of ``query`` read epochs first..last of ``subject``
+    (and, for a query running as an aligned job, covered job epochs ``job_span``)."""
+    job_first, job_last = job_span if job_span is not None else (None, None)
+    node = SparkSourceBatchNode(query=query, batch=batch, subject=subject, first=first, last=last,
+                                job_first=job_first, job_last=job_last)
     old = SparkLineageLedger(ledger).record_source_batch(node, query, batch, subject, SOURCE_BATCHES_KEPT)
     if (old.first, old.last) != (first, last):
         raise LineageError(

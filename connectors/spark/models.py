@@ -23,8 +23,12 @@ class SparkProgressNode(Node):
 
     query: str | None
     batch: int = Field(ge=0)
-    epoch: int = Field(ge=0)
+    epoch: int | None = Field(default=None, ge=0)
+    """The last epoch the sink committed (None: a query running as a job voided every batch so far
+    before its producers' first epoch)."""
     producers: int = Field(ge=1)
+    job_epoch: int | None = Field(default=None, ge=0)
+    """A query running as an aligned job: the last job epoch its batches covered."""
     updated_at: int = Field(default_factory=now_ms)
 
 
@@ -45,6 +49,9 @@ class SparkSourceBatchNode(Node):
     subject: Ident
     first: int = Field(ge=0)
     last: int = Field(ge=0)
+    job_first: int | None = Field(default=None, ge=0)
+    """A query running as an aligned job: the job epochs [job_first, job_last] the batch covers."""
+    job_last: int | None = Field(default=None, ge=0)
     created_at: int = Field(default_factory=now_ms)
 
     @model_validator(mode="after")

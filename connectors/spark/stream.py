@@ -56,9 +56,11 @@ from aligner.connectors.spark.common import (
     float_option,
     int_option,
     ledger_for,
+    opt,
     plan_partitions,
     read_aligned_partition,
 )
+from aligner.connectors.spark.job import JobPlanner
 from aligner.errors import AlignerError
 
 
@@ -78,6 +80,11 @@ def _vector_of(offset: dict, subjects: Sequence[str]) -> dict[str, int]:
                            f"{{'epochs': {{subject: N}}}} over the subjects {list(subjects)}") from None
 
 
+def _job_of(offset: dict) -> int | None:
+    job = offset.get("job") if isinstance(offset, dict) else None
+    return None if job is None else int(job)
+
+
 class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.conn = Connection.from_options(options, multi=True)
@@ -88,6 +95,16 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """At most this many epochs per micro-batch; None: every committed epoch available (keeps up)."""
         self.stall_timeout = float_option(options, "stallTimeout", 30.0)
         self._target: dict[str, int] | None = None
+        self.job = opt(options, "job") or None
+        """Run as this registered aligned job (:mod:`aligner.connectors.spark.job`)."""
+        self._planner: JobPlanner | None = None
+
+    @property
+    def planner(self) -> JobPlanner:
+        if self._planner is None:
+            assert self.job is not None
+            self._planner = JobPlanner(self._ledger, self.conn.kafka, self.job, self._subjects)
+        return self._planner
 
     @property
     def _ledger(self):  # type: ignore[no-untyped-def]
@@ -111,14 +128,16 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             out[s] = frontier + 1 if frontier is not None else self._first_epoch(s)
         return out
 
-    def _offset(self, vector: dict[str, int]) -> dict:
+    def _offset(self, vector: dict[str, int], job: int | None = None, first: int | None = None) -> dict:
+        if self.job is not None:
+            return {"epochs": dict(vector), "job": job, "first": first}
         if self.conn.subjects:
             return {"epochs": dict(vector)}
         return {"epoch": vector[self.conn.subject]}
 
     def _vector(self, offset: dict) -> dict[str, int]:
-        if self.conn.subjects:
-            return _vector_of(offset, self.conn.subjects)
+        if self.conn.subjects or self.job is not None:
+            return _vector_of(offset, self._subjects)
         return {self.conn.subject: _epoch_of(offset)}
 
     def initialOffset(self) -> dict:
@@ -134,9 +153,9 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         """Per subject: one past its last committed epoch, capped by the limit per subject (marker
-        merging: a batch covers each subject's newly committed epochs, none for a subject with none)."""
+        merging: a batch covers each subject's newly committed epochs, none for a subject with none).
+        A job's query plans its next job epoch instead (and the swap gate may plan nothing: ``start``)."""
         firsts = self._vector(start)
-        target = self._target if self._target is not None else self._next_uncommitted()
         cap: int | None = None
         if isinstance(limit, ReadMaxFiles):
             cap = max(1, limit.max_files)
@@ -144,6 +163,13 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             cap = max(1, limit.max_rows)
         elif not isinstance(limit, ReadAllAvailable):
             cap = self.per_batch
+        if self.job is not None:
+            planned = self.planner.plan(firsts, _job_of(start), cap)
+            if planned is None:
+                return start
+            end, first, last = planned
+            return self._offset(end, last + 1, first)
+        target = self._target if self._target is not None else self._next_uncommitted()
         ends = {}
         for s, first in firsts.items():
             end = target[s] if cap is None else min(target[s], first + cap)
@@ -156,6 +182,9 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         firsts, stops = self._vector(start), self._vector(end)
         ledger = self._ledger
+        job_span = None
+        if self.job is not None and _job_of(end) is not None and end.get("first") is not None:
+            job_span = (int(end["first"]), int(end["job"]) - 1)
         parts: list[InputPartition] = []
         for s in self._subjects:
             first, stop = firsts[s], stops[s]
@@ -163,7 +192,8 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 continue
             subject = ledger.subject(s)
             parts += plan_partitions(ledger, self.conn.kafka, subject, range(first, stop), self.stall_timeout,
-                                     zk=self.conn.zk, lineage=True, subject_column=bool(self.conn.subjects))
+                                     zk=self.conn.zk, lineage=True, subject_column=bool(self.conn.subjects),
+                                     job_span=job_span)
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

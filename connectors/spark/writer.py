@@ -51,9 +51,10 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any
@@ -72,8 +73,11 @@ from aligner.connectors.stamped import StampedProducer, epoch_ranges
 from aligner.errors import AlignerError, FencedError
 from aligner.layout import writer_id
 from aligner.ledger import Contribution, Lease, Ledger
+from aligner.lineage import SparkLineageLedger
 from aligner.models import ProducerNode, Range
 from aligner.stamps import Stamp
+
+log = logging.getLogger("aligner.spark.writer")
 
 
 @dataclass
@@ -106,17 +110,26 @@ class SinkSpec:
     producers: int
     fail_first_attempt_after: int | None = None
     pause_after_commit: int | None = None
+    job: str | None = None
+    """Run as this registered aligned job (:mod:`aligner.connectors.spark.job`): the sink id is the job id."""
 
     @classmethod
     def from_options(cls, options: dict[str, str]) -> SinkSpec:
         conn = Connection.from_options(options)
-        sink = opt(options, "sinkId")
+        job = opt(options, "job") or None
+        sink = opt(options, "sinkId") or job
         if not sink:
             raise AlignedOptionError("writeStream.format('aligned') needs option sinkId (stable across restarts)")
+        if job is not None and sink != job:
+            raise AlignedOptionError(f"a query running as job {job!r} writes through sink {job!r}, not "
+                                     f"sinkId={sink!r} (leave sinkId out)")
+        if job is not None and opt(options, "producers"):
+            raise AlignedOptionError("a query running as a job has one producer per output partition of its "
+                                     "registration; leave option producers out")
         producers = int_option(options, "producers", 0, minimum=1) if opt(options, "producers") else 0
         fault = int_option(options, "failFirstAttemptAfter", None, minimum=1)
         pause = int_option(options, "pauseAfterCommit", None)
-        return cls(conn, sink, producers or 0, fault, pause)
+        return cls(conn, sink, producers or 0, fault, pause, job)
 
 
 def load_slots(ledger: Ledger, subject: str, sink: str, slots: range | list[int]) -> list[Lease]:
@@ -132,11 +145,15 @@ def load_slots(ledger: Ledger, subject: str, sink: str, slots: range | list[int]
     return leases
 
 
-def open_slots(ledger: Ledger, kafka: str, subject: str, sink: str, n: int) -> list[Lease]:
-    """Claim the sink's N slots when missing and bring them to a common next epoch; idempotent."""
+def open_slots(ledger: Ledger, kafka: str, subject: str, sink: str, n: int,
+               partitions: Sequence[int] | None = None) -> list[Lease]:
+    """Claim the sink's N slots when missing and bring them to a common next epoch; idempotent.
+    The slots share ``partitions`` of the subject (default: all of them)."""
     meta = ledger.subject(subject)
-    if n > meta.partitions:
-        raise AlignedOptionError(f"producers={n} but subject {subject!r} has only {meta.partitions} partitions")
+    shared = list(partitions) if partitions is not None else list(range(meta.partitions))
+    if n > len(shared):
+        raise AlignedOptionError(f"producers={n} but subject {subject!r} has only {len(shared)} partitions "
+                                 "for this sink")
     writers, _ = ledger.writers(subject)
     mine = sorted(int(w.split(":", 1)[1]) for w in writers.writers if w.split(":", 1)[0] == sink
                   and w.split(":", 1)[1].isdigit())
@@ -148,7 +165,7 @@ def open_slots(ledger: Ledger, kafka: str, subject: str, sink: str, n: int) -> l
     for i in range(n):
         if i in mine:
             continue
-        parts = partitions_for(i, n, meta.partitions)
+        parts = [shared[j] for j in partitions_for(i, n, len(shared))]
         ledger.claim(subject, sink, str(i), parts,
                      lambda parts=parts: end_offsets(kafka, meta.topic, parts, committed_only=False))
     leases = load_slots(ledger, subject, sink, range(n))
@@ -157,7 +174,8 @@ def open_slots(ledger: Ledger, kafka: str, subject: str, sink: str, n: int) -> l
     return [ledger.close_empty(lease, target) for lease in leases]
 
 
-def commit_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any], batch_id: int) -> int | None:
+def commit_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any], batch_id: int,
+                 job_epoch: int | None = None) -> int | None:
     """The driver's commit of one micro-batch as one epoch: one ZooKeeper multi-op. Returns the epoch,
     or None when this (query, batch) was committed before (a re-run after a restart)."""
     subject, sink = spec.conn.subject, spec.sink
@@ -191,7 +209,8 @@ def commit_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any], ba
             continue
         ranges = epoch_ranges(lease.node.next_offsets, m.last, m.counts, f"batch {batch_id} producer {i}")
         contributions.append(Contribution(lease, m.attempt, ranges, m.counts or None))
-    progress_node = SparkProgressNode(query=query, batch=batch_id, epoch=epoch, producers=n).dump()
+    progress_node = SparkProgressNode(query=query, batch=batch_id, epoch=epoch, producers=n,
+                                      job_epoch=job_epoch).dump()
     if progress_version < 0:  # the first batch: the progress node and its epochs folder come with it
         progress_ops: list[tuple[Any, ...]] = [("create", progress_path(ledger, subject, sink), progress_node),
                                                ("create", sink_epochs_path(ledger, subject, sink), b"")]
@@ -207,6 +226,92 @@ def commit_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any], ba
             f"batch committed ({type(exc).__name__}); nothing was committed"
         ) from exc
     return epoch
+
+
+def source_read(ledger: Ledger, query: str | None, batch_id: int) -> bool:
+    from aligner.connectors.spark.lineage import source_batch
+
+    return bool(query) and bool(source_batch(ledger, query, batch_id))  # type: ignore[arg-type]
+
+
+def job_span(ledger: Ledger, query: str | None, batch_id: int) -> tuple[tuple[int, int], dict[str, int]]:
+    """The job epochs a micro-batch of a job's query covers (recorded by its read tasks), and the last
+    subject epoch it read per subject."""
+    from aligner.connectors.spark.lineage import source_batch
+
+    read = source_batch(ledger, query, batch_id) if query else {}
+    spans = {(r.job_first, r.job_last) for r in read.values() if r.job_first is not None and r.job_last is not None}
+    if len(spans) != 1:
+        raise AlignerError(f"micro-batch {batch_id} of query {query} recorded no job epochs ({sorted(spans)}): "
+                           "read it with option job on the aligned source too")
+    return spans.pop(), {s: r.last for s, r in read.items()}  # type: ignore[return-value]
+
+
+def commit_job_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any], batch_id: int) -> int | None:
+    """The commit of a micro-batch of a query running as job ``spec.job``: its job epochs [a, b].
+
+    Written (the old version, or the new one after the swap; then a == b): epoch b of the target,
+    after S for the new version's S+1. Voided (the new version up to S): the target epochs from the
+    producers' next one to b close empty, the last with the batch's progress, so a re-run after a
+    restart is recognised; a batch entirely before the producers' first epoch records its progress only.
+    Returns the target epoch it committed with the progress, or None."""
+    from aligner.connectors.spark.job import awaits, batch_writes, job_of, report, swap_of, wait_target
+
+    subject, sink = spec.conn.subject, spec.sink
+    node = job_of(ledger, spec.job or sink)
+    msgs = [m for m in messages if isinstance(m, SlotCommit)]
+    query = next((m.query for m in msgs if m.query), None)
+    progress, progress_version = read_progress(ledger, subject, sink)
+    if progress is not None and progress.query == query and batch_id <= progress.batch:
+        return None
+    if not source_read(ledger, query, batch_id) and not any(m.attempt is not None for m in msgs):
+        log.info("job %s: micro-batch %d read no job epoch (a no-data batch); nothing to commit", node.job, batch_id)
+        return None
+    (first, last), read = job_span(ledger, query, batch_id)
+    swap = swap_of(ledger, node)
+    if batch_writes(node, swap, first):
+        if first != last:
+            raise AlignerError(f"micro-batch {batch_id} of job {node.job!r} writes job epochs {first}..{last}; "
+                               "a written batch is one job epoch")
+        if awaits(node, swap, first):
+            assert swap is not None
+            wait_target(ledger, node, swap)
+        epoch = commit_batch(ledger, spec, n, messages, batch_id, job_epoch=last)
+    else:
+        if any(m.attempt is not None for m in msgs):
+            raise AlignerError(f"micro-batch {batch_id} of job {node.job!r} is voided but a task wrote records")
+        epoch = _commit_void(ledger, spec, n, query, batch_id, last, progress_version)
+    report(ledger, node, job_epoch=last, subject_epoch=read)
+    return epoch
+
+
+def _commit_void(ledger: Ledger, spec: SinkSpec, n: int, query: str | None, batch_id: int, last: int,
+                 progress_version: int) -> int | None:
+    subject, sink = spec.conn.subject, spec.sink
+    leases = load_slots(ledger, subject, sink, range(n))
+    nxt = min(lease.next_epoch for lease in leases)
+    progress = SparkProgressNode(query=query, batch=batch_id, epoch=last if nxt <= last else None, producers=n,
+                                 job_epoch=last)
+    if nxt > last:
+        SparkLineageLedger(ledger).write_progress(progress, subject, sink, progress_version)
+        return None
+    leases = [ledger.close_empty(lease, last) for lease in leases]
+    ledger.ensure_epoch(subject, last)
+    empties = [Contribution(lease, None, {p: Range(start=o, end=o) for p, o in lease.node.next_offsets.items()})
+               for lease in leases]
+    if progress_version < 0:
+        progress_ops: list[tuple[Any, ...]] = [("create", progress_path(ledger, subject, sink), progress.dump()),
+                                               ("create", sink_epochs_path(ledger, subject, sink), b"")]
+    else:
+        progress_ops = [("set", progress_path(ledger, subject, sink), progress.dump(), progress_version)]
+    lineage = SparkSinkEpochNode(query=query, batch=batch_id, epoch=last).dump()
+    try:
+        ledger.commit_epoch(last, empties,
+                            [*progress_ops, ("create", sink_epoch_path(ledger, subject, sink, last), lineage)])
+    except (FencedError, BadVersionError, NodeExistsError) as exc:
+        raise FencedError(f"batch {batch_id} of sink {sink!r} on {subject!r}: another writer changed the sink "
+                          f"while this batch committed ({type(exc).__name__}); nothing was committed") from exc
+    return last
 
 
 # ---- executor side ------------------------------------------------------------------------------
@@ -243,6 +348,16 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
             raise AlignedOptionError("column key must be binary or string for format('aligned')")
         conn = self.spec.conn
         ledger = ledger_for(conn.zk, conn.root)
+        if self.spec.job is not None:
+            from aligner.connectors.spark.job import job_of, output_partitions, sink_slots
+
+            node = job_of(ledger, self.spec.job)
+            if node.output != conn.subject:
+                raise AlignedOptionError(f"job {node.job!r} is registered writing {node.output!r}, not "
+                                         f"{conn.subject!r}")
+            self.producers = len(output_partitions(ledger, node))
+            sink_slots(ledger, conn.kafka, node)
+            return
         partitions = ledger.subject(conn.subject).partitions
         self.producers = self.spec.producers or partitions
         # Runs on the driver (planning and every commit): claims the slots the first time only.
@@ -268,6 +383,10 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
             for batch in iterator:
                 if batch.num_rows == 0:
                     continue
+                if out is None and self.spec.job is not None and self._voided(ctx, query):
+                    for _ in iterator:  # the new version before the swap: state advanced, output voided
+                        pass
+                    return SlotCommit(slot=slot, epoch=None, attempt=None, query=query)
                 if out is None:
                     out = _SlotWriter(self.spec, slot)
                 out.write(batch)
@@ -281,11 +400,29 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
             if out is not None:
                 out.close()  # a failed attempt's transaction is aborted, or fenced by the retry
 
+    def _voided(self, ctx: Any, query: str | None) -> bool:
+        """A job's task: whether its micro-batch voids its output (decided as the driver's commit does; the
+        batch's read tasks recorded its job epochs before any row reached this one)."""
+        from aligner.connectors.spark.job import batch_writes, job_of, swap_of
+
+        conn = self.spec.conn
+        ledger = ledger_for(conn.zk, conn.root)
+        batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
+        if batch is None:
+            raise AlignerError(f"sink of job {self.spec.job!r} runs outside a streaming micro-batch")
+        (first, _last), _ = job_span(ledger, query, int(batch))
+        node = job_of(ledger, self.spec.job or self.spec.sink)
+        return not batch_writes(node, swap_of(ledger, node), first)
+
     # ---- driver ----
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         conn = self.spec.conn
-        epoch = commit_batch(ledger_for(conn.zk, conn.root), self.spec, self.producers, list(messages), batchId)
+        ledger = ledger_for(conn.zk, conn.root)
+        if self.spec.job is not None:
+            epoch = commit_job_batch(ledger, self.spec, self.producers, list(messages), batchId)
+        else:
+            epoch = commit_batch(ledger, self.spec, self.producers, list(messages), batchId)
         if epoch is not None and batchId == self.spec.pause_after_commit:
             time.sleep(3600)  # testing aid: committed in ZooKeeper, not in Spark's commit log; kill me now
 

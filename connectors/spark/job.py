@@ -1,0 +1,319 @@
+"""A Spark Structured Streaming query as an aligned job: registration, batch planning, the swap gate.
+
+A query runs as job ``J`` when its aligned source and sink both carry option ``job`` = J and J is
+registered (:func:`register_query`: inputs, output, parallelism 1 = the driver, aligned mode,
+``follows`` = the query it replaces). Then, like a runtime worker:
+
+- every micro-batch is one job epoch E (or, for a new version before the swap, several consecutive
+  ones), its output is epoch E of the target subject, and the subject epochs it covers are fixed in
+  the ledger (the job epoch node) before the batch runs, so a follower ends on the same boundaries;
+- the driver reports a consumer node per input (alignment ALIGNED: offsets are epoch vectors, so every
+  batch ends on subject epoch boundaries; ``job_epoch``; ``swap_seen``), which ``aligner status`` and
+  the coordinator's hot-swap read;
+- the planner (``latestOffset``) runs the swap machine's gate for the next job epoch: it acknowledges
+  S, plans no batch past S while S is only pre-committed, and after the commit the old version's sink
+  finishes after S (the planner finishes its producers) while the new version writes from S+1;
+- a new version (``follows``) starts on its own checkpoint, reads from a declared epoch (option
+  ``startingEpoch``) or the start of retention, follows the old version's job epoch nodes (its batches
+  end exactly on them, and never past S before the commit), voids its output up to S and never
+  commits S+1 before the old version committed S at the target.
+
+Offsets of a job's source: ``{"epochs": {subject: N}, "job": E, "first": F}``: every subject epoch
+before N was read, E is the next job epoch to plan and F the first job epoch of the batch that ended
+here (the batch covers job epochs F .. E-1). A new version's first offset has ``job`` None: its first
+batch rebuilds state from the start up to one of the old version's job epoch boundaries.
+
+:class:`AlignedQuery` is the driver-side companion: it stops the query once its sink finished (the
+old version after a committed swap), so ``awaitTermination`` returns cleanly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aligner import coverage
+from aligner.alignment import ConsumerAlignment, State
+from aligner.errors import AlignedOptionError, AlignerError, UnknownJobError
+from aligner.jobs import JobLedger
+from aligner.ledger import Lease, Ledger
+from aligner.models import ConsumerNode, JobEpochNode, JobNode, SwapNode
+from aligner.swap import Gate, Phase, awaits_target, gate
+
+log = logging.getLogger("aligner.spark.job")
+
+Planned = tuple[dict[str, int], int, int]
+"""A planned batch: (end vector of subject epochs, first job epoch, last job epoch)."""
+
+PAUSE = 0.5
+"""Longest a planner call waits for the ledger (woken early by watches) before Spark asks again: short,
+so ``query.stop()`` is never held up for long."""
+
+
+def register_query(ledger: Ledger, job: str, inputs: Sequence[str], output: str, follows: str | None = None,
+                   output_partitions: Sequence[int] | None = None, version: str = "1") -> JobNode:
+    """Register a Spark query as aligned job ``job`` (idempotent: a restart registers the same node)."""
+    node = JobNode(job=job, version=version, inputs=tuple(inputs), output=output, parallelism=1, mode="aligned",
+                   follows=follows, output_partitions=tuple(output_partitions) if output_partitions else None)
+    return JobLedger(ledger).register(node)
+
+
+def job_of(ledger: Ledger, job: str) -> JobNode:
+    try:
+        return JobLedger(ledger).job(job)
+    except UnknownJobError:
+        raise AlignedOptionError(f"option job={job!r} names no registered job: register the query first "
+                                 "(aligner.connectors.spark.job.register_query)") from None
+
+
+def output_partitions(ledger: Ledger, node: JobNode) -> tuple[int, ...]:
+    """The target partitions the job's sink writes (one producer per partition)."""
+    return node.output_partitions or tuple(range(ledger.subject(node.output).partitions))
+
+
+def sink_slots(ledger: Ledger, kafka: str, node: JobNode) -> list[Lease]:
+    """The job's sink producers (claimed the first time, idempotent): sink id = job id."""
+    from aligner.connectors.spark.writer import open_slots
+
+    parts = output_partitions(ledger, node)
+    return open_slots(ledger, kafka, node.output, node.job, len(parts), parts)
+
+
+def swap_of(ledger: Ledger, node: JobNode) -> SwapNode | None:
+    """The hot-swap node that concerns the job: its own as the old version, its predecessor's as the new."""
+    return JobLedger(ledger).swap(node.follows or node.job)[0]
+
+
+def batch_writes(node: JobNode, swap: SwapNode | None, first_job: int) -> bool:
+    """Whether a batch starting at job epoch ``first_job`` writes its output (else it is voided).
+
+    The old version plans only batches it writes; a new version writes once the swap committed and
+    only from S+1 (the planner never lets one batch run across S)."""
+    if node.follows is None:
+        return True
+    return gate(swap, first_job, new_version=True) is Gate.WRITE
+
+
+def awaits(node: JobNode, swap: SwapNode | None, epoch: int) -> bool:
+    """The new version's sink waits for S at the target before committing S+1."""
+    return awaits_target(swap, epoch, node.follows is not None)
+
+
+def start_of(node: JobEpochNode) -> dict[str, int]:
+    """Where a job epoch starts on each subject (a subject it covers nothing of: where it stands)."""
+    return {s: (span.first if span is not None else node.next[s]) for s, span in node.covered.items()}
+
+
+def report(ledger: Ledger, node: JobNode, **fields: Any) -> None:
+    """Update the job's consumer node on every input (aligned; ``fields`` such as job_epoch, swap_seen)."""
+    jobs = JobLedger(ledger)
+    for subject in node.inputs:
+        extra = dict(fields)
+        if "subject_epoch" in extra and isinstance(extra["subject_epoch"], Mapping):
+            extra["subject_epoch"] = extra["subject_epoch"].get(subject)
+
+        def change(current: ConsumerNode | None, extra: dict[str, Any] = extra) -> ConsumerNode | None:
+            base = current or ConsumerNode(alignment=ConsumerAlignment(state=State.ALIGNED), mode="aligned")
+            update = {"alignment": ConsumerAlignment(state=State.ALIGNED), "mode": "aligned", **extra}
+            if current is not None and all(getattr(current, k) == v for k, v in update.items()):
+                return None
+            return base.model_copy(update=update)
+
+        jobs.update_consumer(node.job, subject, 0, change)
+
+
+class JobPlanner:
+    """The driver-side planning of a query running as a job (called from ``latestOffset``)."""
+
+    def __init__(self, ledger: Ledger, kafka: str, job: str, subjects: Sequence[str]) -> None:
+        self.ledger = ledger
+        self.kafka = kafka
+        self.jobs = JobLedger(ledger)
+        self.node = job_of(ledger, job)
+        if set(subjects) != set(self.node.inputs):
+            raise AlignedOptionError(f"job {job!r} is registered reading {list(self.node.inputs)}, but the query "
+                                     f"reads {list(subjects)}")
+        self.new_version = self.node.follows is not None
+        self.epochs_of = self.node.follows or self.node.job
+        """Whose job epoch nodes the query uses: its own, or those of the old version it follows."""
+        self._reported: tuple[int, int] | None = None
+
+    # ---- planning -------------------------------------------------------------------------------
+
+    def plan(self, start: dict[str, int], job: int | None, cap: int | None) -> Planned | None:
+        """The next batch from ``start``: (end vector, first job epoch, last job epoch), or None for no
+        batch now (nothing committed yet, or the swap gate holds it)."""
+        if self.new_version:
+            return self._plan_new(start, job, cap)
+        return self._plan_old(start, job, cap)
+
+    def _plan_old(self, start: dict[str, int], job: int | None, cap: int | None) -> Planned | None:
+        leases = sink_slots(self.ledger, self.kafka, self.node)
+        if job is None:
+            job = max(lease.next_epoch for lease in leases)  # the query's first job epoch is its sink's first epoch
+        swap = self._acknowledge(job)
+        outcome = gate(swap, job, new_version=False)
+        if outcome is Gate.WAIT:
+            self._pause(swap_path=True)
+            return None
+        if outcome is Gate.STOP:
+            assert swap is not None
+            self._finish(leases, swap)
+            return None
+        decided = self._decide(job, start, cap)
+        if decided is None:
+            return None
+        self._ready(leases, job)
+        return dict(decided.next), job, job
+
+    def _plan_new(self, start: dict[str, int], job: int | None, cap: int | None) -> Planned | None:
+        sink_slots(self.ledger, self.kafka, self.node)  # a writer of the target from its next epoch on
+        first = job if job is not None else self._first_followed(start)
+        if first is None:
+            self._pause(subjects=start)
+            return None
+        swap = self._acknowledge(first)
+        outcome = gate(swap, first, new_version=True)
+        if outcome is Gate.WAIT:
+            self._pause(swap_path=True)
+            return None
+        if outcome is Gate.WRITE:  # after the commit: one job epoch per batch, the old version's or its own
+            decided = self._decide(first, start, cap)
+            return None if decided is None else (dict(decided.next), first, first)
+        node = self.jobs.job_epoch(self.epochs_of, first)
+        if node is None:
+            self._pause(path=self.ledger.layout.job_epoch(self.epochs_of, first))
+            return None
+        if job is not None:
+            self._check_start(node, start)
+        limit = swap.epoch if swap is not None and swap.phase != Phase.ABORTED else None
+        last = first
+        while (limit is None or last + 1 <= limit) and (cap is None or last + 1 - first < cap):
+            following = self.jobs.job_epoch(self.epochs_of, last + 1)
+            if following is None:
+                break
+            node, last = following, last + 1
+        return dict(node.next), first, last
+
+    def _first_followed(self, start: dict[str, int]) -> int | None:
+        """A new version's first job epoch: the old version's first one starting at or after ``start``."""
+        for epoch in self.jobs.job_epoch_numbers(self.epochs_of):
+            node = self.jobs.job_epoch(self.epochs_of, epoch)
+            if node is not None and all(v >= start.get(s, 0) for s, v in start_of(node).items()):
+                return epoch
+        return None
+
+    def _decide(self, job: int, start: dict[str, int], cap: int | None) -> JobEpochNode | None:
+        """The coverage of job epoch ``job``: the recorded one, else every committed epoch from ``start``
+        (at most ``cap`` per subject), fixed in the ledger before the batch runs."""
+        existing = self.jobs.job_epoch(self.epochs_of, job)
+        if existing is not None:
+            self._check_start(existing, start)
+            return existing
+        frontier = {s: self.ledger.frontier(s) for s in start}
+        available = max((f - start[s] + 1 for s, f in frontier.items() if f is not None), default=0)
+        per = min(cap, available) if cap is not None else available
+        decided = coverage.decide(start, per, frontier, {s: None for s in start}) if per > 0 else None
+        if decided is None:
+            self._pause(subjects=start)
+            return None
+        return self.jobs.fix_job_epoch(self.epochs_of, job, decided.covered, decided.next)
+
+    def _check_start(self, node: JobEpochNode, start: dict[str, int]) -> None:
+        if start_of(node) != start:
+            raise AlignerError(
+                f"job epoch {node.epoch} of {self.epochs_of!r} starts at subject epochs {start_of(node)}, but query "
+                f"{self.node.job!r} stands at {start}: its checkpoint does not belong to this job's epochs"
+            )
+
+    def _ready(self, leases: list[Lease], job: int) -> None:
+        """The sink's producers must be at job epoch ``job`` when the batch's tasks stamp their records."""
+        nxt = {lease.next_epoch for lease in leases}
+        if max(nxt) > job:
+            raise AlignerError(f"the sink of job {self.node.job!r} is at epoch {max(nxt)} but its query plans job "
+                               f"epoch {job}: the checkpoint is older than the sink")
+        if min(nxt) < job:
+            for lease in leases:
+                self.ledger.close_empty(lease, job)
+
+    def _finish(self, leases: list[Lease], swap: SwapNode) -> None:
+        """The old version after the committed swap: its sink wrote S; finish its producers."""
+        if any(lease.node.committed_epoch != swap.epoch for lease in leases):
+            if any((lease.node.committed_epoch or -1) > swap.epoch for lease in leases):
+                raise AlignerError(f"job {self.node.job!r} wrote past the swap epoch {swap.epoch}")
+            self._pause(swap_path=True)  # batch S is being committed by a restarted driver
+            return
+        for lease in leases:
+            self.ledger.finish(lease)
+        log.info("job %s: swapped out after epoch %d; its sink finished", self.node.job, swap.epoch)
+
+    # ---- the swap's acknowledgement and waits ---------------------------------------------------
+
+    def _acknowledge(self, job: int) -> SwapNode | None:
+        """Read the swap and acknowledge S at the start of job epoch ``job``, once per S: an earlier
+        acknowledgement of the same S (before this planner restarted) stands, as the gate held since."""
+        swap = swap_of(self.ledger, self.node)
+        live = swap is not None and swap.phase != Phase.ABORTED
+        if self._reported is not None and (not live or self._reported[0] == swap.epoch):  # type: ignore[union-attr]
+            return swap
+        current = self.jobs.consumers(self.node.job, self.node.inputs[0]).get(0)
+        seen = current.swap_seen if current is not None else None
+        if live:
+            assert swap is not None
+            if seen is None or seen[0] != swap.epoch:
+                seen = (swap.epoch, job)
+        report(self.ledger, self.node, swap_seen=seen)
+        self._reported = seen if live else (-1, -1)
+        return swap
+
+    def _pause(self, subjects: Mapping[str, int] | None = None, swap_path: bool = False,
+               path: str | None = None) -> None:
+        """Wait up to PAUSE for the ledger to change (watches), then let Spark ask again."""
+        woken = threading.Event()
+        with contextlib.suppress(Exception):
+            for s, epoch in (subjects or {}).items():
+                self.ledger.arm_watch(s, epoch, woken)
+            if swap_path:
+                self.ledger.watch_node(self.ledger.layout.swap(self.epochs_of), lambda _e: woken.set())
+            if path is not None:
+                self.ledger.watch_node(path, lambda _e: woken.set())
+        woken.wait(PAUSE)
+
+
+class AlignedQuery:
+    """Driver side: runs a started query as job ``job`` until it ends, and stops it once its sink
+    finished (the old version of a committed hot-swap), so ``awaitTermination`` returns cleanly."""
+
+    def __init__(self, ledger: Ledger, query: Any, job: str) -> None:
+        self.ledger = ledger
+        self.query = query
+        self.node = job_of(ledger, job)
+
+    def finished(self) -> bool:
+        doc, _ = self.ledger.writers(self.node.output)
+        mine = [e for w, e in doc.writers.items() if w.split(":", 1)[0] == self.node.job]
+        return bool(mine) and all(e.finished_after is not None for e in mine)
+
+    def run(self, stop: threading.Event | None = None) -> bool:
+        """Wait until the query ends; returns True when it was swapped out (stopped here)."""
+        stop = stop or threading.Event()
+        while not stop.is_set():
+            if self.query.awaitTermination(0.5):
+                return False
+            if self.finished():
+                self.query.stop()
+                return True
+        self.query.stop()
+        return False
+
+
+def wait_target(ledger: Ledger, node: JobNode, swap: SwapNode) -> None:
+    """The new version's S+1 commits only after the old version committed S at the target."""
+    while not ledger.wait_committed(node.output, swap.epoch, timeout=1.0):
+        if ledger.stopping():
+            raise AlignerError(f"job {node.job!r}: stopped while waiting for epoch {swap.epoch} of {node.output!r}")
+        log.info("job %s: waiting for %s epoch %d (the old version's last) before writing %d", node.job,
+                 node.output, swap.epoch, swap.epoch + 1)
