@@ -42,6 +42,7 @@ from aligner.errors import (
     StoppedError,
     SubjectConflictError,
     UnknownSubjectError,
+    UnreachableError,
 )
 from aligner.layout import Layout, epoch_name, writer_id
 from aligner.metrics import ZK_ROUND_TRIPS
@@ -58,10 +59,12 @@ from aligner.models import (
     parse,
 )
 from aligner.settings import zk_security
-from aligner.zk import RetryingClient
+from aligner.zk import RetryingClient, tls_mismatch
 
 SESSION_TIMEOUT = 10.0
 """Seconds of silence after which ZooKeeper expires a session (fencing keeps a late worker harmless)."""
+TLS_PROBE_AFTER, TLS_PROBE_EVERY = 1.0, 3.0
+"""Seconds a first session may be late before ZooKeeper is probed for a TLS mismatch, and between probes."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,8 @@ class Ledger:
         backoff capped at a second, so a ZooKeeper that comes back after minutes is found again at
         once (kazoo's default cap is an hour). ``auth`` (``digest:USER:PASSWORD``; '' for none) defaults
         to ``ALIGNER_ZK_AUTH``; the session's creates then carry the ACL policy's ACLs (aligner.acl).
+        TLS comes from ``ALIGNER_ZK_TLS_*``; a session that is late because of TLS (a plaintext client on
+        a secure port, an untrusted certificate, ...) fails at once with :class:`UnreachableError` saying so.
         """
         security = zk_security(auth)
         reconnect = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0)
@@ -153,7 +158,15 @@ class Ledger:
                          **security.kazoo_options())  # type: ignore[arg-type]
         started = zk.start_async()
         deadline = None if timeout is None else time.monotonic() + timeout
+        probe_at = time.monotonic() + TLS_PROBE_AFTER
         while not started.wait(0.25):
+            if time.monotonic() > probe_at:
+                probe_at = time.monotonic() + TLS_PROBE_EVERY
+                mismatch = tls_mismatch(hosts, security.tls)
+                if mismatch is not None:  # kazoo would retry it forever, only logging why
+                    zk.stop()
+                    zk.close()
+                    raise UnreachableError("ZooKeeper", hosts, mismatch)
             stopped = stop is not None and stop.is_set()
             if stopped or (deadline is not None and time.monotonic() > deadline):
                 zk.stop()

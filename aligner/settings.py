@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,15 +81,55 @@ class Settings(BaseSettings):
 @dataclass(frozen=True)
 class ZkTls:
     """TLS to ZooKeeper's secure client port: the CA that signed the server certificate, and
-    optionally a client certificate and key (PEM files)."""
+    optionally a client certificate and key (PEM files; ZooKeeper requires one unless its
+    ``ssl.clientAuth`` is ``none``). The server certificate must name the host of the connect string
+    (as ZooKeeper's own Java client checks by default)."""
 
     ca: str
     certfile: str | None = None
     keyfile: str | None = None
 
     def kazoo_options(self) -> dict[str, object]:
+        # kazoo checks the chain by default but not the host name; a certificate any CA-signed party
+        # holds would then do, so the host name is checked too.
         return {"use_ssl": True, "ca": self.ca, "certfile": self.certfile, "keyfile": self.keyfile,
-                "verify_certs": True}
+                "verify_certs": True, "check_hostname": True}
+
+    def context(self) -> ssl.SSLContext:
+        """The client TLS context kazoo builds from :meth:`kazoo_options` (for probes and health checks)."""
+        ctx = ssl.create_default_context(cafile=self.ca)
+        if self.certfile and self.keyfile:
+            ctx.load_cert_chain(self.certfile, self.keyfile)
+        return ctx
+
+
+_TLS_ENV = (("ca", "ALIGNER_ZK_TLS_CA"), ("certfile", "ALIGNER_ZK_TLS_CERT"), ("keyfile", "ALIGNER_ZK_TLS_KEY"))
+
+
+def zk_tls() -> ZkTls | None:
+    """``ALIGNER_ZK_TLS_CA`` (+ ``_CERT`` and ``_KEY`` together), checked here: kazoo reads the files in
+    its connection thread, where a missing file would only show as a session that never comes."""
+    files = {name: os.environ.get(var) or None for name, var in _TLS_ENV}
+    given = [var for name, var in _TLS_ENV if files[name]]
+    if not given:
+        return None
+    if files["ca"] is None:
+        raise AlignerError(f"{', '.join(given)} given without ALIGNER_ZK_TLS_CA (the CA file that signed "
+                           "ZooKeeper's certificate)")
+    if (files["certfile"] is None) != (files["keyfile"] is None):
+        raise AlignerError("ALIGNER_ZK_TLS_CERT and ALIGNER_ZK_TLS_KEY go together (a client certificate and its key)")
+    for name, var in _TLS_ENV:
+        path = files[name]
+        if path is not None and not os.access(path, os.R_OK):
+            why = "no such file" if not os.path.exists(path) else "not readable"
+            raise AlignerError(f"{var}: cannot read {path} ({why})")
+    tls = ZkTls(files["ca"], files["certfile"], files["keyfile"])  # type: ignore[arg-type]
+    try:
+        tls.context()
+    except (ssl.SSLError, OSError) as exc:
+        raise AlignerError(f"ZooKeeper TLS files are not usable PEM (ALIGNER_ZK_TLS_CA/_CERT/_KEY): "
+                           f"{getattr(exc, 'reason', None) or exc}") from None
+    return tls
 
 
 @dataclass(frozen=True)
@@ -110,9 +151,7 @@ def zk_security(auth: str | None = None) -> ZkSecurity:
     """The ZooKeeper identity and TLS settings: ``auth`` when given ('' means none), else
     ``ALIGNER_ZK_AUTH``; TLS from ``ALIGNER_ZK_TLS_CA`` (+ ``_CERT``, ``_KEY``)."""
     text = os.environ.get("ALIGNER_ZK_AUTH", "") if auth is None else auth
-    ca = os.environ.get("ALIGNER_ZK_TLS_CA") or None
-    tls = ZkTls(ca, os.environ.get("ALIGNER_ZK_TLS_CERT") or None,
-                os.environ.get("ALIGNER_ZK_TLS_KEY") or None) if ca else None
+    tls = zk_tls()
     try:
         return ZkSecurity(parse_zk_auth(text) if text else None, tls)
     except ValueError as exc:

@@ -10,6 +10,11 @@ The detached stack never destroys data because one component died: reading its s
 stops anything, ``stack up`` restarts only what is down, on its own port and data directory
 (ZooKeeper restarted on the same ``zoo.cfg`` and data dir has its committed znodes back), and
 only ``stack down`` stops components and removes data, reporting what it removed.
+
+ZooKeeper TLS (``EmbeddedStack(zk_tls=True)``, ``aligner stack up --zk-tls``): a throwaway CA, a server
+certificate and a client certificate are made with the ``openssl`` CLI in the stack's work dir
+(``tls/``), and ZooKeeper serves only a secure client port (Netty, PEM key and trust stores, client
+certificates required). :meth:`StackInfo.env` then exports ``ALIGNER_ZK_TLS_CA``/``_CERT``/``_KEY``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -32,6 +38,12 @@ from pathlib import Path
 from aligner.errors import StackError
 
 ZK_CLASSPATH = ("/usr/share/java/zookeeper.jar", "/etc/zookeeper/conf")
+ZK_TLS_CLASSPATH = ("/usr/share/java/netty-codec.jar",)
+"""Netty's SslHandler needs netty-codec, which Debian's zookeeper.jar manifest leaves out (libnetty-java,
+a dependency of the zookeeper package, ships it): without it every TLS connection is closed at once."""
+NETTY_FACTORY = "org.apache.zookeeper.server.NettyServerCnxnFactory"
+TLS_DIR = "tls"
+TLS_DAYS = 3650
 _PR_SET_PDEATHSIG = 1
 
 ZOOKEEPER, KAFKA = "zookeeper", "kafka"
@@ -40,8 +52,8 @@ _CMDLINE_MARK = {ZOOKEEPER: b"ZooKeeperServerMain", KAFKA: b"tansu"}
 """What a component's command line contains: a pid reused by another program is not ours."""
 _LOGS = {ZOOKEEPER: "zookeeper.log", KAFKA: "tansu.log"}
 
-__all__ = ["KAFKA", "LABELS", "ZOOKEEPER", "Component", "EmbeddedStack", "StackError", "StackInfo",
-           "components", "free_port", "read_stack", "stack_down", "stack_up", "wait_for"]
+__all__ = ["KAFKA", "LABELS", "ZOOKEEPER", "Component", "EmbeddedStack", "StackError", "StackInfo", "TlsFiles",
+           "components", "free_port", "make_tls", "read_stack", "stack_down", "stack_up", "wait_for"]
 
 
 @dataclass(frozen=True)
@@ -53,9 +65,18 @@ class StackInfo:
     workdir: str
     zk_pid: int
     kafka_pid: int
+    zk_tls: bool = False
+    """ZooKeeper serves only a TLS (secure) client port; the client files are in ``workdir/tls``."""
+
+    def tls_files(self) -> TlsFiles | None:
+        return TlsFiles(Path(self.workdir) / TLS_DIR) if self.zk_tls else None
 
     def env(self) -> dict[str, str]:
-        return {"ALIGNER_ZK": self.zk, "ALIGNER_KAFKA": self.kafka}
+        env = {"ALIGNER_ZK": self.zk, "ALIGNER_KAFKA": self.kafka}
+        tls = self.tls_files()
+        if tls is not None:
+            env.update(tls.client_env())
+        return env
 
     def address(self, name: str) -> str:
         return self.zk if name == ZOOKEEPER else self.kafka
@@ -65,6 +86,71 @@ class StackInfo:
 
     def pid(self, name: str) -> int:
         return self.zk_pid if name == ZOOKEEPER else self.kafka_pid
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The stack's throwaway PKI (PEM files): a CA, ZooKeeper's key store (key + certificate) and
+    one client certificate signed by the CA, for 127.0.0.1 and localhost."""
+
+    dir: Path
+
+    @property
+    def ca(self) -> Path:
+        return self.dir / "ca.pem"
+
+    @property
+    def server_keystore(self) -> Path:
+        return self.dir / "zookeeper-keystore.pem"
+
+    @property
+    def client_cert(self) -> Path:
+        return self.dir / "client.pem"
+
+    @property
+    def client_key(self) -> Path:
+        return self.dir / "client.key"
+
+    def client_env(self) -> dict[str, str]:
+        return {"ALIGNER_ZK_TLS_CA": str(self.ca), "ALIGNER_ZK_TLS_CERT": str(self.client_cert),
+                "ALIGNER_ZK_TLS_KEY": str(self.client_key)}
+
+    def complete(self) -> bool:
+        return all(f.is_file() for f in (self.ca, self.server_keystore, self.client_cert, self.client_key))
+
+
+def _openssl(args: list[str], cwd: Path) -> None:
+    try:
+        subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise StackError("openssl not found: ZooKeeper TLS needs it (apt-get install -y openssl)") from None
+    except subprocess.CalledProcessError as exc:
+        detail = " ".join(exc.stderr.decode(errors="replace").split())[:300]
+        raise StackError(f"openssl {args[0]} failed making the stack's TLS certificates: {detail}") from None
+
+
+def make_tls(workdir: Path) -> TlsFiles:
+    """The stack's CA and certificates, made once per work dir (a restarted ZooKeeper keeps them, so
+    clients' settings stay valid). EC P-256 keys: made in milliseconds, read by Java and Python."""
+    tls = TlsFiles(workdir / TLS_DIR)
+    if tls.complete():
+        return tls
+    tls.dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(tls.dir, 0o700)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl(["req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", str(TLS_DAYS),
+              "-subj", "/CN=aligner embedded stack CA", "-addext", "basicConstraints=critical,CA:TRUE",
+              "-addext", "keyUsage=critical,keyCertSign,cRLSign"], tls.dir)
+    ext = tls.dir / "leaf.ext"
+    ext.write_text("basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                   "extendedKeyUsage=serverAuth,clientAuth\n")
+    for who in ("zookeeper", "client"):
+        _openssl(["req", *ec, "-keyout", f"{who}.key", "-out", f"{who}.csr", "-subj", f"/CN=aligner-{who}"], tls.dir)
+        _openssl(["x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                  "-out", f"{who}.pem", "-days", str(TLS_DAYS), "-extfile", ext.name], tls.dir)
+    # ZooKeeper's PEM key store: the (PKCS#8, unencrypted) key and its certificate in one file.
+    tls.server_keystore.write_text((tls.dir / "zookeeper.key").read_text() + (tls.dir / "zookeeper.pem").read_text())
+    return tls
 
 
 @dataclass(frozen=True)
@@ -115,12 +201,18 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _zk_ok(port: int) -> bool:
+def _zk_ok(port: int, tls: TlsFiles | None = None) -> bool:
+    """ZooKeeper answers ``ruok`` (over TLS with the stack's client certificate on a secure port)."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as raw:
+            s: socket.socket = raw
+            if tls is not None:
+                ctx = ssl.create_default_context(cafile=str(tls.ca))
+                ctx.load_cert_chain(str(tls.client_cert), str(tls.client_key))
+                s = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
             s.sendall(b"ruok")
             return s.recv(16) == b"imok"
-    except OSError:
+    except OSError:  # ssl.SSLError included
         return False
 
 
@@ -229,15 +321,23 @@ def _spawn(argv: list[str], workdir: Path, log: str, tie_to_parent: bool) -> sub
         out.close()
 
 
-def _write_zoo_cfg(workdir: Path, port: int) -> Path:
+def _write_zoo_cfg(workdir: Path, port: int, tls: TlsFiles | None = None) -> Path:
+    """``tls``: only a secure client port (no plaintext port to bypass it), client certificates required."""
     data = workdir / "zk-data"
     data.mkdir(parents=True, exist_ok=True)
     cfg = workdir / "zoo.cfg"
+    listen = f"clientPort={port}\nclientPortAddress=127.0.0.1\n" if tls is None else (
+        f"secureClientPort={port}\nsecureClientPortAddress=127.0.0.1\n"
+        f"serverCnxnFactory={NETTY_FACTORY}\n"
+        f"ssl.keyStore.location={tls.server_keystore}\nssl.keyStore.type=PEM\n"
+        f"ssl.trustStore.location={tls.ca}\nssl.trustStore.type=PEM\n"
+        "ssl.clientAuth=need\n"
+    )
     cfg.write_text(
         "tickTime=500\n"
         "initLimit=10\nsyncLimit=5\n"
         f"dataDir={data}\n"
-        f"clientPort={port}\nclientPortAddress=127.0.0.1\n"
+        f"{listen}"
         "admin.enableServer=false\n"
         "4lw.commands.whitelist=ruok,srvr,mntr\n"
         "maxClientCnxns=0\n"
@@ -247,13 +347,15 @@ def _write_zoo_cfg(workdir: Path, port: int) -> Path:
     return cfg
 
 
-def _spawn_component(name: str, workdir: Path, port: int, tie_to_parent: bool) -> subprocess.Popen[bytes]:
+def _spawn_component(name: str, workdir: Path, port: int, tie_to_parent: bool,
+                     tls: TlsFiles | None = None) -> subprocess.Popen[bytes]:
     if name == ZOOKEEPER:
         cfg = workdir / "zoo.cfg"
         if not cfg.exists():
-            _write_zoo_cfg(workdir, port)
+            _write_zoo_cfg(workdir, port, tls)
+        classpath = ZK_CLASSPATH if tls is None else (*ZK_CLASSPATH, *ZK_TLS_CLASSPATH)
         argv = [_java(), "-Xmx512m", "-Dzookeeper.log.dir=" + str(workdir),
-                "-cp", ":".join(ZK_CLASSPATH), "org.apache.zookeeper.server.ZooKeeperServerMain", str(cfg)]
+                "-cp", ":".join(classpath), "org.apache.zookeeper.server.ZooKeeperServerMain", str(cfg)]
     else:
         url = f"tcp://127.0.0.1:{port}"
         argv = [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
@@ -261,9 +363,12 @@ def _spawn_component(name: str, workdir: Path, port: int, tie_to_parent: bool) -
     return _spawn(argv, workdir, _LOGS[name], tie_to_parent)
 
 
-def _await_ready(name: str, proc: subprocess.Popen[bytes], port: int, workdir: Path, timeout: float) -> None:
-    ok = _zk_ok if name == ZOOKEEPER else _kafka_ok
-    wait_for(lambda: ok(port) or proc.poll() is not None, timeout, f"{LABELS[name]} on port {port} to answer")
+def _await_ready(name: str, proc: subprocess.Popen[bytes], port: int, workdir: Path, timeout: float,
+                 tls: TlsFiles | None = None) -> None:
+    def ok() -> bool:
+        return _zk_ok(port, tls) if name == ZOOKEEPER else _kafka_ok(port)
+
+    wait_for(lambda: ok() or proc.poll() is not None, timeout, f"{LABELS[name]} on port {port} to answer")
     if proc.poll() is not None:
         raise StackError(f"{LABELS[name]} exited at start (code {proc.returncode}); see {workdir / _LOGS[name]}")
 
@@ -271,28 +376,32 @@ def _await_ready(name: str, proc: subprocess.Popen[bytes], port: int, workdir: P
 class EmbeddedStack:
     """Starts, health-checks and stops ZooKeeper + Tansu; usable as a context manager."""
 
-    def __init__(self, workdir: Path | None = None, tie_to_parent: bool = True) -> None:
+    def __init__(self, workdir: Path | None = None, tie_to_parent: bool = True, zk_tls: bool = False) -> None:
+        """``zk_tls``: ZooKeeper serves only a TLS client port (see the module docstring); off by default."""
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="aligner-stack-"))
         self.tie_to_parent = tie_to_parent
+        self.zk_tls = zk_tls
+        self.tls: TlsFiles | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
         self.info: StackInfo | None = None
 
     def start(self, timeout: float = 60.0) -> StackInfo:
         zk_port, kafka_port = free_port(), free_port()
         try:
-            _write_zoo_cfg(self.workdir, zk_port)
-            zk = _spawn_component(ZOOKEEPER, self.workdir, zk_port, self.tie_to_parent)
+            self.tls = make_tls(self.workdir) if self.zk_tls else None
+            _write_zoo_cfg(self.workdir, zk_port, self.tls)
+            zk = _spawn_component(ZOOKEEPER, self.workdir, zk_port, self.tie_to_parent, self.tls)
             self._procs.append(zk)
             kafka = _spawn_component(KAFKA, self.workdir, kafka_port, self.tie_to_parent)
             self._procs.append(kafka)
-            _await_ready(ZOOKEEPER, zk, zk_port, self.workdir, timeout)
+            _await_ready(ZOOKEEPER, zk, zk_port, self.workdir, timeout, self.tls)
             _await_ready(KAFKA, kafka, kafka_port, self.workdir, timeout)
         except BaseException:
             self.stop()
             raise
         self.info = StackInfo(zk=f"127.0.0.1:{zk_port}", kafka=f"127.0.0.1:{kafka_port}",
-                              workdir=str(self.workdir), zk_pid=zk.pid, kafka_pid=kafka.pid)
+                              workdir=str(self.workdir), zk_pid=zk.pid, kafka_pid=kafka.pid, zk_tls=self.zk_tls)
         return self.info
 
     def pid(self, name: str) -> int | None:
@@ -307,10 +416,10 @@ class EmbeddedStack:
             raise StackError("the stack was never started")
         if self.pid(name) is not None:
             raise StackError(f"{name} is still running (pid {self.pid(name)})")
-        port = self.info.port(name)
-        proc = _spawn_component(name, self.workdir, port, self.tie_to_parent)
+        port, tls = self.info.port(name), self.info.tls_files() if name == ZOOKEEPER else None
+        proc = _spawn_component(name, self.workdir, port, self.tie_to_parent, tls)
         self._procs.append(proc)
-        _await_ready(name, proc, port, self.workdir, timeout)
+        _await_ready(name, proc, port, self.workdir, timeout, tls)
         return proc.pid
 
     def processes(self) -> list[subprocess.Popen[bytes]]:
@@ -379,7 +488,7 @@ def component(info: StackInfo, name: str) -> Component:
         state = "down"
     elif _paused(pid):
         state = "paused"
-    elif (_zk_ok if name == ZOOKEEPER else _tcp_ok)(port):
+    elif _zk_ok(port, info.tls_files()) if name == ZOOKEEPER else _tcp_ok(port):
         state = "up"
     else:
         state = "not answering"
@@ -411,26 +520,32 @@ def _restart(info: StackInfo, name: str, timeout: float) -> int:
     if taken is not None:
         raise StackError(f"cannot restart {LABELS[name]} on port {port}: {taken.strerror or taken} "
                          f"(another process holds it); free the port and run `aligner stack up` again")
-    proc = _spawn_component(name, workdir, port, tie_to_parent=False)
+    tls = info.tls_files() if name == ZOOKEEPER else None
+    proc = _spawn_component(name, workdir, port, tie_to_parent=False, tls=tls)
     try:
-        _await_ready(name, proc, port, workdir, timeout)
+        _await_ready(name, proc, port, workdir, timeout, tls)
     except BaseException:
         _kill_group(proc.pid)
         raise
     return proc.pid
 
 
-def stack_up(home: Path, timeout: float = 60.0) -> tuple[StackInfo, dict[str, str]]:
+def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False) -> tuple[StackInfo, dict[str, str]]:
     """Start the detached stack, or restart only its components that are down.
 
+    ``zk_tls`` starts a new stack with ZooKeeper on a TLS client port; a running stack keeps the mode
+    it was started with (asking for TLS from a plaintext one is an error: `stack down` first).
     Returns the stack and what happened to each component: started, restarted, running, paused
     or not answering (the last two are left alone: the process holds its data)."""
     with _locked(home):
         info = read_stack(home)
+        if info is not None and zk_tls and not info.zk_tls:
+            raise StackError(f"the embedded stack in {home} runs ZooKeeper without TLS; "
+                             "`aligner stack down` then `aligner stack up --zk-tls` starts one with TLS")
         if info is None:
             workdir = home / "stack"
             workdir.mkdir(parents=True, exist_ok=True)  # an earlier stack's ZooKeeper data is kept, not wiped
-            info = EmbeddedStack(workdir=workdir, tie_to_parent=False).start(timeout)
+            info = EmbeddedStack(workdir=workdir, tie_to_parent=False, zk_tls=zk_tls).start(timeout)
             _write_state(home, info)
             return info, {ZOOKEEPER: "started", KAFKA: "started"}
         actions: dict[str, str] = {}
