@@ -279,13 +279,19 @@ class ValueFormat(StrEnum):
 # ---- stack ---------------------------------------------------------------------------------------
 
 @stack_app.command("up")
-def stack_up(as_json: JsonFlag = False) -> None:
+def stack_up(
+    as_json: JsonFlag = False,
+    zk_tls: Annotated[bool, typer.Option("--zk-tls", help="ZooKeeper on a TLS client port only (a throwaway "
+                                         "CA and certificates in the stack's data dir; `stack env` exports them)")
+                      ] = False,
+) -> None:
     """Start ZooKeeper and Tansu, or restart only the components that are down (same port and data)."""
-    info, actions = stack_mod.stack_up(state.settings.home)
+    info, actions = stack_mod.stack_up(state.settings.home, zk_tls=zk_tls)
     if emit({**asdict(info), "actions": actions}, as_json):
         return
     for comp in stack_mod.components(info):
-        out.print(f"{comp.label} {comp.address}: {actions[comp.name]} (pid {comp.pid}, {comp.state})")
+        tls = " over TLS" if comp.name == stack_mod.ZOOKEEPER and info.zk_tls else ""
+        out.print(f"{comp.label} {comp.address}{tls}: {actions[comp.name]} (pid {comp.pid}, {comp.state})")
     if actions.get(stack_mod.KAFKA) == "restarted":
         err.print("note: the restarted broker starts empty (Tansu keeps topics in memory)", soft_wrap=True)
     out.print('eval "$(aligner stack env)" points other shells at it')

@@ -7,6 +7,7 @@ silently never comes.
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from aligner.coordinator.stack import EmbeddedStack, StackInfo, _alive, components, make_tls
+from aligner.coordinator.stack import EmbeddedStack, StackInfo, _alive, _kill_group, components, make_tls
 from aligner.errors import AlignerError, UnreachableError
 from aligner.ledger import Ledger
 from aligner.models import Range, SubjectNode
@@ -137,3 +138,36 @@ def test_tls_settings_are_checked_before_connecting(tmp_path: Path, monkeypatch:
     monkeypatch.setenv("ALIGNER_ZK_TLS_KEY", str(files.client_key))
     opts = zk_security("").kazoo_options()
     assert opts["use_ssl"] and opts["check_hostname"] and opts["ca"] == str(files.ca)
+
+
+@pytest.fixture
+def detached_home(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """CLI environment of a private ALIGNER_HOME; its detached stack is stopped on every path."""
+    env = _cli_env(tmp_path / "home")
+    yield env
+    state = Path(env["ALIGNER_HOME"]) / "stack.json"
+    pids = [v for k, v in json.loads(state.read_text()).items() if k.endswith("_pid")] if state.exists() else []
+    try:
+        down = run_cli(env, "stack", "down", timeout=120)
+    finally:
+        for pid in pids:  # whatever `stack down` could not stop
+            if _alive(pid):
+                _kill_group(pid)
+    assert down.returncode == 0, down.stderr
+
+
+def test_stack_up_zk_tls_env_and_status(detached_home: dict[str, str]) -> None:
+    up = run_cli(detached_home, "stack", "up", "--zk-tls")
+    assert up.returncode == 0, up.stderr
+    assert "over TLS: started" in up.stdout
+    exports = run_cli(detached_home, "stack", "env", "--json")
+    assert exports.returncode == 0, exports.stderr
+    env = json.loads(exports.stdout)
+    assert set(TLS_VARS) <= env.keys()
+    status = run_cli({**detached_home, **env}, "status", "--json")
+    assert status.returncode == 0, status.stderr
+    states = run_cli(detached_home, "stack", "status", "--json")
+    assert [c["state"] for c in json.loads(states.stdout)["components"]] == ["up", "up"]
+    again = run_cli(detached_home, "stack", "up", "--zk-tls", "--json")  # a TLS stack keeps running as it is
+    assert again.returncode == 0 and json.loads(again.stdout)["actions"] == {"zookeeper": "running",
+                                                                            "kafka": "running"}, again.stderr
