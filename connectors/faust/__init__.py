@@ -53,6 +53,10 @@ whose input is quiet waits as long as it takes. Broker and ZooKeeper failures ar
 start). A job that cannot go on (an unknown subject, or fenced by another incarnation) stops the
 worker with one error line and exit code 1.
 
+Security: Faust's own Kafka connection (aiokafka) gets the SASL/TLS settings of ``ALIGNER_KAFKA_CONFIG``
+as ``broker_credentials`` (:mod:`aligner.connectors.faust.credentials`), the data path's confluent-kafka
+clients take the same file as they are; an app that sets ``broker_credentials`` itself keeps them.
+
 Honest limits: the job function runs in the worker thread (sync functions) or is awaited on the
 Faust event loop one record at a time (async generator functions), so async jobs are slower;
 ``faust`` CLI options cannot carry the worker index, so it comes from ``worker=`` or

@@ -21,6 +21,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from mode import Service
 from mode import Worker as ModeWorker
 
+from aligner.connectors.faust.credentials import broker_credentials
 from aligner.connectors.runtime import JobSpec, JobWorker, KeyedState
 from aligner.connectors.sink import TRANSIENT, FaultHook
 from aligner.connectors.source import SourceRecord
@@ -55,12 +56,20 @@ JOB_STOP_WAIT = 3.0
 
 
 def _tune(conf: Any) -> None:
-    """Shorten the consumer group timeouts the user left at Faust's defaults (explicit values are kept)."""
+    """Shorten the consumer group timeouts the user left at Faust's defaults (explicit values are kept),
+    and secure Faust's own Kafka connection from ``ALIGNER_KAFKA_CONFIG`` unless the app set
+    ``broker_credentials`` itself."""
     for name, value in GROUP_SETTINGS.items():
         if getattr(conf, name) == FaustSettings.SETTINGS[name].default:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # set before any consumer exists; Faust warns anyway
                 setattr(conf, name, value)
+    if conf.broker_credentials is None:
+        credentials = broker_credentials()
+        if credentials is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # set before Faust's producer and consumer exist
+                conf.broker_credentials = credentials
 
 
 def configure(app: faust.App) -> faust.App:
@@ -84,7 +93,9 @@ def faust_app(app_id: str, *, kafka: str | None = None, **overrides: Any) -> fau
 
     A plain ``faust.App`` works as well (:func:`job` sets the group timeouts it needs); this one also
     keeps Faust's data directory under ``ALIGNER_HOME`` and uses in-memory stores and single-partition
-    internal topics, which suit the embedded single-node broker.
+    internal topics, which suit the embedded single-node broker. Faust's own Kafka connection gets the
+    SASL/TLS settings of ``ALIGNER_KAFKA_CONFIG`` (:func:`~aligner.connectors.faust.credentials.broker_credentials`;
+    a :class:`KafkaConfigError` names a setting it cannot take) unless ``broker_credentials`` is given.
     """
     env = Settings()
     bootstrap = kafka or env.kafka
@@ -98,6 +109,8 @@ def faust_app(app_id: str, *, kafka: str | None = None, **overrides: Any) -> fau
         **GROUP_SETTINGS,
     }
     settings.update(overrides)
+    if settings.get("broker_credentials") is None:
+        settings["broker_credentials"] = broker_credentials()
     return configure(faust.App(app_id, **settings))
 
 
