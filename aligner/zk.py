@@ -16,6 +16,9 @@ uses so that
   carries the ACL that the policy (:mod:`aligner.acl`) gives its path, and a request ZooKeeper refuses
   under its ACLs raises :class:`AccessDeniedError` naming the path and the identity.
 
+:func:`tls_mismatch` tells why a first session does not come when TLS is the reason (kazoo only logs
+it and retries forever): :meth:`aligner.ledger.Ledger.connect` turns it into one clear error at once.
+
 A retried request may have succeeded the first time (the reply was lost). Creates and versioned
 sets report that as ``NodeExistsError`` / ``BadVersionError``; callers that care compare the node
 with what they wrote (the producer node carries a per-incarnation token for exactly this).
