@@ -72,9 +72,12 @@ def main() -> None:
     query = (out.writeStream.format("aligned").options(**conn, subject=args.target, job=args.job)
              .option("checkpointLocation", args.checkpoint).outputMode("append").start())
     say(f"query {query.id}")
-    swapped = AlignedQuery(ledger, query, args.job).run(stop)
-    if query.exception() is not None:
-        raise SystemExit(f"query failed: {query.exception()}")
+    try:
+        swapped = AlignedQuery(ledger, query, args.job).run(stop)
+    except Exception as exc:  # the Python cause first: the JVM's stack trace would hide it
+        text = str(exc)
+        causes = [line for line in text.splitlines() if "Error" in line or "aligner" in line][:40]
+        raise SystemExit("query failed: " + "\n".join(causes) + "\n" + text[:1500]) from None
     if swapped:
         say("swapped out")
     spark.stop()
