@@ -164,8 +164,6 @@ JAVA_ONLY = {
     "ssl.truststore.location": "librdkafka reads PEM: convert the truststore and set ssl.ca.location",
     "ssl.truststore.password": "librdkafka reads PEM: convert the truststore and set ssl.ca.location",
     "ssl.truststore.type": "librdkafka reads PEM: set ssl.ca.location",
-    "ssl.keystore.location": "librdkafka reads PEM: set ssl.certificate.location and ssl.key.location "
-                             "(or ssl.keystore.location with a PKCS#12 file)",
     "sasl.login.callback.handler.class": "a Java class; librdkafka cannot load it",
     "sasl.client.callback.handler.class": "a Java class; librdkafka cannot load it",
 }

@@ -128,6 +128,9 @@ def settings() -> Settings:
                 state.embedded = info
                 update = {"zk": info.zk} if "kafka" in state.explicit else {"zk": info.zk, "kafka": info.kafka}
                 state.settings = state.settings.model_copy(update=update)
+                for name, path in info.env().items():  # a TLS stack's client files, unless set already
+                    if name.startswith("ALIGNER_ZK_TLS_"):
+                        os.environ.setdefault(name, path)
     return state.settings
 
 

@@ -166,6 +166,8 @@ def test_stack_up_zk_tls_env_and_status(detached_home: dict[str, str]) -> None:
     assert set(TLS_VARS) <= env.keys()
     status = run_cli({**detached_home, **env}, "status", "--json")
     assert status.returncode == 0, status.stderr
+    found = run_cli(detached_home, "status", "--json")  # no exports: the stack's state file names the files
+    assert found.returncode == 0, found.stderr
     states = run_cli(detached_home, "stack", "status", "--json")
     assert [c["state"] for c in json.loads(states.stdout)["components"]] == ["up", "up"]
     again = run_cli(detached_home, "stack", "up", "--zk-tls", "--json")  # a TLS stack keeps running as it is
