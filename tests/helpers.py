@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import queue
 import signal
@@ -152,3 +153,21 @@ def raw_records(bootstrap: str, topic: str, partitions: int) -> list:
 
 def raw_count(bootstrap: str, topic: str, partitions: int) -> int:
     return len(raw_records(bootstrap, topic, partitions))
+
+
+def detached_stack_down(env: dict[str, str]) -> None:
+    """`aligner stack down` for a test's private ALIGNER_HOME; whatever it could not stop is killed."""
+    from aligner.coordinator.stack import _alive, _kill_group
+    from tests.conftest import run_cli
+
+    state = Path(env["ALIGNER_HOME"]) / "stack.json"
+    pids: list[int] = []
+    with contextlib.suppress(OSError, ValueError):
+        pids = [v for k, v in json.loads(state.read_text()).items() if k.endswith("_pid")]
+    try:
+        down = run_cli(env, "stack", "down", timeout=120)
+    finally:
+        for pid in pids:
+            if _alive(pid):
+                _kill_group(pid)
+    assert down.returncode == 0, down.stderr

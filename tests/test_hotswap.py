@@ -15,10 +15,10 @@ from aligner.coordinator.hotswap import HotSwap, HotSwapRefused
 from aligner.coordinator.stack import wait_for
 from aligner.coordinator.verify import shadow_span, verify_before_swap, verify_outputs
 from aligner.errors import AlignerError
-from aligner.models import ContributionNode
 from tests.conftest import run_cli
 from tests.jobs import count_v1, count_v2, tag_v1, tag_v2
 from tests.streams import assert_exactly_once, read_all
+from tests.swaps import assert_s_before_s_plus_1, precommit_acked
 
 LIVE = 180
 """Liveness bound (seconds) on waits for progress: generous, for a busy machine; never a speed check."""
@@ -42,21 +42,6 @@ def _setup(stack, ledger, spawn, raw, v1_fn=tag_v1, v2_fn=tag_v2, inherit_state=
     return target, more, gen, old, new, v1, v2
 
 
-def _precommit_acked(swapper, o, n, on_wait=None):
-    """Pre-commit a swap epoch S and wait until both jobs acknowledged it; when a worker saw S too late
-    (a busy machine: it had passed S already), choose a later S, as ``HotSwap.run`` does."""
-    swap, version = swapper._precommit(o, n, None, -1, None)
-    acks = ["waiting"]
-
-    def settled() -> bool:
-        acks.append(swapper._acks(o, n, swap))
-        return acks[-1] != "waiting"
-
-    while True:
-        wait_for(settled, LIVE, f"both jobs to acknowledge S={swap.epoch}", on_wait=on_wait)
-        if acks[-1] == "all":
-            return swap, version
-        swap, version = swapper._precommit(o, n, swap, version, None)
 
 
 def _finish(more, gen, v1, v2):
@@ -77,13 +62,7 @@ def _verify(ledger, stack, target, gen, swap_epoch):
     epochs = ledger.epoch_numbers(target)
     assert ledger.frontier(target) == epochs[-1]
     assert any(e > swap_epoch for e, _ in outputs) and any(e <= swap_epoch for e, _ in outputs)
-    times = []
-    for e in (swap_epoch, swap_epoch + 1):
-        path = ledger.layout.epoch(target, e)
-        times.append(max(ledger.read(ContributionNode, f"{path}/{c}")[0].committed_at
-                         for c in ledger.zk.get_children(path)))
-    assert times[0] <= times[1], f"v2 committed S+1 = {swap_epoch + 1} before v1 committed S"
-    return (times[1] - times[0]) / 1000
+    return assert_s_before_s_plus_1(ledger, target, swap_epoch)
 
 
 def test_hotswap_under_continuous_input_is_exactly_once(stack, ledger, subject_name, spawn):
@@ -221,7 +200,7 @@ def test_job_killed_at_a_swap_step_still_swaps_exactly_once(stack, root, ledger,
 
     wait_for(lambda: all(c.job_epoch is not None for c in jobs.consumers(n.job, raw).values())
              and jobs.consumers(n.job, raw), LIVE, "v2 following", on_wait=healthy)
-    swap, version = _precommit_acked(swapper, o, n, on_wait=healthy)
+    swap, version = precommit_acked(swapper, o, n, LIVE, on_wait=healthy)
     if step == "commit":
         swap = swap.model_copy(update={"phase": "commit"})
         jobs.write_swap(swap, version)
@@ -298,7 +277,7 @@ def test_coordinator_lost_after_commit_is_resumed_by_the_next(stack, ledger, sub
     swapper = HotSwap(ledger)
     o, n = swapper.check(old.job, new.job, target)
     wait_for(lambda: swapper._committed(new.job, new.inputs) >= 0, LIVE, "v2 following")
-    swap, version = _precommit_acked(swapper, o, n)
+    swap, version = precommit_acked(swapper, o, n, LIVE)
     swapper.jobs.write_swap(swap.model_copy(update={"phase": "commit"}), version)  # ... and the coordinator dies
     resumed = spawn.worker("aligner.coordinator", "hotswap", "--old", old.job, "--new", new.job, "--subject", target,
                            "--json", env=cli_env)

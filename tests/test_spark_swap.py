@@ -26,10 +26,10 @@ from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import wait_for
 from aligner.jobs import JobLedger
-from aligner.models import ContributionNode
 from tests.helpers import Worker
 from tests.jobs import tag_v1
 from tests.streams import assert_exactly_once, read_all
+from tests.swaps import assert_s_before_s_plus_1, precommit_acked
 
 pytest.importorskip("pyspark")
 
@@ -82,20 +82,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _precommit_acked(swapper: HotSwap, o, n, on_wait):
-    """Pre-commit S and wait until both queries acknowledged it; a later S when one saw it too late."""
-    swap, version = swapper._precommit(o, n, None, -1, None)
-    acks = ["waiting"]
-
-    def settled() -> bool:
-        acks.append(swapper._acks(o, n, swap))
-        return acks[-1] != "waiting"
-
-    while True:
-        wait_for(settled, LIVE, f"both queries to acknowledge S={swap.epoch}", on_wait=on_wait)
-        if acks[-1] == "all":
-            return swap, version
-        swap, version = swapper._precommit(o, n, swap, version, None)
 
 
 def _verify(ledger, stack, target: str, sent: int, swap_epoch: int) -> None:
@@ -117,12 +103,7 @@ def _verify(ledger, stack, target: str, sent: int, swap_epoch: int) -> None:
                 assert value["count"] == rank, f"key {k}: v1 counted {value['count']} at input {n}, not {rank}"
             else:  # v2 rebuilt its state from the start of the input: its running sums include v1's inputs
                 assert value["sum"] == total, f"key {k}: v2 summed {value['sum']} at input {n}, not {total}"
-    times = []
-    for e in (swap_epoch, swap_epoch + 1):
-        path = ledger.layout.epoch(target, e)
-        times.append(max(ledger.read(ContributionNode, f"{path}/{c}")[0].committed_at
-                         for c in ledger.zk.get_children(path)))
-    assert times[0] <= times[1], f"Q2 committed S+1 = {swap_epoch + 1} before Q1 committed S"
+    assert_s_before_s_plus_1(ledger, target, swap_epoch)
 
 
 KILLS = [(step, ("coordinator", "old", "new")) for step in ("precommit", "commit")]
@@ -166,7 +147,7 @@ def test_spark_query_hotswap_survives_kills_exactly_once(stack, root, ledger, su
     mark("Q1 writing, Q2 following")
     swapper = HotSwap(ledger)
     o, n = swapper.check(old.job, new.job, target)
-    swap, version = _precommit_acked(swapper, o, n, healthy)
+    swap, version = precommit_acked(swapper, o, n, LIVE, healthy)
     mark(f"S = {swap.epoch} acknowledged")
     if step == "commit":
         swap = swap.model_copy(update={"phase": "commit"})

@@ -5,7 +5,6 @@ restarts only what is down on its own port and data, and only `stack down` remov
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -20,9 +19,10 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from aligner.connectors.kafka import QUIET, consumer_config
 from aligner.connectors.marker import EpochMarker
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import _alive, _kill_group, wait_for
+from aligner.coordinator.stack import _alive, wait_for
 from aligner.ledger import Ledger
 from tests.conftest import ROOT, run_cli
+from tests.helpers import detached_stack_down
 
 
 def _one_line(stderr: str) -> str:
@@ -57,16 +57,7 @@ def home_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     env.update({"ALIGNER_HOME": str(home), "ALIGNER_ROOT": f"/aligner-stack-{uuid.uuid4().hex[:8]}",
                 "PYTHONPATH": str(ROOT)})
     yield env
-    pids: set[int] = set()
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        pids = set(_pids(env).values())
-    try:
-        down = run_cli(env, "stack", "down", timeout=120)
-    finally:
-        for pid in pids:  # whatever `stack down` could not stop
-            if _alive(pid):
-                _kill_group(pid)
-    assert down.returncode == 0, down.stderr
+    detached_stack_down(env)
 
 
 def _pids(env: dict[str, str]) -> dict[str, int]:

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from aligner.coordinator.stack import EmbeddedStack, StackInfo, _alive, _kill_group, components, make_tls
+from aligner.coordinator.stack import EmbeddedStack, StackInfo, _alive, components, make_tls
 from aligner.errors import AlignerError, UnreachableError
 from aligner.ledger import Ledger
 from aligner.models import Range, SubjectNode
 from aligner.settings import zk_security
 from tests.conftest import ROOT, run_cli
+from tests.helpers import detached_stack_down
 
 TLS_VARS = ("ALIGNER_ZK_TLS_CA", "ALIGNER_ZK_TLS_CERT", "ALIGNER_ZK_TLS_KEY")
 
@@ -145,15 +146,7 @@ def detached_home(tmp_path: Path) -> Iterator[dict[str, str]]:
     """CLI environment of a private ALIGNER_HOME; its detached stack is stopped on every path."""
     env = _cli_env(tmp_path / "home")
     yield env
-    state = Path(env["ALIGNER_HOME"]) / "stack.json"
-    pids = [v for k, v in json.loads(state.read_text()).items() if k.endswith("_pid")] if state.exists() else []
-    try:
-        down = run_cli(env, "stack", "down", timeout=120)
-    finally:
-        for pid in pids:  # whatever `stack down` could not stop
-            if _alive(pid):
-                _kill_group(pid)
-    assert down.returncode == 0, down.stderr
+    detached_stack_down(env)
 
 
 def test_stack_up_zk_tls_env_and_status(detached_home: dict[str, str]) -> None:
