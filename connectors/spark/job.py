@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,6 +40,7 @@ from aligner import coverage
 from aligner.alignment import ConsumerAlignment, State
 from aligner.errors import AlignedOptionError, AlignerError, UnknownJobError
 from aligner.jobs import JobLedger
+from aligner.layout import split_writer
 from aligner.ledger import Lease, Ledger
 from aligner.models import ConsumerNode, JobEpochNode, JobNode, SwapNode
 from aligner.swap import Gate, Phase, awaits_target, gate
@@ -47,6 +49,9 @@ log = logging.getLogger("aligner.spark.job")
 
 Planned = tuple[dict[str, int], int, int]
 """A planned batch: (end vector of subject epochs, first job epoch, last job epoch)."""
+
+STOP_GRACE = 3.0
+"""Seconds a stop waits for the running micro-batch to end: within the 5 s a long-running component has."""
 
 PAUSE = 0.5
 """Longest a planner call waits for the ledger (woken early by watches) before Spark asks again: short,
@@ -294,7 +299,7 @@ class AlignedQuery:
 
     def finished(self) -> bool:
         doc, _ = self.ledger.writers(self.node.output)
-        mine = [e for w, e in doc.writers.items() if w.split(":", 1)[0] == self.node.job]
+        mine = [e for w, e in doc.writers.items() if split_writer(w)[0] == self.node.job]
         return bool(mine) and all(e.finished_after is not None for e in mine)
 
     def run(self, stop: threading.Event | None = None) -> bool:
@@ -304,10 +309,24 @@ class AlignedQuery:
             if self.query.awaitTermination(0.5):
                 return False
             if self.finished():
-                self.query.stop()
+                self.stop()
                 return True
-        self.query.stop()
+        self.stop()
         return False
+
+    def stop(self, grace: float = STOP_GRACE) -> None:
+        """Stop the query between micro-batches when one ends within ``grace`` seconds: stopped in the
+        middle of one, Spark interrupts its writer and logs abort errors (nothing is lost either way:
+        an uncommitted batch's records carry an attempt ZooKeeper never names)."""
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            try:
+                if not self.query.status.get("isTriggerActive", False):
+                    break
+            except Exception:  # the query ended meanwhile
+                break
+            time.sleep(0.05)
+        self.query.stop()
 
 
 def wait_target(ledger: Ledger, node: JobNode, swap: SwapNode) -> None:
