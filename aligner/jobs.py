@@ -72,6 +72,19 @@ class JobLedger:
         except NoNodeError:
             raise UnknownJobError(job) from None
 
+    def epoch_line(self, job: str) -> str:
+        """Whose job epoch nodes a job uses: the first version's, through its chain of ``follows``
+        (v3 follows v2, which follows v1: all three decide and read v1's epochs), so that every
+        version of a job covers the same input epochs with the same job epoch numbers."""
+        seen = {job}
+        node = self.job(job)
+        while node.follows is not None:
+            if node.follows in seen:
+                raise AlignerError(f"job {job!r}: its versions follow each other in a cycle ({sorted(seen)})")
+            seen.add(node.follows)
+            node = self.job(node.follows)
+        return node.job
+
     def job_names(self) -> list[str]:
         try:
             return sorted(self.zk.get_children(self.layout.jobs))

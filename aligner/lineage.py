@@ -35,7 +35,7 @@ def job_epoch_lineage(ledger: Ledger, job: str, epoch: int, depth: int = 16) -> 
     if not committed:
         raise LineageError(f"epoch {epoch} of job {job!r} (its output {node.output!r}) is not committed yet; "
                            f"it has no lineage yet")
-    covered = jobs.job_epoch(node.follows or job, epoch)  # a new version uses the old one's epochs
+    covered = jobs.job_epoch(jobs.epoch_line(job), epoch)  # a new version uses the first version's epochs
     entry: dict[str, Any] = {"job": job, "epoch": epoch, "output": node.output}
     if covered is None:
         entry["aligned"] = False

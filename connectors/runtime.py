@@ -142,6 +142,9 @@ class JobWorker:
         self._rejected: dict[str, int] = {}
         self._swap_seen: tuple[int, int] | None = None
         self._swap: SwapNode | None = None
+        """A swap of this version for a newer one (the swap node of this job)."""
+        self._swap_in: SwapNode | None = None
+        """For a new version: the swap that hands it the target (the swap node of the job it follows)."""
         self._inherited: str | None = None
         """"old@epoch" while this new version's first epoch carries the state it took over (hand-off)."""
         self.sink: SinkProducer | None = None  # type: ignore[assignment]
@@ -154,8 +157,9 @@ class JobWorker:
         if spec.shadow and spec.follows is None:
             raise AlignerError(f"job {spec.job!r}: only a new version (follows=OLD) writes a shadow subject")
         self.jobs.register(spec.node())
-        self._epochs_of = spec.follows or spec.job
-        """Whose aligned job epoch nodes this job uses: its own, or the old version's it follows."""
+        self._epochs_of = self.jobs.epoch_line(spec.job)
+        """Whose aligned job epoch nodes this job uses: its own, or its first version's (through the
+        versions it follows), so that every version covers the same input with the same epochs."""
         self.jobs.ensure_worker_path(spec.job, self.worker)
         if spec.changelog is not None:
             self._ensure_changelog(spec.changelog)
@@ -169,7 +173,9 @@ class JobWorker:
         # DataWatch recipes re-read their node after a connection loss or a new session.
         for subject in spec.inputs:
             self.jobs.follow_command(spec.job, subject, lambda cmd, s=subject: self._on_command(s, cmd))
-        self.jobs.follow_swap(self._epochs_of, self._on_swap)
+        if spec.follows is not None:  # the swap that hands the target over to this version
+            self.jobs.follow_swap(spec.follows, self._on_swap_in)
+        self.jobs.follow_swap(spec.job, self._on_swap)  # a swap of this version for a newer one
         return self
 
     def _open_io(self) -> None:
@@ -284,6 +290,18 @@ class JobWorker:
         self._swap = swap
         self.idle.wake.set()
 
+    @property
+    def swap(self) -> SwapNode | None:
+        """The swap that gates this worker now: the one handing it the target until that is done, then
+        a swap of it for a newer version."""
+        if self._swap_in is not None and self._swap_in.phase != Phase.DONE:
+            return self._swap_in
+        return self._swap
+
+    def _on_swap_in(self, swap: SwapNode | None) -> None:
+        self._swap_in = swap
+        self.idle.wake.set()
+
     def close(self) -> None:
         self._close_io()
         self.state.close()
@@ -364,13 +382,19 @@ class JobWorker:
     # ---- hot-swap -----------------------------------------------------------------------------
 
     def _swap_gate(self, epoch: int, stop: threading.Event) -> Gate:
-        """The swap machine's gate for ``epoch``, acknowledging S first; waits out a pre-commit at S+1."""
-        new_version = self.spec.follows is not None
+        """The swap machine's gate for ``epoch``, acknowledging S first; waits out a pre-commit at S+1.
+
+        A new version is gated by the swap that hands it the target (void until S, then write) and,
+        once it writes, by a swap of itself for a newer version (write until S', then stop)."""
         while True:
-            swap = self._swap
+            swap, outcome = self._swap_in, Gate.WRITE
+            if self.spec.follows is not None:
+                outcome = swap_gate(swap, epoch, new_version=True)
+            if outcome is Gate.WRITE:
+                swap = self._swap
+                outcome = swap_gate(swap, epoch, new_version=False)
             if swap is not None and swap.phase != Phase.ABORTED:
                 self._report_swap(swap, epoch)
-            outcome = swap_gate(swap, epoch, new_version)
             if outcome is not Gate.WAIT:
                 return outcome
             self.idle.waiting(f"the outcome of the hot-swap at epoch {swap.epoch if swap else '?'}")
@@ -473,7 +497,7 @@ class JobWorker:
 
     def _old_finished(self, epoch: int) -> bool:
         """After a committed swap the old version decides no epoch past S: the new one does."""
-        return swap_gate(self._swap, epoch, new_version=True) is Gate.WRITE
+        return swap_gate(self._swap_in, epoch, new_version=True) is Gate.WRITE
 
     def _await_followed(self, epoch: int, stop: threading.Event) -> dict[str, Span | None] | None:
         """A new version waits for the old one to decide the job epoch (watch on its node).
@@ -537,7 +561,7 @@ class JobWorker:
                 sink.send_to(changelog, value, key, self.worker)
         elif self.state.dirty:
             raise AlignerError(f"job {self.spec.job!r} declares no state (state='none') but its function put some")
-        swap = self._swap
+        swap = self._swap_in
         if not self._voiding and awaits_target(swap, epoch, self.spec.follows is not None):
             assert swap is not None
             while not self.ledger.wait_committed(self.spec.output, swap.epoch, timeout=1.0, stop=stop):

@@ -48,6 +48,10 @@ class HotSwap:
                 problems.append(f"{job.job} declares itself nondeterministic (async I/O or cycles, thesis 4.6)")
         if n.follows != old:
             problems.append(f"{new} must run as the new version of {old} (JobSpec(follows={old!r}))")
+        if o.follows is not None:
+            handover, _ = self.jobs.swap(o.follows)
+            if handover is None or handover.phase != "done":
+                problems.append(f"{old} is still the new version of {o.follows}: swap {o.follows} -> {old} first")
         doc, _ = self.ledger.writers(target)
         others = sorted({split_writer(w)[0] for w, e in doc.writers.items() if e.finished_after is None}
                         - {old, new})

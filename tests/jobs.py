@@ -23,16 +23,16 @@ def tag_v1(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | No
 Job = Callable[[SourceRecord, KeyedState], Iterable[tuple[bytes | None, bytes]]]
 
 
-def _version_2(fn: Job) -> Job:
-    """Version 2 of a job: the same outputs, visibly marked v2 (for hot-swap tests)."""
+def _version(fn: Job, n: int) -> Job:
+    """Version ``n`` of a job: the same outputs, visibly marked vN (for hot-swap tests)."""
 
-    def v2(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
+    def vn(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
         for key, value in fn(record, state):
             out = json.loads(value)
-            out["v"] = 2
+            out["v"] = n
             yield key, json.dumps(out).encode()
 
-    return v2
+    return vn
 
 
 def count_v1(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
@@ -45,6 +45,7 @@ def count_v1(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | 
     yield record.key, json.dumps(out).encode()
 
 
-tag_v2 = _version_2(tag_v1)
-count_v2 = _version_2(count_v1)
+tag_v2 = _version(tag_v1, 2)
+tag_v3 = _version(tag_v1, 3)
+count_v2 = _version(count_v1, 2)
 """Versions 2 keep their version 1's state: a hot-swap may hand v1's state over."""

@@ -16,7 +16,7 @@ from aligner.coordinator.stack import wait_for
 from aligner.coordinator.verify import shadow_span, verify_before_swap, verify_outputs
 from aligner.errors import AlignerError
 from tests.conftest import run_cli
-from tests.jobs import count_v1, count_v2, tag_v1, tag_v2
+from tests.jobs import count_v1, count_v2, tag_v1, tag_v2, tag_v3
 from tests.streams import assert_exactly_once, read_all
 from tests.swaps import assert_s_before_s_plus_1, precommit_acked
 
@@ -25,10 +25,10 @@ LIVE = 180
 
 
 def _setup(stack, ledger, spawn, raw, v1_fn=tag_v1, v2_fn=tag_v2, inherit_state=False, before_v2=None,
-           shadow=False):
+           shadow=False, target_partitions=4):
     target = f"{raw}-t"
     create_subject(ledger, stack.kafka, raw, 2)
-    create_subject(ledger, stack.kafka, target, 4)
+    create_subject(ledger, stack.kafka, target, target_partitions)
     more = threading.Event()
     gen = spawn.generator(raw, epochs=5000, pace=0.04, until=more)
     old = JobSpec(job=f"{raw}-v1", inputs=(raw,), output=target, interval=0.2, output_partitions=(0, 1))
@@ -135,6 +135,35 @@ def test_shadow_is_verified_before_the_swap(stack, ledger, subject_name, spawn, 
     whole = verify_outputs(ledger, stack.kafka, [old.job, new.job], *span, by_job=True, ignore=["v"])
     assert whole["first_difference"] is None and whole["records"] > 0
     assert all(epoch <= swap.epoch for epoch, _ in read_all(ledger, stack.kafka, new.shadow_subject))
+
+
+def test_a_job_upgraded_twice_is_exactly_once(stack, ledger, subject_name, spawn):
+    """v1 -> v2 -> v3 under continuous input: v3 follows v2, which took over v1's job epochs; each
+    version's results land in its own epochs, every input exactly once. The second swap is refused
+    while v2 is still only following v1."""
+    target, more, gen, old, new, v1, v2 = _setup(stack, ledger, spawn, subject_name, target_partitions=6)
+    newest = JobSpec(job=f"{subject_name}-v3", inputs=(subject_name,), output=target, interval=0.2,
+                     output_partitions=(4, 5), version="3", follows=new.job)
+    swapper = HotSwap(ledger)
+    swapper.jobs.register(newest.node())
+    with pytest.raises(HotSwapRefused, match="is still the new version of"):
+        swapper.check(new.job, newest.job, target)
+    first = swapper.run(old.job, new.job, target, timeout=LIVE)
+    v3 = spawn.job(newest, tag_v3)
+    wait_for(lambda: (ledger.frontier(target) or 0) >= first.epoch + 2, LIVE, "v2 output after the first swap")
+    second = HotSwap(ledger).run(new.job, newest.job, target, timeout=LIVE)
+    assert second.phase == "done" and second.epoch > first.epoch
+    wait_for(lambda: (ledger.frontier(target) or 0) >= second.epoch + 3, LIVE, "v3 output after the second swap")
+    _finish(more, gen, v1, v2)
+    v3.join()
+    outputs = read_all(ledger, stack.kafka, target)
+    assert_exactly_once(outputs, gen.sent)
+    for epoch, value in outputs:
+        expected = 1 if epoch <= first.epoch else 2 if epoch <= second.epoch else 3
+        assert value["v"] == expected, f"epoch {epoch} holds a v{value['v']} result, not v{expected}"
+    assert {value["v"] for _, value in outputs} == {1, 2, 3}
+    for swap in (first, second):
+        assert_s_before_s_plus_1(ledger, target, swap.epoch)
 
 
 def test_coordinator_killed_after_precommit_resumes_the_swap(stack, ledger, subject_name, cli_env, spawn):
