@@ -120,7 +120,8 @@ def main() -> None:
         led.close()
     t0 = done[0][0]
     latencies = [h for _, h in done]
-    per_minute = [[h for t, h in done if m * 60 <= t - t0 < (m + 1) * 60] for m in range(int(args.minutes + 1))]
+    # Whole minutes of input only: the epochs committed as the input stopped form no minute of their own.
+    per_minute = [[h for t, h in done if m * 60 <= t - t0 < (m + 1) * 60] for m in range(max(1, int(args.minutes)))]
     per_minute = [m for m in per_minute if m]
     first, final = statistics.median(per_minute[0]), statistics.median(per_minute[-1])
     payload = {
