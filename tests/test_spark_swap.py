@@ -27,7 +27,7 @@ from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import wait_for
 from aligner.jobs import JobLedger
 from tests.helpers import Worker
-from tests.jobs import tag_v1
+from tests.jobs import tag_v1, tag_v3
 from tests.streams import assert_exactly_once, read_all
 from tests.swaps import assert_s_before_s_plus_1, precommit_acked
 
@@ -84,26 +84,29 @@ def _alive(pid: int) -> bool:
 
 
 
-def _verify(ledger, stack, target: str, sent: int, swap_epoch: int) -> None:
+def _verify(ledger, stack, target: str, sent: int, *swaps: int) -> None:
+    """Every input's result exactly once at the target, from version 1 up to the first swap epoch S,
+    version i+1 after the i-th; a Spark v2 rebuilt its state from the start of the input."""
     outputs = read_all(ledger, stack.kafka, target)
     assert_exactly_once(outputs, sent)
     by_key: dict[int, list[tuple[int, dict]]] = defaultdict(list)
     for epoch, value in outputs:
-        assert value["v"] == (1 if epoch <= swap_epoch else 2), f"epoch {epoch} holds a v{value['v']} result"
+        expected = 1 + sum(epoch > s for s in swaps)
+        assert value["v"] == expected, f"epoch {epoch} holds a v{value['v']} result, not v{expected}"
         by_key[value["in"]["n"] % 4].append((value["in"]["n"], value))
-    assert any(e > swap_epoch for e, _ in outputs) and any(e <= swap_epoch for e, _ in outputs)
+    versions = {value["v"] for _, value in outputs}
+    assert versions == set(range(1, len(swaps) + 2)), f"results from versions {sorted(versions)}"
     for k, rows in by_key.items():
         rows.sort(key=lambda r: r[0])
         total = 0
         for rank, (n, value) in enumerate(rows, 1):
             total += n
-            if value["v"] == 1:
-                if "count" not in value:
-                    continue  # a runtime job's v1 (cross-engine swap): no running count
+            if "count" in value:  # a Spark v1's running count
                 assert value["count"] == rank, f"key {k}: v1 counted {value['count']} at input {n}, not {rank}"
-            else:  # v2 rebuilt its state from the start of the input: its running sums include v1's inputs
+            elif "sum" in value:  # a Spark v2 rebuilt its state from the start of the input: all inputs so far
                 assert value["sum"] == total, f"key {k}: v2 summed {value['sum']} at input {n}, not {total}"
-    assert_s_before_s_plus_1(ledger, target, swap_epoch)
+    for s in swaps:
+        assert_s_before_s_plus_1(ledger, target, s)
 
 
 KILLS = [(step, ("coordinator", "old", "new")) for step in ("precommit", "commit")]
@@ -186,11 +189,14 @@ def test_spark_query_hotswap_survives_kills_exactly_once(stack, root, ledger, su
     _verify(ledger, stack, target, sent, swap.epoch)
 
 
-def test_runtime_job_swapped_for_a_spark_query_exactly_once(stack, root, ledger, subject_name, spawn, tmp_path):
-    """Cross-engine (issue 13.2): a runtime job v1 replaced by a Spark query that rebuilds its own state."""
+def test_runtime_job_swapped_for_a_spark_query_and_back_exactly_once(stack, root, ledger, subject_name, spawn,
+                                                                     tmp_path):
+    """Cross-engine (issue 13.2), there and back: a runtime job v1 is replaced by a Spark query v2 that
+    rebuilds its own state, and the Spark query (swapped in, then out: a second upgrade) by a runtime
+    job v3. Each version writes its own target partitions."""
     raw, target = subject_name, f"{subject_name}-t"
     create_subject(ledger, stack.kafka, raw, 2)
-    create_subject(ledger, stack.kafka, target, 4)
+    create_subject(ledger, stack.kafka, target, 6)
     more = threading.Event()
     gen = spawn.generator(raw, epochs=100_000, pace=0.1, until=more)
     spec = JobSpec(job=f"{raw}-v1", inputs=(raw,), output=target, interval=0.2, output_partitions=(0, 1))
@@ -202,14 +208,22 @@ def test_runtime_job_swapped_for_a_spark_query_exactly_once(stack, root, ledger,
     jobs = JobLedger(ledger)
     wait_for(lambda: any(c.job_epoch is not None for c in jobs.consumers(spark.job, raw).values()), LIVE,
              "the Spark query following", on_wait=spark.healthy)
-    swap = HotSwap(ledger).run(spec.job, spark.job, target, timeout=LIVE)
-    assert swap.phase == "done"
-    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "Spark output after the swap",
-             on_wait=spark.healthy)
+    swapper = HotSwap(ledger)
+    first = swapper.run(spec.job, spark.job, target, timeout=LIVE)
+    assert first.phase == "done"
+    v1.join(LIVE)  # the runtime job ended by itself after S
+    back = JobSpec(job=f"{raw}-v3", version="3", inputs=(raw,), output=target, interval=0.2,
+                   output_partitions=(4, 5), follows=spark.job)
+    v3 = spawn.job(back, tag_v3)
+    wait_for(lambda: (ledger.frontier(target) or 0) >= first.epoch + 3 and any(
+        c.job_epoch is not None for c in jobs.consumers(back.job, raw).values()), LIVE,
+        "Spark output after the swap, and v3 following", on_wait=spark.healthy)
+    second = swapper.run(spark.job, back.job, target, timeout=LIVE)
+    assert second.phase == "done" and second.epoch > first.epoch
+    spark.worker.wait_line(lambda line: line == "swapped out", LIVE)
+    assert spark.worker.wait(LIVE) == 0, spark.worker.stderr
+    wait_for(lambda: (ledger.frontier(target) or 0) >= second.epoch + 3, LIVE, "v3 output after the second swap")
     more.set()
     sent = gen.finished()
-    v1.join(LIVE)  # the runtime job ended by itself after S
-    last = ledger.frontier(raw)
-    wait_for(lambda: (jobs.consumers(spark.job, raw)[0].subject_epoch or -1) >= last, LIVE,
-             "the Spark query to read the whole input", on_wait=spark.healthy)
-    _verify(ledger, stack, target, sent, swap.epoch)
+    v3.join(LIVE)  # the input finished: v3 drains it and ends
+    _verify(ledger, stack, target, sent, first.epoch, second.epoch)

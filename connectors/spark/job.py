@@ -13,6 +13,9 @@ registered (:func:`register_query`: inputs, output, parallelism 1 = the driver, 
 - the planner (``latestOffset``) runs the swap machine's gate for the next job epoch: it acknowledges
   S, plans no batch past S while S is only pre-committed, and after the commit the old version's sink
   finishes after S (the planner finishes its producers) while the new version writes from S+1;
+- every version uses its first version's job epoch nodes (``JobLedger.epoch_line``), and a new version
+  that was swapped in is gated like a first version by a swap of itself, so a query is upgraded again
+  and again, to another query or to a runtime or Faust job;
 - a new version (``follows``) starts on its own checkpoint, reads from a declared epoch (option
   ``startingEpoch``) or the start of retention, follows the old version's job epoch nodes (its batches
   end exactly on them, and never past S before the commit), voids its output up to S and never
@@ -87,9 +90,14 @@ def sink_slots(ledger: Ledger, kafka: str, node: JobNode) -> list[Lease]:
     return open_slots(ledger, kafka, node.output, node.job, len(parts), parts)
 
 
-def swap_of(ledger: Ledger, node: JobNode) -> SwapNode | None:
-    """The hot-swap node that concerns the job: its own as the old version, its predecessor's as the new."""
-    return JobLedger(ledger).swap(node.follows or node.job)[0]
+def swap_in(ledger: Ledger, node: JobNode) -> SwapNode | None:
+    """The hot-swap that hands the target to the job: its predecessor's (None for a first version)."""
+    return JobLedger(ledger).swap(node.follows)[0] if node.follows is not None else None
+
+
+def swap_out(ledger: Ledger, node: JobNode) -> SwapNode | None:
+    """The hot-swap of the job itself for a newer version."""
+    return JobLedger(ledger).swap(node.job)[0]
 
 
 def batch_writes(node: JobNode, swap: SwapNode | None, first_job: int) -> bool:
@@ -142,52 +150,63 @@ class JobPlanner:
             raise AlignedOptionError(f"job {job!r} is registered reading {list(self.node.inputs)}, but the query "
                                      f"reads {list(subjects)}")
         self.new_version = self.node.follows is not None
-        self.epochs_of = self.node.follows or self.node.job
-        """Whose job epoch nodes the query uses: its own, or those of the old version it follows."""
+        self.epochs_of = self.jobs.epoch_line(job)
+        """Whose job epoch nodes the query uses: its first version's (every version covers the same input
+        with the same job epochs)."""
         self._reported: tuple[int, int] | None = None
 
     # ---- planning -------------------------------------------------------------------------------
 
     def plan(self, start: dict[str, int], job: int | None, cap: int | None) -> Planned | None:
         """The next batch from ``start``: (end vector, first job epoch, last job epoch), or None for no
-        batch now (nothing committed yet, or the swap gate holds it)."""
-        if self.new_version:
-            return self._plan_new(start, job, cap)
-        return self._plan_old(start, job, cap)
+        batch now (nothing committed yet, or the swap gate holds it).
 
-    def _plan_old(self, start: dict[str, int], job: int | None, cap: int | None) -> Planned | None:
+        A new version is gated first by the swap that hands it the target (follow and void until S,
+        then write), and once it writes, like a first version, by a swap of itself for a newer one
+        (write until S', then finish): so a query can be upgraded again and again."""
+        if self.new_version:
+            first = job if job is not None else self._first_followed(start)
+            if first is None:
+                self._pause(subjects=start)
+                return None
+            incoming = swap_in(self.ledger, self.node)
+            if incoming is not None and incoming.phase != Phase.DONE:
+                self._acknowledge(first, incoming)
+            outcome = gate(incoming, first, new_version=True)
+            if outcome is Gate.WAIT:
+                self._pause(swap_path=True)
+                return None
+            if outcome is not Gate.WRITE:
+                return self._plan_void(start, job, first, incoming, cap)
+            job = first
+        return self._plan_written(start, job, cap)
+
+    def _plan_written(self, start: dict[str, int], job: int | None, cap: int | None) -> Planned | None:
+        """A batch that writes its job epoch, gated by a swap of this version for a newer one."""
         leases = sink_slots(self.ledger, self.kafka, self.node)
         if job is None:
             job = max(lease.next_epoch for lease in leases)  # the query's first job epoch is its sink's first epoch
-        swap = self._acknowledge(job)
-        outcome = gate(swap, job, new_version=False)
+        outgoing = swap_out(self.ledger, self.node)
+        self._acknowledge(job, outgoing)
+        outcome = gate(outgoing, job, new_version=False)
         if outcome is Gate.WAIT:
             self._pause(swap_path=True)
             return None
         if outcome is Gate.STOP:
-            assert swap is not None
-            self._finish(leases, swap)
+            assert outgoing is not None
+            self._finish(leases, outgoing)
             return None
         decided = self._decide(job, start, cap)
         if decided is None:
             return None
-        self._ready(leases, job)
+        if not self.new_version:  # a new version's voided batches closed its producers up to S already
+            self._ready(leases, job)
         return dict(decided.next), job, job
 
-    def _plan_new(self, start: dict[str, int], job: int | None, cap: int | None) -> Planned | None:
+    def _plan_void(self, start: dict[str, int], job: int | None, first: int, swap: SwapNode | None,
+                   cap: int | None) -> Planned | None:
+        """A new version before the swap: its batches end on the old version's job epochs, never past S."""
         sink_slots(self.ledger, self.kafka, self.node)  # a writer of the target from its next epoch on
-        first = job if job is not None else self._first_followed(start)
-        if first is None:
-            self._pause(subjects=start)
-            return None
-        swap = self._acknowledge(first)
-        outcome = gate(swap, first, new_version=True)
-        if outcome is Gate.WAIT:
-            self._pause(swap_path=True)
-            return None
-        if outcome is Gate.WRITE:  # after the commit: one job epoch per batch, the old version's or its own
-            decided = self._decide(first, start, cap)
-            return None if decided is None else (dict(decided.next), first, first)
         node = self.jobs.job_epoch(self.epochs_of, first)
         if node is None:
             self._pause(path=self.ledger.layout.job_epoch(self.epochs_of, first))
@@ -257,13 +276,12 @@ class JobPlanner:
 
     # ---- the swap's acknowledgement and waits ---------------------------------------------------
 
-    def _acknowledge(self, job: int) -> SwapNode | None:
-        """Read the swap and acknowledge S at the start of job epoch ``job``, once per S: an earlier
-        acknowledgement of the same S (before this planner restarted) stands, as the gate held since."""
-        swap = swap_of(self.ledger, self.node)
+    def _acknowledge(self, job: int, swap: SwapNode | None) -> None:
+        """Acknowledge S at the start of job epoch ``job``, once per S: an earlier acknowledgement of
+        the same S (before this planner restarted) stands, as the gate held since."""
         live = swap is not None and swap.phase != Phase.ABORTED
         if self._reported is not None and (not live or self._reported[0] == swap.epoch):  # type: ignore[union-attr]
-            return swap
+            return
         current = self.jobs.consumers(self.node.job, self.node.inputs[0]).get(0)
         seen = current.swap_seen if current is not None else None
         if live:
@@ -272,7 +290,6 @@ class JobPlanner:
                 seen = (swap.epoch, job)
         report(self.ledger, self.node, swap_seen=seen)
         self._reported = seen if live else (-1, -1)
-        return swap
 
     def _pause(self, subjects: Mapping[str, int] | None = None, swap_path: bool = False,
                path: str | None = None) -> None:
@@ -282,7 +299,8 @@ class JobPlanner:
             for s, epoch in (subjects or {}).items():
                 self.ledger.arm_watch(s, epoch, woken)
             if swap_path:
-                self.ledger.watch_node(self.ledger.layout.swap(self.epochs_of), lambda _e: woken.set())
+                for job in filter(None, (self.node.follows, self.node.job)):
+                    self.ledger.watch_node(self.ledger.layout.swap(job), lambda _e: woken.set())
             if path is not None:
                 self.ledger.watch_node(path, lambda _e: woken.set())
         woken.wait(PAUSE)

@@ -255,7 +255,7 @@ def commit_job_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any]
     producers' next one to b close empty, the last with the batch's progress, so a re-run after a
     restart is recognised; a batch entirely before the producers' first epoch records its progress only.
     Returns the target epoch it committed with the progress, or None."""
-    from aligner.connectors.spark.job import awaits, batch_writes, job_of, report, swap_of, wait_target
+    from aligner.connectors.spark.job import awaits, batch_writes, job_of, report, swap_in, wait_target
 
     subject, sink = spec.conn.subject, spec.sink
     node = job_of(ledger, spec.job or sink)
@@ -268,7 +268,7 @@ def commit_job_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any]
         log.info("job %s: micro-batch %d read no job epoch (a no-data batch); nothing to commit", node.job, batch_id)
         return None
     (first, last), read = job_span(ledger, query, batch_id)
-    swap = swap_of(ledger, node)
+    swap = swap_in(ledger, node)
     if batch_writes(node, swap, first):
         if first != last:
             raise AlignerError(f"micro-batch {batch_id} of job {node.job!r} writes job epochs {first}..{last}; "
@@ -403,7 +403,7 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
     def _voided(self, ctx: Any, query: str | None) -> bool:
         """A job's task: whether its micro-batch voids its output (decided as the driver's commit does; the
         batch's read tasks recorded its job epochs before any row reached this one)."""
-        from aligner.connectors.spark.job import batch_writes, job_of, swap_of
+        from aligner.connectors.spark.job import batch_writes, job_of, swap_in
 
         conn = self.spec.conn
         ledger = ledger_for(conn.zk, conn.root)
@@ -412,7 +412,7 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
             raise AlignerError(f"sink of job {self.spec.job!r} runs outside a streaming micro-batch")
         (first, _last), _ = job_span(ledger, query, int(batch))
         node = job_of(ledger, self.spec.job or self.spec.sink)
-        return not batch_writes(node, swap_of(ledger, node), first)
+        return not batch_writes(node, swap_in(ledger, node), first)
 
     # ---- driver ----
 
