@@ -357,6 +357,42 @@ class Ledger:
                     else self._reincarnate(c.subject, sink, producer, entries[i].first_epoch)  # type: ignore[union-attr]
                     for i, c in enumerate(claims)]
 
+    def claim_producers(self, subject: str, sink: str, producers: Mapping[str, Sequence[int]],
+                        start_offsets: Callable[[Sequence[int]], Mapping[int, int]],
+                        not_before: int = 0) -> list[Lease]:
+        """Claim several new producers of one sink in one subject (a Spark sink's slots) in one
+        multi-op, at one common first epoch; returns their leases in the order of ``producers``.
+
+        Claimed one by one, each would start an epoch after the one before it (an epoch node names
+        the writers it expects when it is created), and the first ones would owe the epochs between
+        empty: a sink that must write epoch ``not_before`` with all its producers could not.
+        Producers that exist already are left as they are (their leases are not returned)."""
+        ids = {p: writer_id(sink, p) for p in producers}
+        wanted = {p: self._claimable(Claim(subject, parts, dict), sink) for p, parts in producers.items()}
+        lay = self.layout
+        while True:
+            doc, version = self.writers(subject)
+            new = [p for p in producers if self._entry(subject, doc, ids[p], wanted[p]) is None]
+            if not new:
+                return []
+            known = [Lease(subject, *self.read(ProducerNode, lay.producer(subject, sink, p)),
+                           doc.writers[ids[p]].first_epoch).next_epoch for p in producers if p not in new]
+            first = max(not_before, *known, self._last_epoch(subject) + 1)
+            offsets = dict(start_offsets(sorted({q for p in new for q in wanted[p]})))
+            entries = {ids[p]: WriterEntry(partitions=wanted[p], first_epoch=first) for p in new}
+            updated = WritersNode(writers={**doc.writers, **entries})
+            nodes = {p: ProducerNode(sink=sink, producer=p, partitions=wanted[p], incarnation=1, owner=uuid.uuid4().hex,
+                                     next_offsets={q: offsets[q] for q in wanted[p]}) for p in new}
+            ops: list[tuple[Any, ...]] = [("set", lay.writers(subject), updated.dump(), version)]
+            ops += [("create", lay.producer(subject, sink, p), nodes[p].dump()) for p in new]
+            epoch = EpochNode(epoch=first, writers=updated.expected(first))
+            ops.append(("create", lay.epoch(subject, first), epoch.dump()))
+            results = self._multi(*ops)
+            if any(isinstance(r, (BadVersionError, NodeExistsError)) for r in results):
+                continue  # someone claimed or created an epoch meanwhile (or our reply was lost): look again
+            _raise_first(results)
+            return [Lease(subject, nodes[p], 0, first) for p in new]
+
     def _claimable(self, claim: Claim, sink: str) -> tuple[int, ...]:
         """Check a claim's partitions against the subject and make the sink's nodes; returns them sorted."""
         meta = self.subject(claim.subject)

@@ -271,3 +271,20 @@ def test_claim_together_is_all_or_nothing(ledger, subject_name):
     again = ledger.claim_together("job", "1", [Claim(out, [1], lambda: {1: 0}), Claim(state, [1], lambda: {1: 0})])
     assert [lease.node.incarnation for lease in again] == [2, 2]
     assert [lease.next_epoch for lease in again] == [lease.next_epoch for lease in leases]
+
+
+def test_claim_producers_starts_a_sink_on_one_epoch(ledger, subject_name):
+    """A sink of several producers (a Spark sink's slots) joins at one first epoch, ``not_before``
+    when that is later, so all of them can write that epoch; claimed one by one, each would start
+    after the previous one's first epoch. A second claim changes nothing; partitions owned by
+    another sink are refused and nothing is claimed."""
+    _subject(ledger, subject_name)  # 4 partitions
+    ledger.claim(subject_name, "other", "0", [3], lambda: {3: 0})
+    leases = ledger.claim_producers(subject_name, "spark", {"0": [0], "1": [1]},
+                                    lambda parts: dict.fromkeys(parts, 0), not_before=7)
+    assert [lease.next_epoch for lease in leases] == [7, 7]
+    assert set(ledger.epoch_node(subject_name, 7).writers) == {"other:0", "spark:0", "spark:1"}
+    assert ledger.claim_producers(subject_name, "spark", {"0": [0], "1": [1]}, lambda parts: {}) == []
+    with pytest.raises(PartitionClaimedError):
+        ledger.claim_producers(subject_name, "third", {"0": [2], "1": [3]}, lambda parts: dict.fromkeys(parts, 0))
+    assert "third:0" not in ledger.writers(subject_name)[0].writers

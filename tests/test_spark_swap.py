@@ -25,6 +25,8 @@ from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import wait_for
+from aligner.coordinator.verify import shadow_span, verify_before_swap, verify_outputs
+from aligner.errors import HotSwapRefused
 from aligner.jobs import JobLedger
 from tests.helpers import Worker
 from tests.jobs import tag_v1, tag_v3
@@ -41,11 +43,11 @@ class Query:
     """One version's driver process; restartable from its checkpoint, SIGKILLed with its JVM."""
 
     def __init__(self, spawn, stack, root, raw: str, target: str, job: str, version: str, partitions: str,
-                 checkpoint, follows: str | None = None) -> None:
+                 checkpoint, follows: str | None = None, shadow: bool = False) -> None:
         self.spawn = spawn
         self.args = ["--zk", stack.zk, "--kafka", stack.kafka, "--root", root, "--source", raw, "--target", target,
                      "--job", job, "--version", version, "--partitions", partitions, "--checkpoint", str(checkpoint),
-                     *(["--follows", follows] if follows else [])]
+                     *(["--follows", follows] if follows else []), *(["--shadow"] if shadow else [])]
         self.job = job
         self.worker: Worker | None = None
         self.jvm = 0
@@ -193,7 +195,9 @@ def test_runtime_job_swapped_for_a_spark_query_and_back_exactly_once(stack, root
                                                                      tmp_path):
     """Cross-engine (issue 13.2), there and back: a runtime job v1 is replaced by a Spark query v2 that
     rebuilds its own state, and the Spark query (swapped in, then out: a second upgrade) by a runtime
-    job v3. Each version writes its own target partitions."""
+    job v3. Each version writes its own target partitions. The Spark query runs in shadow mode first
+    (13.3): the swap is refused while its results differ from the runtime job's, and goes ahead once
+    the intended differences are named; its shadow then holds exactly what it voided, up to S."""
     raw, target = subject_name, f"{subject_name}-t"
     create_subject(ledger, stack.kafka, raw, 2)
     create_subject(ledger, stack.kafka, target, 6)
@@ -202,12 +206,18 @@ def test_runtime_job_swapped_for_a_spark_query_and_back_exactly_once(stack, root
     spec = JobSpec(job=f"{raw}-v1", inputs=(raw,), output=target, interval=0.2, output_partitions=(0, 1))
     v1 = spawn.job(spec, tag_v1)
     spark = Query(spawn, stack, root, raw, target, f"{raw}-q2", "2", "2,3", tmp_path / "q2",
-                  follows=spec.job).launch()
+                  follows=spec.job, shadow=True).launch()
     Coordinator(ledger).align(spec.job, timeout=LIVE)
     spark.ready()
     jobs = JobLedger(ledger)
     wait_for(lambda: any(c.job_epoch is not None for c in jobs.consumers(spark.job, raw).values()), LIVE,
              "the Spark query following", on_wait=spark.healthy)
+    with pytest.raises(HotSwapRefused, match=r"differs from .* at epoch \d+"):
+        verify_before_swap(ledger, stack.kafka, spec.job, spark.job, 3, timeout=LIVE)
+    assert jobs.swap(spec.job)[0] is None, "a refused swap changed nothing"
+    intended = ["src", "seen", "k", "sum", "v"]  # the runtime's and the query's extra fields; "in" must agree
+    report = verify_before_swap(ledger, stack.kafka, spec.job, spark.job, 3, ignore=intended, timeout=LIVE)
+    assert report is not None and report["first_difference"] is None and report["records"] > 0
     swapper = HotSwap(ledger)
     first = swapper.run(spec.job, spark.job, target, timeout=LIVE)
     assert first.phase == "done"
@@ -227,3 +237,10 @@ def test_runtime_job_swapped_for_a_spark_query_and_back_exactly_once(stack, root
     sent = gen.finished()
     v3.join(LIVE)  # the input finished: v3 drains it and ends
     _verify(ledger, stack, target, sent, first.epoch, second.epoch)
+    shadow = f"{spark.job}.shadow"
+    assert all(e.finished_after is not None for e in ledger.writers(shadow)[0].writers.values())
+    assert all(epoch <= first.epoch for epoch, _ in read_all(ledger, stack.kafka, shadow))
+    span = shadow_span(ledger, spec.job, spark.job)
+    assert span is not None and span[1] == first.epoch
+    whole = verify_outputs(ledger, stack.kafka, [spec.job, spark.job], *span, by_job=True, ignore=intended)
+    assert whole["first_difference"] is None and whole["records"] > 0

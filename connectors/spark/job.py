@@ -41,7 +41,7 @@ from typing import Any
 
 from aligner import coverage
 from aligner.alignment import ConsumerAlignment, State
-from aligner.errors import AlignedOptionError, AlignerError, UnknownJobError
+from aligner.errors import AlignedOptionError, AlignerError, UnknownJobError, UnknownSubjectError
 from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Lease, Ledger
@@ -62,10 +62,17 @@ so ``query.stop()`` is never held up for long."""
 
 
 def register_query(ledger: Ledger, job: str, inputs: Sequence[str], output: str, follows: str | None = None,
-                   output_partitions: Sequence[int] | None = None, version: str = "1") -> JobNode:
-    """Register a Spark query as aligned job ``job`` (idempotent: a restart registers the same node)."""
+                   output_partitions: Sequence[int] | None = None, version: str = "1",
+                   shadow: bool = False) -> JobNode:
+    """Register a Spark query as aligned job ``job`` (idempotent: a restart registers the same node).
+
+    ``shadow`` (a new version only): what it voids at the target before the swap goes to its private
+    subject ``{job}.shadow``, one epoch per job epoch, for ``aligner verify`` / ``hotswap --verify-epochs``."""
+    if shadow and follows is None:
+        raise AlignedOptionError(f"job {job!r}: only a new version (follows=OLD) writes a shadow subject")
     node = JobNode(job=job, version=version, inputs=tuple(inputs), output=output, parallelism=1, mode="aligned",
-                   follows=follows, output_partitions=tuple(output_partitions) if output_partitions else None)
+                   follows=follows, output_partitions=tuple(output_partitions) if output_partitions else None,
+                   shadow=f"{job}.shadow" if shadow else None)
     return JobLedger(ledger).register(node)
 
 
@@ -88,6 +95,23 @@ def sink_slots(ledger: Ledger, kafka: str, node: JobNode) -> list[Lease]:
 
     parts = output_partitions(ledger, node)
     return open_slots(ledger, kafka, node.output, node.job, len(parts), parts)
+
+
+def shadow_slots(ledger: Ledger, kafka: str, node: JobNode, epoch: int) -> list[Lease]:
+    """The producers of the job's shadow subject (shaped like its output, created the first time),
+    brought to ``epoch``: the shadow's epoch E holds what the batch of job epoch E voided."""
+    from aligner.connectors.spark.writer import open_slots
+    from aligner.connectors.subjects import create_subject
+
+    assert node.shadow is not None
+    try:
+        ledger.subject(node.shadow)
+    except UnknownSubjectError:
+        out = ledger.subject(node.output)
+        create_subject(ledger, kafka, node.shadow, out.partitions, value_format=out.value_format)
+    parts = output_partitions(ledger, node)
+    leases = open_slots(ledger, kafka, node.shadow, node.job, len(parts), parts, not_before=epoch)
+    return [ledger.close_empty(lease, epoch) for lease in leases]
 
 
 def swap_in(ledger: Ledger, node: JobNode) -> SwapNode | None:
@@ -154,6 +178,7 @@ class JobPlanner:
         """Whose job epoch nodes the query uses: its first version's (every version covers the same input
         with the same job epochs)."""
         self._reported: tuple[int, int] | None = None
+        self._shadow_done = False
 
     # ---- planning -------------------------------------------------------------------------------
 
@@ -178,6 +203,8 @@ class JobPlanner:
                 return None
             if outcome is not Gate.WRITE:
                 return self._plan_void(start, job, first, incoming, cap)
+            if self.node.shadow is not None and not self._shadow_done:
+                self._finish_shadow()
             job = first
         return self._plan_written(start, job, cap)
 
@@ -213,6 +240,8 @@ class JobPlanner:
             return None
         if job is not None:
             self._check_start(node, start)
+            if self.node.shadow is not None:
+                cap = 1  # after the catch-up batch, one job epoch per batch: the shadow compares epoch by epoch
         limit = swap.epoch if swap is not None and swap.phase != Phase.ABORTED else None
         last = first
         while (limit is None or last + 1 <= limit) and (cap is None or last + 1 - first < cap):
@@ -220,7 +249,20 @@ class JobPlanner:
             if following is None:
                 break
             node, last = following, last + 1
+        if self.node.shadow is not None:
+            shadow_slots(self.ledger, self.kafka, self.node, last)  # the batch's tasks stamp shadow epoch ``last``
         return dict(node.next), first, last
+
+    def _finish_shadow(self) -> None:
+        """After the swap the new version writes the target: its shadow ends where its voided output did."""
+        from aligner.connectors.spark.writer import load_slots
+
+        writers, _ = self.ledger.writers(self.node.shadow)  # type: ignore[arg-type]
+        if writers.writers:
+            for lease in load_slots(self.ledger, self.node.shadow, self.node.job,  # type: ignore[arg-type]
+                                    range(len(output_partitions(self.ledger, self.node)))):
+                self.ledger.finish(lease)
+        self._shadow_done = True
 
     def _first_followed(self, start: dict[str, int]) -> int | None:
         """A new version's first job epoch: the old version's first one starting at or after ``start``."""

@@ -55,7 +55,7 @@ import logging
 import secrets
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime
 from typing import Any
 
@@ -92,6 +92,8 @@ class SlotCommit(WriterCommitMessage):
     query: str | None = None
     counts: dict[int, int] = field(default_factory=dict)
     """Records written per partition: readers skip stamp checks where a range holds nothing else."""
+    shadow: bool = False
+    """Written to the job's shadow subject (a voided batch of a new version in shadow mode)."""
 
 
 def read_progress(ledger: Ledger, subject: str, sink: str) -> tuple[SparkProgressNode | None, int]:
@@ -146,9 +148,10 @@ def load_slots(ledger: Ledger, subject: str, sink: str, slots: range | list[int]
 
 
 def open_slots(ledger: Ledger, kafka: str, subject: str, sink: str, n: int,
-               partitions: Sequence[int] | None = None) -> list[Lease]:
+               partitions: Sequence[int] | None = None, not_before: int = 0) -> list[Lease]:
     """Claim the sink's N slots when missing and bring them to a common next epoch; idempotent.
-    The slots share ``partitions`` of the subject (default: all of them)."""
+    The slots share ``partitions`` of the subject (default: all of them); new ones write from the
+    subject's next epoch, or ``not_before`` when later."""
     meta = ledger.subject(subject)
     shared = list(partitions) if partitions is not None else list(range(meta.partitions))
     if n > len(shared):
@@ -162,12 +165,10 @@ def open_slots(ledger: Ledger, kafka: str, subject: str, sink: str, n: int,
             f"sink {sink!r} of subject {subject!r} already has {mine[-1] + 1} producers; it cannot write with "
             f"producers={n} (use the same producers option or a new sinkId)"
         )
-    for i in range(n):
-        if i in mine:
-            continue
-        parts = [shared[j] for j in partitions_for(i, n, len(shared))]
-        ledger.claim(subject, sink, str(i), parts,
-                     lambda parts=parts: end_offsets(kafka, meta.topic, parts, committed_only=False))
+    missing = {str(i): [shared[j] for j in partitions_for(i, n, len(shared))] for i in range(n) if i not in mine}
+    if missing:  # together: every slot from one first epoch
+        ledger.claim_producers(subject, sink, missing,
+                               lambda parts: end_offsets(kafka, meta.topic, parts, committed_only=False), not_before)
     leases = load_slots(ledger, subject, sink, range(n))
     target = max(lease.next_epoch for lease in leases)
     # An epoch only some slots were expected to write: the others close it empty.
@@ -200,15 +201,7 @@ def commit_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any], ba
             )
         by_slot[m.slot] = m
     ledger.ensure_epoch(subject, epoch)
-    contributions = []
-    for i, lease in enumerate(leases):
-        m = by_slot.get(i)
-        if m is None or m.attempt is None:  # no task, or a task without rows: an empty contribution
-            ranges = {p: Range(start=o, end=o) for p, o in lease.node.next_offsets.items()}
-            contributions.append(Contribution(lease, 0, ranges))
-            continue
-        ranges = epoch_ranges(lease.node.next_offsets, m.last, m.counts, f"batch {batch_id} producer {i}")
-        contributions.append(Contribution(lease, m.attempt, ranges, m.counts or None))
+    contributions = slot_contributions(leases, by_slot, batch_id)
     progress_node = SparkProgressNode(query=query, batch=batch_id, epoch=epoch, producers=n,
                                       job_epoch=job_epoch).dump()
     if progress_version < 0:  # the first batch: the progress node and its epochs folder come with it
@@ -226,6 +219,21 @@ def commit_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any], ba
             f"batch committed ({type(exc).__name__}); nothing was committed"
         ) from exc
     return epoch
+
+
+def slot_contributions(leases: list[Lease], by_slot: dict[int, SlotCommit], batch_id: int) -> list[Contribution]:
+    """Every slot's contribution to the epoch: what its task attempt wrote, or empty ranges (no task,
+    or a task without rows)."""
+    contributions = []
+    for i, lease in enumerate(leases):
+        m = by_slot.get(i)
+        if m is None or m.attempt is None:
+            ranges = {p: Range(start=o, end=o) for p, o in lease.node.next_offsets.items()}
+            contributions.append(Contribution(lease, 0, ranges))
+            continue
+        ranges = epoch_ranges(lease.node.next_offsets, m.last, m.counts, f"batch {batch_id} producer {i}")
+        contributions.append(Contribution(lease, m.attempt, ranges, m.counts or None))
+    return contributions
 
 
 def source_read(ledger: Ledger, query: str | None, batch_id: int) -> bool:
@@ -278,36 +286,55 @@ def commit_job_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any]
             wait_target(ledger, node, swap)
         epoch = commit_batch(ledger, spec, n, messages, batch_id, job_epoch=last)
     else:
-        if any(m.attempt is not None for m in msgs):
+        if any(m.attempt is not None and not m.shadow for m in msgs):
             raise AlignerError(f"micro-batch {batch_id} of job {node.job!r} is voided but a task wrote records")
-        epoch = _commit_void(ledger, spec, n, query, batch_id, last, progress_version)
+        shadow = _shadow_contributions(ledger, node.shadow, node.job, n, msgs, batch_id, last)
+        epoch = _commit_void(ledger, spec, n, query, batch_id, last, progress_version, shadow)
     report(ledger, node, job_epoch=last, subject_epoch=read)
     return epoch
 
 
+def _shadow_contributions(ledger: Ledger, shadow: str | None, sink: str, n: int, msgs: list[SlotCommit],
+                          batch_id: int, last: int) -> list[Contribution]:
+    """A shadowing new version's voided batch: its records in the shadow subject, as epoch ``last``
+    (the planner brought the shadow's producers there before the batch's tasks stamped)."""
+    if shadow is None:
+        return []
+    leases = load_slots(ledger, shadow, sink, range(n))
+    by_slot = {m.slot: m for m in msgs if m.shadow}
+    if any(lease.next_epoch != last for lease in leases) or any(m.epoch != last for m in by_slot.values()):
+        raise AlignerError(f"micro-batch {batch_id} of job {sink!r}: its shadow {shadow!r} is not at epoch {last} "
+                           f"(producers at {sorted({lease.next_epoch for lease in leases})}); nothing was committed")
+    ledger.ensure_epoch(shadow, last)
+    return slot_contributions(leases, by_slot, batch_id)
+
+
 def _commit_void(ledger: Ledger, spec: SinkSpec, n: int, query: str | None, batch_id: int, last: int,
-                 progress_version: int) -> int | None:
+                 progress_version: int, shadow: list[Contribution]) -> int | None:
     subject, sink = spec.conn.subject, spec.sink
     leases = load_slots(ledger, subject, sink, range(n))
     nxt = min(lease.next_epoch for lease in leases)
     progress = SparkProgressNode(query=query, batch=batch_id, epoch=last if nxt <= last else None, producers=n,
                                  job_epoch=last)
-    if nxt > last:
+    if nxt > last and not shadow:
         SparkLineageLedger(ledger).write_progress(progress, subject, sink, progress_version)
         return None
-    leases = [ledger.close_empty(lease, last) for lease in leases]
-    ledger.ensure_epoch(subject, last)
-    empties = [Contribution(lease, None, {p: Range(start=o, end=o) for p, o in lease.node.next_offsets.items()})
-               for lease in leases]
+    empties: list[Contribution] = []
+    if nxt <= last:
+        leases = [ledger.close_empty(lease, last) for lease in leases]
+        ledger.ensure_epoch(subject, last)
+        empties = [Contribution(lease, None, {p: Range(start=o, end=o) for p, o in lease.node.next_offsets.items()})
+                   for lease in leases]
     if progress_version < 0:
         progress_ops: list[tuple[Any, ...]] = [("create", progress_path(ledger, subject, sink), progress.dump()),
                                                ("create", sink_epochs_path(ledger, subject, sink), b"")]
     else:
         progress_ops = [("set", progress_path(ledger, subject, sink), progress.dump(), progress_version)]
-    lineage = SparkSinkEpochNode(query=query, batch=batch_id, epoch=last).dump()
+    if empties:  # the target epoch's lineage: written by this batch (voided)
+        lineage = SparkSinkEpochNode(query=query, batch=batch_id, epoch=last).dump()
+        progress_ops.append(("create", sink_epoch_path(ledger, subject, sink, last), lineage))
     try:
-        ledger.commit_epoch(last, empties,
-                            [*progress_ops, ("create", sink_epoch_path(ledger, subject, sink, last), lineage)])
+        ledger.commit_epoch(last, [*empties, *shadow], progress_ops)
     except (FencedError, BadVersionError, NodeExistsError) as exc:
         raise FencedError(f"batch {batch_id} of sink {sink!r} on {subject!r}: another writer changed the sink "
                           f"while this batch committed ({type(exc).__name__}); nothing was committed") from exc
@@ -383,10 +410,14 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
             for batch in iterator:
                 if batch.num_rows == 0:
                     continue
-                if out is None and self.spec.job is not None and self._voided(ctx, query):
-                    for _ in iterator:  # the new version before the swap: state advanced, output voided
-                        pass
-                    return SlotCommit(slot=slot, epoch=None, attempt=None, query=query)
+                if out is None and self.spec.job is not None:
+                    voided, shadow = self._voided(ctx, query)
+                    if voided and shadow is None:  # the new version before the swap: state advanced, output voided
+                        for _ in iterator:
+                            pass
+                        return SlotCommit(slot=slot, epoch=None, attempt=None, query=query)
+                    if voided:  # ... and in shadow mode: its output goes to the shadow subject instead
+                        out = _SlotWriter(replace(self.spec, conn=replace(self.spec.conn, subject=shadow)), slot, True)
                 if out is None:
                     out = _SlotWriter(self.spec, slot)
                 out.write(batch)
@@ -400,9 +431,10 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
             if out is not None:
                 out.close()  # a failed attempt's transaction is aborted, or fenced by the retry
 
-    def _voided(self, ctx: Any, query: str | None) -> bool:
+    def _voided(self, ctx: Any, query: str | None) -> tuple[bool, str | None]:
         """A job's task: whether its micro-batch voids its output (decided as the driver's commit does; the
-        batch's read tasks recorded its job epochs before any row reached this one)."""
+        batch's read tasks recorded its job epochs before any row reached this one), and the shadow
+        subject that takes the voided output instead, if the job has one."""
         from aligner.connectors.spark.job import batch_writes, job_of, swap_in
 
         conn = self.spec.conn
@@ -412,7 +444,7 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
             raise AlignerError(f"sink of job {self.spec.job!r} runs outside a streaming micro-batch")
         (first, _last), _ = job_span(ledger, query, int(batch))
         node = job_of(ledger, self.spec.job or self.spec.sink)
-        return not batch_writes(node, swap_in(ledger, node), first)
+        return not batch_writes(node, swap_in(ledger, node), first), node.shadow
 
     # ---- driver ----
 
@@ -433,7 +465,8 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
 class _SlotWriter:
     """One task attempt writing one slot: a stamped Kafka transaction, committed in ZooKeeper by the driver."""
 
-    def __init__(self, spec: SinkSpec, slot: int) -> None:
+    def __init__(self, spec: SinkSpec, slot: int, shadow: bool = False) -> None:
+        self.shadow = shadow
         conn = spec.conn
         ledger = ledger_for(conn.zk, conn.root)
         (lease,) = load_slots(ledger, conn.subject, spec.sink, [slot])
@@ -469,7 +502,7 @@ class _SlotWriter:
         written = self.producer.flush_epoch({self.subject: self.lease.node.next_offsets})[self.subject]
         self.producer.commit_transaction()
         return SlotCommit(slot=self.slot, epoch=self.epoch, attempt=self.attempt, last=written.last,
-                          records=written.records, query=query, counts=written.counts)
+                          records=written.records, query=query, counts=written.counts, shadow=self.shadow)
 
     def close(self) -> None:
         """Release the producer; an uncommitted transaction's records carry an attempt nobody names."""

@@ -2,7 +2,8 @@
 
 Reads subject X ({"n": N} records) and keeps per key k = N % 4 a running aggregate in Spark state
 (applyInPandasWithState): version 1 a running count, version 2 a running sum (incompatible state).
-Every input yields one output {"in": {"n": N}, "k", "count" | "sum", "v"} in the target. Registered as
+Every input yields one output {"in": {"n": N}, "k", "count" | "sum", "v"} in the target, keyed N as
+its input. With ``--shadow`` (a new version) the voided output goes to subject ``JOB.shadow``. Registered as
 job ``--job`` (``--follows`` the old version), writing target partitions ``--partitions``.
 
 Prints ``jvm PID`` once the session is up (SIGKILL it with this process), ``query ID`` once started,
@@ -28,6 +29,7 @@ def main() -> None:
         ap.add_argument(f"--{name}", required=True)
     ap.add_argument("--follows", default=None)
     ap.add_argument("--version", default="1", choices=["1", "2"])
+    ap.add_argument("--shadow", action="store_true", help="a new version writing what it voids to JOB.shadow")
     args = ap.parse_args()
 
     stop = threading.Event()
@@ -49,7 +51,7 @@ def main() -> None:
     ledger = Ledger.connect(args.zk, args.root)
     parts = [int(p) for p in args.partitions.split(",")]
     register_query(ledger, args.job, [args.source], args.target, follows=args.follows, output_partitions=parts,
-                   version=args.version)
+                   version=args.version, shadow=args.shadow)
     version = int(args.version)
 
     def running(key, frames, state):  # type: ignore[no-untyped-def]
@@ -61,13 +63,13 @@ def main() -> None:
             out.append(json.dumps({"in": {"n": n}, "k": int(key[0]), ("count" if version == 1 else "sum"): acc,
                                    "v": version}))
         state.update((acc,))
-        yield pd.DataFrame({"value": out})
+        yield pd.DataFrame({"key": [str(n) for n in ns], "value": out})
 
     conn = {"zk": args.zk, "kafka": args.kafka, "root": args.root}
     n = F.get_json_object(F.col("value").cast("string"), "$.n").cast("long")
     rows = (spark.readStream.format("aligned").options(**conn, subject=args.source, job=args.job).load()
             .select(n.alias("n")).withColumn("k", F.col("n") % 4))
-    out = rows.groupBy("k").applyInPandasWithState(running, "value string", "acc long", "append",
+    out = rows.groupBy("k").applyInPandasWithState(running, "key string, value string", "acc long", "append",
                                                    GroupStateTimeout.NoTimeout)
     query = (out.writeStream.format("aligned").options(**conn, subject=args.target, job=args.job)
              .option("checkpointLocation", args.checkpoint).outputMode("append").start())
