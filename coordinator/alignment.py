@@ -142,6 +142,8 @@ class Coordinator:
             if already and all(self.jobs.source_state(job, s).state is State.ALIGNED for s in subjects):
                 return decision  # type: ignore[return-value]
             seq = max(self.jobs.command(job, s)[0].seq for s in subjects) + 1
+            if self._aligned_from_start(job, subjects):
+                return self._record_from_start(job, subjects, seq, version)
             decision = AlignmentDecision(job=job, subjects=subjects, phase="catching_up", seq=seq)
             version = self.jobs.decide(decision, version)
         if decision.phase == "aborting":
@@ -152,6 +154,8 @@ class Coordinator:
                 self._wait("catching up", lambda: all(
                     self.jobs.source_state(job, s).state in (State.READY, State.ALIGNING, State.ALIGNED)
                     for s in subjects), timeout, progress, job, subjects)
+                if self._aligned_from_start(job, subjects):  # a Spark query that started meanwhile
+                    return self._record_from_start(job, subjects, decision.seq, version)
                 decision, version = self._choose(job, subjects, decision, version, at_epoch)
             elif decision.phase == "aligning":
                 cmd = Command(seq=decision.seq, kind="align", job_epoch=decision.job_epoch)
@@ -163,6 +167,25 @@ class Coordinator:
                     continue
                 decision = decision.model_copy(update={"phase": "aligned", "updated_at": now_ms()})
                 version = self.jobs.decide(decision, version)
+        return decision
+
+    def _aligned_from_start(self, job: str, subjects: Sequence[str]) -> bool:
+        """Every source aligned with no alignment point: the job is aligned by construction (a Spark
+        query, whose offsets are epoch vectors; a new version following its old one's epochs), so
+        there is nothing to align and no command it would answer."""
+        return all(st.state is State.ALIGNED and st.job_epoch is None
+                   for st in (self.jobs.source_state(job, s) for s in subjects))
+
+    def _record_from_start(self, job: str, subjects: Sequence[str], seq: int, version: int) -> AlignmentDecision:
+        """Record the decision of a job aligned by construction: its first job epoch and where it starts."""
+        line = self.jobs.epoch_line(job)
+        numbers = self.jobs.job_epoch_numbers(line)
+        first = self.jobs.job_epoch(line, numbers[0]) if numbers else None
+        starts = {} if first is None else {s: (span.first if span is not None else first.next[s])
+                                           for s, span in first.covered.items() if s in subjects}
+        decision = AlignmentDecision(job=job, subjects=tuple(subjects), phase="aligned", seq=seq,
+                                     job_epoch=first.epoch if first is not None else None, subject_epochs=starts)
+        self.jobs.decide(decision, version)
         return decision
 
     def _choose(self, job: str, subjects: Sequence[str], decision: AlignmentDecision, version: int,

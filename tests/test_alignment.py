@@ -360,3 +360,25 @@ def test_split_alignment_is_aborted_and_aligned_again(stack, ledger, subject_nam
 
     wait_for(drained, LIVE, "both workers to drain")
     assert_exactly_once(read_all(ledger, stack.kafka, x), gen.sent)  # across the split and the repair
+
+
+def test_align_a_job_aligned_by_construction_records_it_and_returns(stack, ledger, subject_name, cli_env):
+    """A Spark query's sources report Aligned from its first batch (epoch-vector offsets): `aligner align`
+    sends it no command it would ignore and waits for nothing; it records where its first job epoch
+    starts."""
+    from aligner.connectors.spark.job import register_query, report
+    from tests.conftest import run_cli
+
+    raw, out = subject_name, f"{subject_name}-out"
+    create_subject(ledger, stack.kafka, raw, 2)
+    create_subject(ledger, stack.kafka, out, 2)
+    node = register_query(ledger, f"{raw}-q", [raw], out)
+    jobs = JobLedger(ledger)
+    jobs.fix_job_epoch(node.job, 4, {raw: None}, {raw: 9})  # its first batch: nothing new, stands at epoch 9
+    report(ledger, node, job_epoch=4)
+    done = run_cli(cli_env, "align", node.job, "--json")
+    assert done.returncode == 0, done.stderr
+    decision, _ = jobs.decision(node.job)
+    assert decision is not None and decision.phase == "aligned"
+    assert decision.job_epoch == 4 and decision.subject_epochs == {raw: 9}
+    assert jobs.command(node.job, raw)[0].seq == 0, "no command was sent"
