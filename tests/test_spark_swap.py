@@ -198,12 +198,20 @@ def test_runtime_job_swapped_for_a_spark_query_and_back_exactly_once(stack, root
     job v3. Each version writes its own target partitions. The Spark query runs in shadow mode first
     (13.3): the swap is refused while its results differ from the runtime job's, and goes ahead once
     the intended differences are named; its shadow then holds exactly what it voided, up to S."""
+    started = time.monotonic()
+
+    def mark(what: str) -> None:
+        print(f"{time.monotonic() - started:6.1f}s {what}", flush=True)
+
     raw, target = subject_name, f"{subject_name}-t"
     create_subject(ledger, stack.kafka, raw, 2)
     create_subject(ledger, stack.kafka, target, 6)
     more = threading.Event()
-    gen = spawn.generator(raw, epochs=100_000, pace=0.1, until=more)
-    spec = JobSpec(job=f"{raw}-v1", inputs=(raw,), output=target, interval=0.2, output_partitions=(0, 1))
+    gen = spawn.generator(raw, epochs=100_000, pace=0.2, until=more)
+    # A shadow plans one job epoch per micro-batch (its shadow is compared epoch by epoch): v1's aligned
+    # job epochs (10 input epochs, 2 s) are no faster than the query's batches, or it would fall behind.
+    spec = JobSpec(job=f"{raw}-v1", inputs=(raw,), output=target, interval=1.0, output_partitions=(0, 1),
+                   epochs_per_checkpoint=10)
     v1 = spawn.job(spec, tag_v1)
     spark = Query(spawn, stack, root, raw, target, f"{raw}-q2", "2", "2,3", tmp_path / "q2",
                   follows=spec.job, shadow=True).launch()
@@ -212,15 +220,18 @@ def test_runtime_job_swapped_for_a_spark_query_and_back_exactly_once(stack, root
     jobs = JobLedger(ledger)
     wait_for(lambda: any(c.job_epoch is not None for c in jobs.consumers(spark.job, raw).values()), LIVE,
              "the Spark query following", on_wait=spark.healthy)
+    mark("Spark following")
     with pytest.raises(HotSwapRefused, match=r"differs from .* at epoch \d+"):
         verify_before_swap(ledger, stack.kafka, spec.job, spark.job, 3, timeout=LIVE)
     assert jobs.swap(spec.job)[0] is None, "a refused swap changed nothing"
     intended = ["src", "seen", "k", "sum", "v"]  # the runtime's and the query's extra fields; "in" must agree
     report = verify_before_swap(ledger, stack.kafka, spec.job, spark.job, 3, ignore=intended, timeout=LIVE)
     assert report is not None and report["first_difference"] is None and report["records"] > 0
+    mark("verified")
     swapper = HotSwap(ledger)
     first = swapper.run(spec.job, spark.job, target, timeout=LIVE)
     assert first.phase == "done"
+    mark("first swap done")
     v1.join(LIVE)  # the runtime job ended by itself after S
     back = JobSpec(job=f"{raw}-v3", version="3", inputs=(raw,), output=target, interval=0.2,
                    output_partitions=(4, 5), follows=spark.job)
@@ -228,14 +239,17 @@ def test_runtime_job_swapped_for_a_spark_query_and_back_exactly_once(stack, root
     wait_for(lambda: (ledger.frontier(target) or 0) >= first.epoch + 3 and any(
         c.job_epoch is not None for c in jobs.consumers(back.job, raw).values()), LIVE,
         "Spark output after the swap, and v3 following", on_wait=spark.healthy)
+    mark("v3 following")
     second = swapper.run(spark.job, back.job, target, timeout=LIVE)
     assert second.phase == "done" and second.epoch > first.epoch
     spark.worker.wait_line(lambda line: line == "swapped out", LIVE)
     assert spark.worker.wait(LIVE) == 0, spark.worker.stderr
     wait_for(lambda: (ledger.frontier(target) or 0) >= second.epoch + 3, LIVE, "v3 output after the second swap")
+    mark("second swap done, v3 writing")
     more.set()
     sent = gen.finished()
     v3.join(LIVE)  # the input finished: v3 drains it and ends
+    mark("v3 finished")
     _verify(ledger, stack, target, sent, first.epoch, second.epoch)
     shadow = f"{spark.job}.shadow"
     assert all(e.finished_after is not None for e in ledger.writers(shadow)[0].writers.values())
