@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tests import guard
 
@@ -171,3 +172,17 @@ def detached_stack_down(env: dict[str, str]) -> None:
             if _alive(pid):
                 _kill_group(pid)
     assert down.returncode == 0, down.stderr
+
+
+def faust_env(stack: Any, root: str, home: str, job: str, src: str, out: str, **job_env: str) -> dict[str, str]:
+    """The environment of a Faust worker of ``experiments.faust_job``: ``job_env`` keys become
+    ``FAUST_JOB_{KEY}`` (interval, version, follows, output_partitions, pause ...)."""
+    return {"ALIGNER_ZK": stack.zk, "ALIGNER_KAFKA": stack.kafka, "ALIGNER_ROOT": root, "ALIGNER_HOME": home,
+            "FAUST_JOB_ID": job, "FAUST_JOB_INPUT": src, "FAUST_JOB_OUTPUT": out,
+            "FAUST_DATADIR": f"{home}-faust-{job}", **{f"FAUST_JOB_{k.upper()}": v for k, v in job_env.items()}}
+
+
+def faust_worker(spawn: Any, root: str, home: str, job: str, src: str, out: str, **job_env: str) -> Worker:
+    """A started Faust worker of ``experiments.faust_job`` (the adapter's ``faust_app()``), owned by ``spawn``."""
+    env = faust_env(spawn.stack, root, home, job, src, out, **job_env)
+    return spawn.worker("experiments.faust_job", "worker", "-l", "warn", "--without-web", env=env)

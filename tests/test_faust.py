@@ -33,7 +33,7 @@ from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import free_port, wait_for
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
-from tests.helpers import Worker, raw_count
+from tests.helpers import Worker, faust_env, faust_worker, raw_count
 
 RECORDS = 20
 """Input records per input epoch."""
@@ -95,15 +95,12 @@ class Feeder(threading.Thread):
 
 
 def _env(stack, root: str, home: str, job: str, src: str, out: str, **extra: str) -> dict[str, str]:
-    return {"ALIGNER_ZK": stack.zk, "ALIGNER_KAFKA": stack.kafka, "ALIGNER_ROOT": root, "ALIGNER_HOME": home,
-            "FAUST_JOB_ID": job, "FAUST_JOB_INPUT": src, "FAUST_JOB_OUTPUT": out, "FAUST_JOB_INTERVAL": "0.3",
-            "FAUST_DATADIR": f"{home}-faust-{job}", **{f"FAUST_JOB_{k.upper()}": v for k, v in extra.items()}}
+    return faust_env(stack, root, home, job, src, out, interval="0.3", **extra)
 
 
 def _start(spawn, root: str, home: str, job: str, src: str, out: str, pause: str = "", **extra: str) -> Worker:
     """A Faust worker of ``experiments.faust_job`` (the adapter's ``faust_app()``)."""
-    env = _env(spawn.stack, root, home, job, src, out, pause=pause, **extra)
-    return spawn.worker("experiments.faust_job", "worker", "-l", "warn", "--without-web", env=env)
+    return faust_worker(spawn, root, home, job, src, out, interval="0.3", pause=pause, **extra)
 
 
 def _start_plain(spawn, root: str, home: str, job: str, src: str, out: str) -> Worker:

@@ -26,10 +26,10 @@ from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import wait_for
 from aligner.coordinator.verify import shadow_span, verify_before_swap, verify_outputs
-from aligner.errors import HotSwapRefused
+from aligner.errors import HotSwapRefused, UnknownJobError
 from aligner.jobs import JobLedger
-from tests.helpers import Worker
-from tests.jobs import tag_v1, tag_v3
+from tests.helpers import Worker, faust_worker
+from tests.jobs import tag_v1
 from tests.streams import assert_exactly_once, read_all
 from tests.swaps import assert_s_before_s_plus_1, precommit_acked
 
@@ -74,6 +74,14 @@ class Query:
             os.kill(self.jvm, signal.SIGKILL)
         self.worker.kill()
         wait_for(lambda: not _alive(self.jvm), 30, f"the Spark driver JVM {self.jvm} to die")
+
+
+def _consumers(jobs: JobLedger, job: str, subject: str) -> dict:
+    """The job's consumer nodes on ``subject``; none before its first worker registered it."""
+    try:
+        return jobs.consumers(job, subject)
+    except UnknownJobError:
+        return {}
 
 
 def _alive(pid: int) -> bool:
@@ -191,11 +199,11 @@ def test_spark_query_hotswap_survives_kills_exactly_once(stack, root, ledger, su
     _verify(ledger, stack, target, sent, swap.epoch)
 
 
-def test_runtime_job_swapped_for_a_spark_query_and_back_exactly_once(stack, root, ledger, subject_name, spawn,
-                                                                     tmp_path):
+def test_runtime_job_swapped_for_a_spark_query_and_the_query_for_a_faust_job_exactly_once(
+        stack, root, ledger, subject_name, spawn, tmp_path):
     """Cross-engine (issue 13.2), there and back: a runtime job v1 is replaced by a Spark query v2 that
-    rebuilds its own state, and the Spark query (swapped in, then out: a second upgrade) by a runtime
-    job v3. Each version writes its own target partitions. The Spark query runs in shadow mode first
+    rebuilds its own state, and the Spark query (swapped in, then out: a second upgrade) by a job v3
+    in a real Faust worker. Each version writes its own target partitions. The Spark query runs in shadow mode first
     (13.3): the swap is refused while its results differ from the runtime job's, and goes ahead once
     the intended differences are named; its shadow then holds exactly what it voided, up to S."""
     started = time.monotonic()
@@ -233,14 +241,14 @@ def test_runtime_job_swapped_for_a_spark_query_and_back_exactly_once(stack, root
     assert first.phase == "done"
     mark("first swap done")
     v1.join(LIVE)  # the runtime job ended by itself after S
-    back = JobSpec(job=f"{raw}-v3", version="3", inputs=(raw,), output=target, interval=0.2,
-                   output_partitions=(4, 5), follows=spark.job)
-    v3 = spawn.job(back, tag_v3)
+    back = f"{raw}-v3"
+    v3 = faust_worker(spawn, root, str(tmp_path / "home"), back, raw, target, interval="0.3", version="3",
+                      follows=spark.job, output_partitions="4,5")
     wait_for(lambda: (ledger.frontier(target) or 0) >= first.epoch + 3 and any(
-        c.job_epoch is not None for c in jobs.consumers(back.job, raw).values()), LIVE,
+        c.job_epoch is not None for c in _consumers(jobs, back, raw).values()), LIVE,
         "Spark output after the swap, and v3 following", on_wait=spark.healthy)
     mark("v3 following")
-    second = swapper.run(spark.job, back.job, target, timeout=LIVE)
+    second = swapper.run(spark.job, back, target, timeout=LIVE)
     assert second.phase == "done" and second.epoch > first.epoch
     spark.worker.wait_line(lambda line: line == "swapped out", LIVE)
     assert spark.worker.wait(LIVE) == 0, spark.worker.stderr
@@ -248,7 +256,7 @@ def test_runtime_job_swapped_for_a_spark_query_and_back_exactly_once(stack, root
     mark("second swap done, v3 writing")
     more.set()
     sent = gen.finished()
-    v3.join(LIVE)  # the input finished: v3 drains it and ends
+    v3.wait_line(lambda line: line.startswith("finished "), LIVE)  # the input finished: v3 drains it
     mark("v3 finished")
     _verify(ledger, stack, target, sent, first.epoch, second.epoch)
     shadow = f"{spark.job}.shadow"
