@@ -119,12 +119,11 @@ def _verify(ledger, stack, target: str, sent: int, *swaps: int) -> None:
         assert_s_before_s_plus_1(ledger, target, s)
 
 
-KILLS = [(step, ("coordinator", "old", "new")) for step in ("precommit", "commit")]
-"""Each party is SIGKILLed at each step. By default one test per step kills all three there (the drivers
-together, then restarts them from their checkpoints): two Spark set-ups instead of six keep the suite's
-time in budget. ALIGNER_SPARK_SWAP_EACH=1 runs one test per (party, step) instead."""
-if os.environ.get("ALIGNER_SPARK_SWAP_EACH"):
-    KILLS = [(step, (who,)) for step in ("precommit", "commit") for who in ("coordinator", "old", "new")]
+KILLS = [(step, (who,)) for step in ("precommit", "commit") for who in ("coordinator", "old", "new")]
+"""One test per kill point: each party (the coordinator, Q1's driver, Q2's driver) SIGKILLed at each swap
+step while the others go on. ALIGNER_SPARK_SWAP_TOGETHER=1 adds one test per step killing all three."""
+if os.environ.get("ALIGNER_SPARK_SWAP_TOGETHER"):
+    KILLS += [(step, ("coordinator", "old", "new")) for step in ("precommit", "commit")]
 
 
 @pytest.mark.parametrize(("step", "killed"), KILLS, ids=[f"{s}-{'+'.join(k)}" for s, k in KILLS])
