@@ -379,7 +379,7 @@ def main() -> None:
 
     from aligner.connectors.spark.session import local_session
 
-    console = Console(width=max(Console().width, 180))
+    console = Console(width=max(Console().width, 200))
     say = lambda line: console.print(line, highlight=False)  # noqa: E731
     runs: list[dict[str, Any]] = []
     with EmbeddedStack() as info, tempfile.TemporaryDirectory() as workdir:
