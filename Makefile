@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 EXTRAS ?= test,local,plots,spark,faust
 
-.PHONY: setup zookeeper test demo experiments bench lint clean chaos
+.PHONY: setup zookeeper test demo experiments bench bench-spark lint clean chaos
 
 setup: $(STAMP) zookeeper
 
@@ -43,6 +43,11 @@ bench: setup
 	$(PY) -m experiments.bench_sink
 	$(PY) -m experiments.bench_zk_ops
 	$(PY) -m experiments.bench_reader
+
+# The Spark benchmarks of issue 13 (about 10 and 6 minutes).
+bench-spark: setup
+	$(PY) -m experiments.bench_spark_hop --minutes 10
+	$(PY) -m experiments.bench_spark_swap --swaps 3
 
 lint: setup
 	$(VENV)/bin/ruff check .
