@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from aligner.connectors.sink import SinkProducer
+from aligner.connectors.spark.job import stop_query
 from aligner.connectors.spark.lineage import sink_lineage, source_batch
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import EmbeddedStack, wait_for
@@ -114,7 +115,7 @@ def main() -> None:
         wait_for(lambda: any(r.last >= last for node in sink_lineage(led, Y, SINK).values()
                              for r in source_batch(led, node.query, node.batch).values()), 300,
                  "the query to write the last X epoch")
-        query.stop()
+        stop_query(query)  # between micro-batches: no abort errors
         spark.stop()
         done = [h for h in hops(led) if h[0] > led.committed(X, warm).committed_at / 1000]
         led.close()

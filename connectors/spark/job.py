@@ -375,18 +375,22 @@ class AlignedQuery:
         return False
 
     def stop(self, grace: float = STOP_GRACE) -> None:
-        """Stop the query between micro-batches when one ends within ``grace`` seconds: stopped in the
-        middle of one, Spark interrupts its writer and logs abort errors (nothing is lost either way:
-        an uncommitted batch's records carry an attempt ZooKeeper never names)."""
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            try:
-                if not self.query.status.get("isTriggerActive", False):
-                    break
-            except Exception:  # the query ended meanwhile
+        stop_query(self.query, grace)
+
+
+def stop_query(query: Any, grace: float = STOP_GRACE) -> None:
+    """Stop a streaming query between micro-batches when one ends within ``grace`` seconds: stopped in
+    the middle of one, Spark interrupts its writer and logs abort errors (nothing is lost either way:
+    an uncommitted batch's records carry an attempt ZooKeeper never names). For any aligned query."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            if not query.status.get("isTriggerActive", False):
                 break
-            time.sleep(0.05)
-        self.query.stop()
+        except Exception:  # the query ended meanwhile
+            break
+        time.sleep(0.05)
+    query.stop()
 
 
 def wait_target(ledger: Ledger, node: JobNode, swap: SwapNode) -> None:
