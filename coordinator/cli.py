@@ -719,13 +719,21 @@ def verify(
                          "committed)")] = None,
     ignore_field: Annotated[list[str] | None, typer.Option(
         help="A JSON field of the values that is meant to differ (repeat)")] = None,
+    consumed: Annotated[str | None, typer.Option(
+        "--consumed", callback=_name, metavar="SUBJECT",
+        help="Instead: did the --job's (two or more) consume identical whole epochs of SUBJECT, every checkpoint "
+             "on an epoch boundary? Exit 1 if not")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Diff two jobs' (or subjects') outputs epoch by epoch as multisets; report the first difference.
 
-    A new version running with --shadow is read from its shadow subject."""
+    A new version running with --shadow is read from its shadow subject. With --consumed SUBJECT, compare
+    instead which epochs of SUBJECT the jobs consumed (from their committed aligned job epochs)."""
     from aligner.coordinator.verify import shadow_span, verify_outputs
 
+    if consumed is not None:
+        _verify_consumed(consumed, list(job or []), bool(subject or epochs_ or ignore_field), as_json)
+        return
     names = list(job or []) + list(subject or [])
     if len(names) != 2 or (job and subject):
         usage("give exactly two --job or two --subject")
@@ -750,6 +758,33 @@ def verify(
                       f"{d['only_second']} only in {names[1]}")
     if report["first_difference"] is not None:
         raise typer.Exit(3)
+
+
+def _verify_consumed(subject: str, jobs: list[str], other_options: bool, as_json: bool) -> None:
+    """``verify --consumed``: the consumed epochs of ``subject`` per job, and whether they are identical."""
+    from aligner.coordinator.verify import span_text, verify_consumed
+
+    if other_options:
+        usage("--consumed compares the --job's only: no --subject, --epochs or --ignore-field")
+    if len(set(jobs)) < 2:
+        usage("--consumed needs at least two different --job")
+    with ledger() as led:
+        report = verify_consumed(led, subject, jobs)
+    differences = report["differences"]
+    if not emit(report, as_json):
+        for r in report["jobs"]:
+            aligned = {True: "; its last checkpoint before its alignment ended on an epoch boundary",
+                       False: "; its last checkpoint before its alignment is off the epoch boundaries",
+                       None: ""}[r["aligned_from_boundary"]]
+            out.print(f"{r['job']}: epochs {span_text(r['consumed'])} of {subject} in {r['checkpoints']} committed "
+                      f"checkpoints (job epochs of {r['epoch_line']}){aligned}")
+        if not differences:
+            out.print(f"[green]identical[/] {', '.join(jobs)} consumed the same {report['identical']} whole epochs "
+                      f"{report['first']}..{report['last']} of {subject}, every checkpoint on an epoch boundary")
+    if differences:
+        more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
+        err.print(f"differ: {differences[0]}{more}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -142,3 +142,190 @@ def verify_before_swap(ledger: Ledger, bootstrap: str, old: str, new: str, epoch
             f"name the fields that differ with --ignore-field, or swap without --verify-epochs"
         )
     return report
+
+
+# ---- consumed epochs: did several jobs read identical whole epochs of one subject? ------------------
+
+def _share(jobs: JobLedger, node: JobNode) -> tuple[int, int | None]:
+    """The job epochs (of its epoch line) that are this version's own: after the swap that handed it the
+    target (S+1 on) and up to a committed swap of itself (S); a version never swapped reads them all."""
+    first, last = 0, None
+    if node.follows is not None:
+        swap, _ = jobs.swap(node.follows)
+        first = swap.epoch + 1 if swap is not None and swap.phase in ("commit", "done") else -1
+    own, _ = jobs.swap(node.job)
+    if own is not None and own.phase in ("commit", "done"):
+        last = own.epoch
+    return first, last
+
+
+def _offset_bounds(ledger: Ledger, subject: str, last: int) -> dict[int, list[tuple[int, int, int]]] | None:
+    """Per partition the non-empty slices (epoch, start, end) of the subject's committed epochs up to
+    ``last``; None when some are no longer retained (gc): then worker offsets are not checked."""
+    from aligner.errors import AlignerError
+
+    numbers = ledger.epoch_numbers(subject)
+    if not numbers or last < numbers[0]:
+        return {}
+    try:
+        epochs = ledger.committed_many(subject, numbers[0], last)
+    except AlignerError:
+        return None
+    out: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    for ce in epochs:
+        for p, sl in ce.slices.items():
+            if not sl.empty:
+                out[p].append((ce.epoch, sl.start, sl.end))
+    return out
+
+
+def _on_boundary(slices: dict[int, list[tuple[int, int, int]]], offsets: dict[int, int], nxt: int) -> list[int]:
+    """Partitions where a worker's committed position is not between subject epoch ``nxt - 1``'s last
+    record and epoch ``nxt``'s first one (it read part of an epoch, or past it)."""
+    bad = []
+    for p, pos in offsets.items():
+        got = slices.get(p, [])
+        before = [end for e, _s, end in got if e < nxt]
+        after = [start for e, start, _e in got if e >= nxt]
+        if (before and pos < max(before)) or (after and pos > min(after)):
+            bad.append(p)
+    return bad
+
+
+def job_consumption(ledger: Ledger, job: str, subject: str) -> dict[str, Any]:
+    """Which epochs of ``subject`` job ``job`` consumed in its committed aligned job epochs (read from its
+    epoch line's job epoch nodes), and whether each of its checkpoints ends on a subject epoch boundary.
+
+    A job epoch counts once the job's output committed it. A worker-run job (runtime, Faust) also has its
+    workers' committed positions checked against the subject's epoch offsets, including the last
+    checkpoint before its alignment (it must end where the first aligned job epoch starts); a Spark
+    query's checkpoint is the job epoch node itself (its offsets are epoch vectors)."""
+    from aligner.errors import AlignerError
+
+    jobs = JobLedger(ledger)
+    node = jobs.job(job)  # UnknownJobError: one clear line
+    if subject not in node.inputs:
+        raise AlignerError(f"job {job!r} does not read {subject!r} (it reads {', '.join(node.inputs)})")
+    line = jobs.epoch_line(job)
+    first_own, last_own = _share(jobs, node)
+    out_frontier = ledger.frontier(node.output)
+    numbers = [e for e in jobs.job_epoch_numbers(line)
+               if first_own >= 0 and e >= first_own and (last_own is None or e <= last_own)
+               and out_frontier is not None and e <= out_frontier]
+    report: dict[str, Any] = {"job": job, "epoch_line": line, "job_epochs": [numbers[0], numbers[-1]] if numbers
+                              else None, "checkpoints": len(numbers), "consumed": [], "first": None, "last": None,
+                              "problems": [], "aligned_from_boundary": None}
+    problems: list[str] = []  # per checkpoint; after the summary of skipped and repeated epochs
+    consumed: list[int] = []
+    ends: list[tuple[int, int]] = []
+    previous: int | None = None
+    last_epoch: int | None = None
+    for e in numbers:
+        je = jobs.job_epoch(line, e)
+        if je is None:
+            continue
+        if last_epoch is not None and e != last_epoch + 1:
+            problems.append(f"job epochs {last_epoch + 1}..{e - 1} have no node (checkpoints off the subject's epochs)")
+        span, nxt = je.covered.get(subject), je.next.get(subject)
+        if nxt is None:
+            problems.append(f"job epoch {e} records no next epoch of {subject}")
+            continue
+        if span is not None:
+            if previous is not None and span.first != previous:
+                problems.append(f"job epoch {e} starts at epoch {span.first} of {subject}, job epoch {last_epoch} "
+                                f"ended before epoch {previous}")
+            if nxt != span.last + 1:
+                problems.append(f"job epoch {e} covers {span.first}..{span.last} but ends before {nxt}")
+            consumed.extend(range(span.first, span.last + 1))
+        elif previous is not None and nxt != previous:
+            problems.append(f"job epoch {e} covers nothing of {subject} but moves its end from {previous} to {nxt}")
+        ends.append((e, nxt))
+        previous, last_epoch = nxt, e
+    report["consumed"] = _spans(consumed)
+    if consumed:
+        report["first"], report["last"] = min(consumed), max(consumed)
+    counts = Counter(consumed)
+    twice = sorted(e for e, n in counts.items() if n > 1)
+    summary: list[str] = report["problems"]
+    if twice:
+        summary.append(f"epochs {span_text(_spans(twice))} of {subject} consumed more than once")
+    if consumed:
+        gaps = sorted(set(range(min(consumed), max(consumed) + 1)) - set(consumed))
+        if gaps:
+            summary.append(f"epochs {span_text(_spans(gaps))} of {subject} skipped")
+    summary.extend(problems)
+    problems = summary
+    workers = jobs.worker_ids(job)
+    if workers and ends:
+        slices = _offset_bounds(ledger, subject, max(n for _e, n in ends))
+        checks = list(ends)
+        before = numbers[0] - 1 if numbers else -1
+        if before >= 0 and report["first"] is not None:  # the last checkpoint before the alignment
+            checks.insert(0, (before, report["first"]))
+        report["aligned_from_boundary"] = True if before >= 0 else None
+        for e, nxt in checks:
+            for w in workers:
+                committed = jobs.worker_epoch_or_none(job, w, e)
+                if committed is None:
+                    continue
+                loaded = committed.load_from.get(subject)
+                bad = [] if slices is None else _on_boundary(slices, committed.offsets.get(subject, {}), nxt)
+                if loaded != nxt or bad:
+                    where = f"partitions {bad}" if bad else f"next epoch {loaded}"
+                    problems.append(f"worker {w}'s checkpoint of job epoch {e} is not on the boundary before epoch "
+                                    f"{nxt} of {subject} ({where})")
+                    if e == before:
+                        report["aligned_from_boundary"] = False
+    return report
+
+
+def _spans(epochs: Sequence[int]) -> list[list[int]]:
+    """Sorted epochs as inclusive runs [[a, b], ...]."""
+    runs: list[list[int]] = []
+    for e in sorted(set(epochs)):
+        if runs and e == runs[-1][1] + 1:
+            runs[-1][1] = e
+        else:
+            runs.append([e, e])
+    return runs
+
+
+def span_text(spans: Sequence[Sequence[int]]) -> str:
+    return ", ".join(f"{a}" if a == b else f"{a}..{b}" for a, b in spans) or "none"
+
+
+def verify_consumed(ledger: Ledger, subject: str, names: Sequence[str]) -> dict[str, Any]:
+    """Did the jobs consume identical whole epochs of ``subject``? Each job's committed aligned job epochs
+    give the subject epochs it consumed (:func:`job_consumption`); within the span every job covers (from
+    the latest first epoch, a job aligned later read the earlier ones before its alignment, up to the
+    smallest frontier) each epoch must be consumed by every job exactly once, with every checkpoint on an
+    epoch boundary. ``identical`` counts the epochs of that span; ``differences`` says what is not so."""
+    from aligner.errors import AlignerError
+
+    ledger.subject(subject)  # UnknownSubjectError
+    if len(set(names)) < 2:
+        raise AlignerError("give at least two different jobs to compare")
+    per = [job_consumption(ledger, name, subject) for name in names]
+    differences = [f"{r['job']}: {p}" for r in per for p in r["problems"]]
+    for r in per:
+        if r["first"] is None:
+            differences.append(f"{r['job']}: no committed aligned job epoch read {subject} yet")
+    report: dict[str, Any] = {"subject": subject, "jobs": per, "first": None, "last": None, "identical": 0,
+                              "differences": differences}
+    if any(r["first"] is None for r in per):
+        return report
+    first, last = max(r["first"] for r in per), min(r["last"] for r in per)
+    report["first"], report["last"] = first, last
+    if last < first:
+        differences.append(f"the jobs share no consumed epoch of {subject}: "
+                           + "; ".join(f"{r['job']} {span_text(r['consumed'])}" for r in per))
+        return report
+    window = set(range(first, last + 1))
+    for r in per:
+        got = {e for a, b in r["consumed"] for e in range(a, b + 1)} & window
+        if got != window:
+            differences.append(f"{r['job']} did not consume epochs {span_text(_spans(sorted(window - got)))} of "
+                               f"{subject} that {', '.join(x['job'] for x in per if x is not r)} consumed")
+    if not differences:
+        report["identical"] = len(window)
+    return report

@@ -1,10 +1,13 @@
 """The two jobs of the hotness workload (thesis 6.1.1).
 
-Job 1, hot issues (job runtime): issue comments are counted per issue in tumbling windows of logical
+Job 1, hot issues: issue comments are counted per issue in tumbling windows of logical
 event time and joined with the issue itself; from the ``hot_threshold``-th comment of a window on,
 every comment yields a hot-issue record (issue, pull request, window, count). A comment that
 arrives before its issue waits in keyed state for the join partner, so every hot comment is output
-exactly once whatever the arrival order of the two inputs.
+exactly once whatever the arrival order of the two inputs. :func:`hot_issues` is job 1 on the job
+runtime (the experiments use it); :func:`hot_issues_query` is the same job on Spark Structured
+Streaming (the demo runs it), in two versions whose keyed state differs, so version 2 cannot start
+from version 1's checkpoint: it rebuilds its state from the start of the input beside version 1.
 
 Job 2, PR hotness: PR comments and hot issues are unioned by pull request and reduced to the
 pull request's hotness = its comments + the hot comments of the issue it fixes. The Spark Structured
@@ -119,3 +122,94 @@ def _reduce_pr(key: tuple[Any, ...], batches: Iterable[Any], state: Any) -> Iter
     value = {"pr": pr, "comments": comments, "hot": hot, "hotness": comments + hot, "ts": newest,
              "oldest_ts": oldest}
     yield pd.DataFrame({"key": [str(pr)], "value": [json.dumps(value)]})
+
+
+HOT_STATE = {1: "pr long, w long, n long, pending string", 2: "doc string"}
+"""Job 1's state per issue on Spark: version 1 keeps typed columns (pull request, -1 until the issue was
+seen; current window; its count; pending hot comments as JSON), version 2 one JSON document with the
+count of every window seen. Spark checks a checkpoint's state schema, so v2 needs a checkpoint of its own."""
+
+
+def hot_issues_query(spark: Any, conn: dict[str, str], job: str, issues_subject: str, comments_subject: str,
+                     workload: Workload, version: int = 1, epochs_per_batch: int | None = None) -> Any:
+    """Job 1 on Spark Structured Streaming as aligned job ``job`` (registered with
+    :func:`aligner.connectors.spark.job.register_query`): issues and issue comments grouped by issue,
+    one ``applyInPandasWithState`` step per issue and micro-batch; output rows ``key`` (pull request),
+    ``value`` (the hot-issue record of :func:`hot_issues`, ``v`` = ``version``).
+
+    Within a batch the issue is applied first, then the comments in id order (= event-time order), so
+    the output is the runtime job's whatever the batch boundaries are."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    reader = (spark.readStream.format("aligned").options(**conn, job=job)
+              .option("subjects", f"{issues_subject},{comments_subject}"))
+    if epochs_per_batch is not None:
+        reader = reader.option("maxEpochsPerBatch", str(epochs_per_batch))
+    v = F.col("value").cast("string")
+    is_issue = F.get_json_object(v, "$.title").isNotNull()
+    rows = reader.load().select(
+        F.when(is_issue, F.get_json_object(v, "$.id")).otherwise(F.get_json_object(v, "$.issue"))
+        .cast("long").alias("issue"),
+        is_issue.alias("is_issue"),
+        F.get_json_object(v, "$.id").cast("long").alias("id"),
+        F.get_json_object(v, "$.pr").cast("long").alias("pr"),
+        F.get_json_object(v, "$.et").cast("double").alias("et"),
+        F.get_json_object(v, "$.ts").cast("double").alias("ts"),
+    )
+    step = _hot_step(workload.window, workload.hot_threshold, version)
+    return rows.groupBy("issue").applyInPandasWithState(
+        step, outputStructType="key string, value string", stateStructType=HOT_STATE[version],
+        outputMode="append", timeoutConf=GroupStateTimeout.NoTimeout)
+
+
+def _hot_step(window: float, threshold: int, version: int) -> Any:
+    """The per-issue state step of :func:`hot_issues_query` for one version (its state layout differs)."""
+
+    def load(state: Any) -> tuple[int, dict[int, int], list[dict[str, Any]]]:
+        if not state.exists:
+            return -1, {}, []
+        if version == 1:
+            pr, w, n, pending = state.get
+            return int(pr), {int(w): int(n)}, json.loads(pending)
+        doc = json.loads(state.get[0])
+        return int(doc["pr"]), {int(w): n for w, n in doc["windows"].items()}, doc["pending"]
+
+    def save(state: Any, pr: int, windows: dict[int, int], pending: list[dict[str, Any]]) -> None:
+        if version == 1:
+            w = max(windows)
+            state.update((pr, w, windows[w], json.dumps(pending)))
+        else:
+            state.update((json.dumps({"pr": pr, "windows": windows, "pending": pending}),))
+
+    def step(key: tuple[Any, ...], frames: Iterable[Any], state: Any) -> Iterable[Any]:
+        import pandas as pd
+
+        issue = int(key[0])
+        pr, windows, pending = load(state)
+        out: list[dict[str, Any]] = []
+        frame = pd.concat(list(frames))
+        for row in frame[frame["is_issue"]].itertuples():
+            pr = int(row.pr)
+            out += [{**hot, "pr": pr} for hot in pending]
+            pending = []
+        for row in frame[~frame["is_issue"]].sort_values("id").itertuples():
+            w = int(row.et // window)
+            last = max(windows) if windows else w
+            count = windows.get(w, 0) + 1 if last == w else 1
+            if version == 1:
+                windows = {w: count}
+            else:
+                windows[w] = count
+            if count >= threshold:
+                hot = {"comment": int(row.id), "issue": issue, "window": w, "count": count, "ts": float(row.ts)}
+                if pr >= 0:
+                    out.append({**hot, "pr": pr})
+                else:
+                    pending.append(hot)
+        if windows or pr >= 0:
+            save(state, pr, windows or {0: 0}, pending)
+        yield pd.DataFrame({"key": [str(h["pr"]) for h in out],
+                            "value": [json.dumps({**h, "v": version}) for h in out]})
+
+    return step
