@@ -50,6 +50,7 @@ from aligner.coordinator.stack import EmbeddedStack, wait_for
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from experiments.common import write_results
+from experiments.running_query import start_running_query
 
 ROOT = "/bench-spark-swap"
 LIVE = 600.0
@@ -102,32 +103,10 @@ class Query:
 
     def __init__(self, spark: Any, led: Ledger, conn: dict[str, str], source: str, target: str, job: str,
                  version: int, partitions: list[int], checkpoint: str, follows: str | None = None) -> None:
-        import pandas as pd
-        from pyspark.sql import functions as F
-        from pyspark.sql.streaming.state import GroupStateTimeout
-
         register_query(led, job, [source], target, follows=follows, output_partitions=partitions,
                        version=str(version))
-
-        def running(key, frames, state):  # type: ignore[no-untyped-def]
-            acc = state.get[0] if state.exists else 0
-            ns = sorted(int(n) for f in frames for n in f["n"])
-            out = []
-            for n in ns:
-                acc += 1 if version == 1 else n
-                out.append(json.dumps({"in": {"n": n}, "k": int(key[0]),
-                                       ("count" if version == 1 else "sum"): acc, "v": version}))
-            state.update((acc,))
-            yield pd.DataFrame({"key": [str(n) for n in ns], "value": out})
-
-        n = F.get_json_object(F.col("value").cast("string"), "$.n").cast("long")
-        rows = (spark.readStream.format("aligned").options(**conn, subject=source, job=job).load()
-                .select(n.alias("n")).withColumn("k", F.col("n") % 4))
-        out = rows.groupBy("k").applyInPandasWithState(running, "key string, value string", "acc long", "append",
-                                                       GroupStateTimeout.NoTimeout)
         self.job = job
-        self.query = (out.writeStream.format("aligned").options(**conn, subject=target, job=job)
-                      .option("checkpointLocation", checkpoint).outputMode("append").start())
+        self.query = start_running_query(spark, conn, source, target, job, version, checkpoint)
         self.stop_flag = threading.Event()
         self.swapped: bool | None = None
         self.error: BaseException | None = None
