@@ -80,8 +80,11 @@ def pr_hotness(record: SourceRecord, state: KeyedState) -> Output:
 
 
 def pr_hotness_query(spark: Any, conn: dict[str, str], hot_issues_subject: str, pr_comments_subject: str,
-                     epochs_per_batch: int | None = None) -> Any:
+                     epochs_per_batch: int | None = None, job: str | None = None) -> Any:
     """Job 2 on Spark Structured Streaming: the aligned multi-subject source, a stateful reduce.
+
+    ``job``: run as that registered aligned job (:func:`aligner.connectors.spark.job.register_query`;
+    the sink then takes the same option).
 
     Each micro-batch covers whole committed epochs of both subjects (epoch-vector offsets). The
     running totals per pull request live in Spark's state store (``applyInPandasWithState``), and
@@ -93,6 +96,8 @@ def pr_hotness_query(spark: Any, conn: dict[str, str], hot_issues_subject: str, 
 
     reader = (spark.readStream.format("aligned").options(**conn)
               .option("subjects", f"{hot_issues_subject},{pr_comments_subject}"))
+    if job is not None:
+        reader = reader.option("job", job)
     if epochs_per_batch is not None:  # default: every committed epoch per batch, so the query keeps up
         reader = reader.option("maxEpochsPerBatch", str(epochs_per_batch))
     rows = reader.load()
