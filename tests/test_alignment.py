@@ -382,3 +382,20 @@ def test_align_a_job_aligned_by_construction_records_it_and_returns(stack, ledge
     assert decision is not None and decision.phase == "aligned"
     assert decision.job_epoch == 4 and decision.subject_epochs == {raw: 9}
     assert jobs.command(node.job, raw)[0].seq == 0, "no command was sent"
+
+
+def test_a_query_batch_reading_one_of_two_subjects_keeps_the_others_position(stack, ledger, subject_name):
+    """A Spark job's micro-batch that read nothing new of one input reports no change there: the
+    consumer node keeps the epoch it stood at (status and waits on it must not see it fall back)."""
+    from aligner.connectors.spark.job import register_query, report
+
+    a, b, out = subject_name, f"{subject_name}-b", f"{subject_name}-out"
+    for name in (a, b, out):
+        create_subject(ledger, stack.kafka, name, 1)
+    node = register_query(ledger, f"{a}-q", [a, b], out)
+    report(ledger, node, job_epoch=1, subject_epoch={a: 5, b: 7})
+    report(ledger, node, job_epoch=2, subject_epoch={a: 6})
+    jobs = JobLedger(ledger)
+    assert jobs.consumers(node.job, a)[0].subject_epoch == 6
+    assert jobs.consumers(node.job, b)[0].subject_epoch == 7
+    assert jobs.consumers(node.job, b)[0].job_epoch == 2

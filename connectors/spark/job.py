@@ -150,7 +150,10 @@ def report(ledger: Ledger, node: JobNode, **fields: Any) -> None:
     for subject in node.inputs:
         extra = dict(fields)
         if "subject_epoch" in extra and isinstance(extra["subject_epoch"], Mapping):
-            extra["subject_epoch"] = extra["subject_epoch"].get(subject)
+            if subject in extra["subject_epoch"]:
+                extra["subject_epoch"] = extra["subject_epoch"][subject]
+            else:  # the batch read nothing new of this subject: it stands where it stood
+                del extra["subject_epoch"]
 
         def change(current: ConsumerNode | None, extra: dict[str, Any] = extra) -> ConsumerNode | None:
             base = current or ConsumerNode(alignment=ConsumerAlignment(state=State.ALIGNED), mode="aligned")
