@@ -148,33 +148,3 @@ def parallelism(series: dict[str, dict[int, list[EpochPoint]]]) -> Figure:
         ax.tick_params(axis="x", labelsize=7)
     fig.tight_layout()
     return fig
-
-
-def demo(job1: list[Any], spark_points: list[tuple[float, float, float]], events: dict[str, float],
-         started: float) -> Figure:
-    """Job 1's epochs (per version) and job 2's Spark micro-batch epochs, with alignment and hot-swap."""
-    fig, ax = plt.subplots(figsize=(11, 4.8))
-    for operator, color in (("job 1 v1", "tab:blue"), ("job 1 v2", "tab:purple")):
-        rs = [r for r in job1 if r.operator == operator and r.count]
-        ax.plot([r.committed_at - started for r in rs], [r.checkpoint_ms for r in rs], ".", ms=4, color=color,
-                label=f"{operator}: checkpoint latency per worker epoch" + (" (first: catch-up)" if "v2" in operator
-                                                                             else ""))
-    if spark_points:
-        t, worst, avg = zip(*spark_points, strict=True)
-        ax.plot(t, worst, "s-", ms=4, lw=0.8, color="tab:red", label="job 2 (Spark): commit - oldest input, per epoch")
-        ax.plot(t, avg, "o-", ms=3, lw=0.8, color="tab:orange",
-                label="job 2 (Spark): commit - newest input of each changed PR, averaged")
-    for (name, at), style in zip(events.items(), (":", "--", "-.", "-"), strict=False):
-        ax.axvline(at, color="black", ls=style, lw=0.8, label=name)
-    ax.set_xlabel("seconds into the demo")
-    ax.set_ylabel("ms (log scale)")
-    ax.set_yscale("log")
-    ax.set_title("hotness chain: job 1 aligned, then hot-swapped v1 -> v2; job 2 on Spark Structured Streaming",
-                 fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-__all__ = ["close", "demo", "hotswap", "interval", "modes", "parallelism", "repeat", "transition"]
