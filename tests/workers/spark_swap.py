@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
 
 
@@ -48,19 +49,38 @@ def main() -> None:
                    version=args.version, shadow=args.shadow)
 
     conn = {"zk": args.zk, "kafka": args.kafka, "root": args.root}
-    query = start_running_query(spark, conn, args.source, args.target, args.job, int(args.version), args.checkpoint)
-    say(f"query {query.id}")
-    try:
-        swapped = AlignedQuery(ledger, query, args.job).run(stop)
-    except Exception as exc:  # the Python cause first: the JVM's stack trace would hide it
-        text = str(exc)
-        causes = [line for line in text.splitlines() if "Error" in line or "aligner" in line][:40]
-        raise SystemExit("query failed: " + "\n".join(causes) + "\n" + text[:1500]) from None
+    restarts = 0
+    while True:
+        query = start_running_query(spark, conn, args.source, args.target, args.job, int(args.version),
+                                    args.checkpoint)
+        say(f"query {query.id}")
+        try:
+            swapped = AlignedQuery(ledger, query, args.job).run(stop)
+            break
+        except Exception as exc:
+            failure = _failure(exc)
+        # A failure inside Spark alone (no error of the data source's Python code): what a driver's
+        # supervisor does, restart the query from its checkpoint, at most twice; anything else fails.
+        if "PYTHON" in failure or "aligner" in failure or restarts == 2:
+            raise SystemExit(failure)
+        restarts += 1
+        print(f"restarting the query from its checkpoint after a failure inside Spark:\n{failure}", file=sys.stderr,
+              flush=True)
     if swapped:
         say("swapped out")
     spark.stop()
     ledger.close()
     say("done")
+
+
+def _failure(exc: BaseException) -> str:
+    """The query's failure, causes first: the JVM's stack trace (the test keeps the end) would hide them."""
+    chain, cause, root = [], exc, exc
+    while cause is not None and len(chain) < 8:
+        chain.append(f"{type(cause).__name__}: {getattr(cause, '_desc', None) or cause}"[:600])
+        root, cause = cause, getattr(cause, "_cause", None)
+    trace = str(getattr(root, "_stackTrace", "") or "").splitlines()[:25]
+    return "query failed:\n" + "\n".join(chain) + "\nroot cause at:\n" + "\n".join(trace)
 
 
 if __name__ == "__main__":
