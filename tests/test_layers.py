@@ -72,7 +72,7 @@ def test_zookeeper_only_through_the_ledger_layer() -> None:
 
 
 def _error_names() -> set[str]:
-    tree = ast.parse((ROOT / "aligner" / "errors.py").read_text())
+    tree = ast.parse((ROOT / "aligner" / "aligner" / "errors.py").read_text())
     return {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
 
 
@@ -105,7 +105,7 @@ def exception_classes(modules: list[tuple[str, ast.Module]], known: set[str]) ->
 def test_every_error_class_lives_in_aligner_errors() -> None:
     known = _error_names() | {n for n in dir(builtins) if isinstance(getattr(builtins, n), type)
                               and issubclass(getattr(builtins, n), BaseException)}
-    modules = [(rel, tree) for rel, tree in sources(*PRODUCT) if rel != "aligner/errors.py"]
+    modules = [(rel, tree) for rel, tree in sources(*PRODUCT) if rel != "aligner/aligner/errors.py"]
     stray = sorted(exception_classes(modules, known))
     assert stray == [], "define error classes in aligner/errors.py (one hierarchy):\n" + "\n".join(stray)
 
@@ -187,3 +187,28 @@ def test_no_decision_on_exception_message_text() -> None:
 def test_message_decision_detector(code: str, hits: int) -> None:
     """The detector itself: it finds message-text decisions and passes type and code decisions."""
     assert len(list(message_decisions(ast.parse(code)))) == hits
+
+
+def test_every_file_path_ends_with_its_module_path() -> None:
+    """aligner/aligner/x.py is aligner.x, connectors/aligner/connectors/x.py is aligner.connectors.x: editors,
+    type checkers and grep find what an import names, with no mapping to know."""
+    import aligner.connectors
+    import aligner.coordinator
+    import aligner.models
+
+    for module, folder in ((aligner.models, "aligner"), (aligner.connectors, "connectors"),
+                           (aligner.coordinator, "coordinator")):
+        path = Path(module.__file__ or "").resolve().relative_to(ROOT / folder)
+        dotted = ".".join(path.with_suffix("").parts).removesuffix(".__init__")
+        assert dotted == module.__name__, f"{module.__name__} lives at {folder}/{path}"
+
+
+@pytest.mark.parametrize("folder", ["connectors", "coordinator"])
+def test_source_folders_are_not_a_second_import_name(folder: str) -> None:
+    """From a bare checkout, `import connectors` must not give a second identity of the same files."""
+    import importlib
+    import sys
+
+    sys.modules.pop(folder, None)
+    with pytest.raises(ImportError, match=f"import aligner.{folder}"):
+        importlib.import_module(folder)
