@@ -59,6 +59,25 @@ def test_connectors_never_import_the_coordinator() -> None:
     assert found == [], "connectors sit below the coordinator:\n" + "\n".join(found)
 
 
+ENGINES = ("aligner.connectors.spark", "aligner.connectors.faust", "pyspark", "pyarrow", "pandas", "faust")
+"""Engine adapters and the libraries behind the optional extras spark and faust."""
+
+
+def test_the_coordinator_imports_no_engine() -> None:
+    """The CLI, the exporter, alignment and hot-swap work on a plain install (no extras): engines only
+    record their progress in the ledger, and the coordinator reads it there (aligner.lineage)."""
+    found = [f"{rel}:{line} imports {mod}" for rel, tree in sources("coordinator")
+             for line, mod in imported_modules(tree) if names_module(mod, ENGINES)]
+    assert found == [], "the coordinator must not import an engine adapter:\n" + "\n".join(found)
+
+
+def test_engine_import_detector() -> None:
+    code = ("import json\ndef f():\n    from aligner.connectors.spark.lineage import cut\n"
+            "from aligner import connectors\nimport pyspark.sql as ps\nfrom aligner.connectors import faust\n")
+    lines = {line for line, mod in imported_modules(ast.parse(code)) if names_module(mod, ENGINES)}
+    assert lines == {3, 5, 6}  # the function-local import too; json and `from aligner import connectors` pass
+
+
 def test_zookeeper_only_through_the_ledger_layer() -> None:
     """No `X.zk.Y` outside aligner/: reads, writes and watches are ledger methods (with retries)."""
     found = []

@@ -1,11 +1,12 @@
-"""Lineage: which upstream subject epochs an epoch of a job or a subject contains, transitively.
+"""Lineage: which upstream subject epochs an epoch of a job, a Spark sink or a subject contains, transitively.
 
-A job's epoch N is its output subject's epoch N. An aligned job epoch records the subject epochs
-it covered, so lineage is exact; an unaligned one only knows its input offsets, reported as such.
-Lineage only reads the ledger, so it lives in the ledger layer: the coordinator's ``aligner
-lineage`` and the Spark adapter's consistent cut (``aligner.connectors.spark.lineage``) both
-build on it. :class:`SparkLineageLedger` holds the ZooKeeper side of the Spark adapter's lineage
-records; the adapter owns their models, so this layer imports no engine.
+One walker for every engine. A job's epoch N is its output subject's epoch N; an aligned job epoch
+(runtime, Faust, a Spark query running as a job) records the subject epochs it covered, so lineage is
+exact; an unaligned one only knows its input offsets, reported as such. A Spark sink records, per
+committed epoch, the micro-batch that wrote it, and a streaming read records, per micro-batch, the
+subject epochs it read: joined on (query, batch) they map a Spark sink's epochs onto its inputs' too.
+Lineage only reads the ledger, so it lives in the ledger layer: ``aligner lineage``, ``aligner status``
+and the Spark adapter's consistent cut (option ``lineage``) all build on it without importing an engine.
 """
 
 from __future__ import annotations
@@ -19,12 +20,21 @@ from aligner.errors import EpochNotCommittedError, FencedError, LineageError, Un
 from aligner.jobs import JobLedger
 from aligner.layout import epoch_name, split_writer
 from aligner.ledger import Ledger
-from aligner.models import M, Node, parse
+from aligner.lineage_models import SparkSinkEpochNode, SparkSourceBatchNode
+from aligner.models import Node, now_ms, parse
 
-# ---- lineage trees of coordinator jobs -------------------------------------------------------------
+SOURCE_BATCHES_KEPT = 100_000
+"""Source batch nodes kept per query; older ones are deleted as new batches are recorded."""
+
+Tree = dict[str, Any]
+"""A lineage tree: a job or Spark sink epoch ({"job", "epoch", "output", "aligned", "inputs"}) or a subject
+epoch ({"subject", "epoch", "producers"}), nested; :func:`flatten` turns it into a cut."""
 
 
-def job_epoch_lineage(ledger: Ledger, job: str, epoch: int, depth: int = 16) -> dict[str, Any]:
+# ---- lineage trees -----------------------------------------------------------------------------------
+
+
+def job_epoch_lineage(ledger: Ledger, job: str, epoch: int, depth: int = 16) -> Tree:
     """The tree of subject epochs that epoch ``epoch`` of ``job`` derives from (``depth`` levels)."""
     jobs = JobLedger(ledger)
     node = jobs.job(job)
@@ -36,7 +46,7 @@ def job_epoch_lineage(ledger: Ledger, job: str, epoch: int, depth: int = 16) -> 
         raise LineageError(f"epoch {epoch} of job {job!r} (its output {node.output!r}) is not committed yet; "
                            f"it has no lineage yet")
     covered = jobs.job_epoch(jobs.epoch_line(job), epoch)  # a new version uses the first version's epochs
-    entry: dict[str, Any] = {"job": job, "epoch": epoch, "output": node.output}
+    entry: Tree = {"job": job, "epoch": epoch, "output": node.output}
     if covered is None:
         entry["aligned"] = False
         offsets = {}
@@ -56,29 +66,71 @@ def job_epoch_lineage(ledger: Ledger, job: str, epoch: int, depth: int = 16) -> 
     return entry
 
 
-def subject_epoch_lineage(ledger: Ledger, subject: str, epoch: int, depth: int = 16) -> dict[str, Any]:
-    """The tree of an epoch of ``subject``: the jobs that wrote it and, through them, their inputs."""
+def spark_epoch_lineage(ledger: Ledger, subject: str, sink: str, epoch: int, depth: int = 16) -> Tree:
+    """The tree of epoch ``epoch`` of ``subject`` written by the Spark sink ``sink``: the micro-batch
+    that wrote it and, through the epochs that batch read, their lineage."""
+    records = SparkLineageLedger(ledger)
+    written = records.sink_epoch(subject, sink, epoch)
+    if written is None:
+        raise LineageError(f"epoch {epoch} of {subject!r} was not written by a micro-batch of Spark sink {sink!r}")
+    entry: Tree = {"job": sink, "epoch": epoch, "output": subject, "spark": True,
+                   "query": written.query, "batch": written.batch}
+    read = records.source_batch(written.query, written.batch) if written.query else {}
+    entry["aligned"] = bool(read)
+    entry["inputs"] = [
+        subject_epoch_lineage(ledger, node.subject, e, depth - 1)
+        for node in read.values() for e in range(node.first, node.last + 1)
+    ] if depth > 0 else []
+    return entry
+
+
+def subject_epoch_lineage(ledger: Ledger, subject: str, epoch: int, depth: int = 16) -> Tree:
+    """The tree of an epoch of ``subject``: the jobs and Spark sinks that wrote it and, through them,
+    their inputs. A writer that is neither (a plain producer, the epoch marker) ends the walk."""
     if not ledger.is_committed(subject, epoch):
         raise LineageError(f"epoch {epoch} of {subject!r} is not committed; it has no lineage yet")
-    writers = ledger.epoch_node(subject, epoch).writers
-    jobs = JobLedger(ledger)
-    producers: list[dict[str, Any]] = []
-    for sink in sorted({split_writer(w)[0] for w in writers}):
+    records, jobs = SparkLineageLedger(ledger), JobLedger(ledger)
+    producers: list[Tree] = []
+    for sink in sorted({split_writer(w)[0] for w in ledger.epoch_node(subject, epoch).writers}):
+        if depth <= 0:
+            break
+        if records.sink_epoch(subject, sink, epoch) is not None:
+            producers.append({"sink": sink, **spark_epoch_lineage(ledger, subject, sink, epoch, depth)})
+            continue
         try:
             job = jobs.job(sink)
         except UnknownJobError:
             producers.append({"sink": sink, "job": None})
             continue
-        if job.output == subject and depth > 0:
+        if job.output == subject:
             producers.append({"sink": sink, **job_epoch_lineage(ledger, sink, epoch, depth)})
     return {"subject": subject, "epoch": epoch, "producers": producers}
 
 
-def flatten(tree: dict[str, Any]) -> dict[str, list[int]]:
+def epoch_lineage(ledger: Ledger, job: str, epoch: int, subject: str | None = None) -> tuple[str, Tree]:
+    """(output subject, lineage tree) of epoch ``epoch`` of ``job``: a registered job (runtime, Faust, a
+    Spark query running as a job) or a Spark sink id (``subject`` picks the target when the same sink id
+    writes several subjects)."""
+    try:
+        node = JobLedger(ledger).job(job)
+    except UnknownJobError:
+        targets = spark_sink_subjects(ledger, job)
+        if not targets:
+            raise LineageError(f"unknown job {job!r}: neither a registered job nor a Spark sink id") from None
+        if len(targets) > 1:
+            if subject not in targets:
+                raise LineageError(f"Spark sink {job!r} writes several subjects {targets}; read one of them") \
+                    from None
+            targets = [subject]
+        return targets[0], spark_epoch_lineage(ledger, targets[0], job, epoch)
+    return node.output, job_epoch_lineage(ledger, job, epoch)
+
+
+def flatten(tree: Tree) -> dict[str, list[int]]:
     """All subject epochs a lineage tree contains, per subject (the consistent cut to read)."""
     out: dict[str, set[int]] = {}
 
-    def walk(node: dict[str, Any]) -> None:
+    def walk(node: Tree) -> None:
         if "subject" in node and "producers" in node:
             out.setdefault(node["subject"], set()).add(node["epoch"])
             for p in node["producers"]:
@@ -90,7 +142,34 @@ def flatten(tree: dict[str, Any]) -> dict[str, list[int]]:
     return {s: sorted(e) for s, e in sorted(out.items())}
 
 
-# ---- the Spark adapter's lineage records ------------------------------------------------------------
+def cut(ledger: Ledger, job: str, epoch: int, subject: str | None = None) -> dict[str, list[int]]:
+    """The consistent cut named by epoch ``epoch`` of ``job`` (a job or a Spark sink id): every subject
+    epoch it derives from, including the epoch of the job's own output."""
+    output, tree = epoch_lineage(ledger, job, epoch, subject)
+    out = flatten(tree)
+    out.setdefault(output, [])
+    if epoch not in out[output]:
+        out[output] = sorted([*out[output], epoch])
+    return dict(sorted(out.items()))
+
+
+def lineage_epochs(ledger: Ledger, spec: str, subject: str) -> list[int]:
+    """The epochs of ``subject`` in the cut named by ``spec`` = "JOB:EPOCH" (the Spark read option ``lineage``)."""
+    job, sep, raw = spec.rpartition(":")
+    if not sep or not job or not raw.strip().isdigit():
+        raise LineageError(f"option lineage={spec!r} must be 'JOB:EPOCH' (a job or Spark sink id and its epoch)")
+    epoch = int(raw)
+    ledger.subject(subject)  # raises UnknownSubjectError
+    found = cut(ledger, job, epoch, subject)
+    if subject not in found:
+        raise LineageError(
+            f"the consistent cut of {job}:{epoch} holds subjects {sorted(found)}, not {subject!r}; "
+            f"read one of those or name another job epoch"
+        )
+    return found[subject]
+
+
+# ---- where Spark queries record lineage --------------------------------------------------------------
 
 
 class SparkLineageLedger:
@@ -98,10 +177,9 @@ class SparkLineageLedger:
 
     Layout (under the ledger root)::
 
+        subjects/{subject}/sinks/{sink}/spark                       the sink's progress (the adapter's model)
         subjects/{subject}/sinks/{sink}/spark/epochs/{epoch:010d}   which micro-batch wrote a sink epoch
         spark/queries/{queryId}/batches/{batch:012d}/{subject}      which subject epochs a micro-batch read
-
-    Methods take the node model from the caller (the Spark adapter defines it), like ``Ledger.read``.
     """
 
     def __init__(self, ledger: Ledger) -> None:
@@ -129,21 +207,21 @@ class SparkLineageLedger:
 
     # ---- source batches -----------------------------------------------------------------------
 
-    def record_source_batch(self, node: M, query: str, batch: int, subject: str, kept: int) -> M:
-        """Create-if-absent the record of what micro-batch ``batch`` read of ``subject``; returns the
-        record that stands (an earlier one wins: the caller compares). A new record drops the batch
-        ``kept`` batches older, so a query's records stay bounded."""
-        path = self.source_batch_path(query, batch, subject)
+    def record_source_batch(self, node: SparkSourceBatchNode, kept: int = SOURCE_BATCHES_KEPT) -> SparkSourceBatchNode:
+        """Create-if-absent the record of what a micro-batch read of a subject; returns the record that
+        stands (an earlier one wins: the caller compares). A new record drops the batch ``kept`` batches
+        older, so a query's records stay bounded."""
+        path = self.source_batch_path(node.query, node.batch, node.subject)
         try:
             self.ledger.zk.create(path, node.dump(), makepath=True)
         except NodeExistsError:
-            return parse(type(node), path, self.ledger.zk.get(path)[0])
-        if batch >= kept:
+            return parse(SparkSourceBatchNode, path, self.ledger.zk.get(path)[0])
+        if node.batch >= kept:
             with contextlib.suppress(NoNodeError):
-                self.ledger.zk.delete(self.batch_path(query, batch - kept), recursive=True)
+                self.ledger.zk.delete(self.batch_path(node.query, node.batch - kept), recursive=True)
         return node
 
-    def source_batch(self, model: type[M], query: str, batch: int) -> dict[str, M]:
+    def source_batch(self, query: str, batch: int) -> dict[str, SparkSourceBatchNode]:
         """What one micro-batch of a query read, per subject ({} when nothing was recorded)."""
         base = self.batch_path(query, batch)
         try:
@@ -154,7 +232,7 @@ class SparkLineageLedger:
         for name in sorted(names):
             path = f"{base}/{name}"
             with contextlib.suppress(NoNodeError):
-                out[name] = parse(model, path, self.ledger.zk.get(path)[0])
+                out[name] = parse(SparkSourceBatchNode, path, self.ledger.zk.get(path)[0])
         return out
 
     def queries(self) -> list[str]:
@@ -193,14 +271,14 @@ class SparkLineageLedger:
 
     # ---- sink epochs --------------------------------------------------------------------------
 
-    def sink_epoch(self, model: type[M], subject: str, sink: str, epoch: int) -> M | None:
+    def sink_epoch(self, subject: str, sink: str, epoch: int) -> SparkSinkEpochNode | None:
         """Which micro-batch wrote epoch ``epoch`` of ``subject`` through Spark sink ``sink`` (None: none)."""
         path = self.sink_epoch_path(subject, sink, epoch)
         try:
             raw, _ = self.ledger.zk.get(path)
         except NoNodeError:
             return None
-        return parse(model, path, raw)
+        return parse(SparkSinkEpochNode, path, raw)
 
     def sink_epoch_numbers(self, subject: str, sink: str) -> list[int]:
         """The epochs of ``subject`` that the Spark sink ``sink`` recorded, in order."""
@@ -212,3 +290,69 @@ class SparkLineageLedger:
     def sink_subjects(self, sink: str) -> list[str]:
         """Subjects that a Spark sink with this id writes."""
         return [s for s in self.ledger.subject_names() if self.ledger.zk.exists(self.progress_path(s, sink))]
+
+
+# ---- recording and reading Spark lineage ----------------------------------------------------------
+
+
+def record_source_batch(ledger: Ledger, query: str, batch: int, subject: str, first: int, last: int,
+                        job_span: tuple[int, int] | None = None) -> None:
+    """Create-if-absent: micro-batch ``batch`` of ``query`` read epochs first..last of ``subject``
+    (and, for a query running as an aligned job, covered job epochs ``job_span``)."""
+    job_first, job_last = job_span if job_span is not None else (None, None)
+    node = SparkSourceBatchNode(query=query, batch=batch, subject=subject, first=first, last=last,
+                                job_first=job_first, job_last=job_last)
+    old = SparkLineageLedger(ledger).record_source_batch(node)
+    if (old.first, old.last) != (first, last):
+        raise LineageError(
+            f"micro-batch {batch} of Spark query {query} was recorded reading epochs {old.first}..{old.last} "
+            f"of {subject!r}, now it plans {first}..{last}; the query's checkpoint does not match its lineage"
+        )
+
+
+def source_batch(ledger: Ledger, query: str, batch: int) -> dict[str, SparkSourceBatchNode]:
+    """What one micro-batch of a query read, per subject ({} when nothing was recorded)."""
+    return SparkLineageLedger(ledger).source_batch(query, batch)
+
+
+def sink_epoch(ledger: Ledger, subject: str, sink: str, epoch: int) -> SparkSinkEpochNode | None:
+    return SparkLineageLedger(ledger).sink_epoch(subject, sink, epoch)
+
+
+def sink_lineage(ledger: Ledger, subject: str, sink: str) -> dict[int, SparkSinkEpochNode]:
+    """Every epoch of ``subject`` the Spark sink ``sink`` wrote, with its (query, batch)."""
+    records = SparkLineageLedger(ledger)
+    out = {}
+    for epoch in records.sink_epoch_numbers(subject, sink):
+        node = records.sink_epoch(subject, sink, epoch)
+        if node is not None:
+            out[node.epoch] = node
+    return out
+
+
+def spark_sink_subjects(ledger: Ledger, sink: str) -> list[str]:
+    """Subjects that a Spark sink with this id writes."""
+    return SparkLineageLedger(ledger).sink_subjects(sink)
+
+
+def query_status(ledger: Ledger, query: str) -> dict[str, Any]:
+    """A streaming query as ``aligner status`` shows it: its last micro-batch, the subject epochs that
+    batch read, and how far behind each subject's last committed epoch it is (epochs and seconds)."""
+    spark = SparkLineageLedger(ledger)
+    batch = spark.last_batch(query)
+    read = spark.source_batch(query, batch) if batch is not None else {}
+    subjects = {}
+    for subject, node in read.items():
+        frontier = ledger.frontier(subject)
+        behind = 0 if frontier is None else max(0, frontier - node.last)
+        seconds = 0.0
+        if behind:
+            oldest = ledger.committed(subject, node.last + 1)
+            seconds = max(0.0, (now_ms() - oldest.committed_at) / 1000)
+        subjects[subject] = {"first": node.first, "last": node.last, "behind_epochs": behind,
+                             "behind_seconds": round(seconds, 2)}
+    return {"query": query, "batch": batch, "subjects": subjects}
+
+
+def query_statuses(ledger: Ledger) -> list[dict[str, Any]]:
+    return [query_status(ledger, q) for q in SparkLineageLedger(ledger).queries()]

@@ -396,7 +396,7 @@ def _subject_status(led: Ledger, name: str) -> dict[str, Any]:
 @app.command()
 def status(as_json: JsonFlag = False) -> None:
     """Subjects with their epochs, sinks and producers."""
-    from aligner.connectors.spark.lineage import query_statuses
+    from aligner.lineage import query_statuses
 
     with ledger() as led:
         rows = [_subject_status(led, n) for n in led.subject_names()]
@@ -643,18 +643,18 @@ def abort(
 
 @app.command()
 def lineage(
-    job: Annotated[str | None, typer.Option(callback=_name, help="A job id")] = None,
+    job: Annotated[str | None, typer.Option(callback=_name, help="A job or Spark sink id")] = None,
     subject: Annotated[str | None, typer.Option(callback=_name, help="A subject")] = None,
     epoch: Annotated[int, typer.Option(min=0, help="The job or subject epoch")] = 0,
     as_json: JsonFlag = False,
 ) -> None:
-    """Which upstream subject epochs an epoch of a job (or subject) contains, transitively."""
-    from aligner.lineage import flatten, job_epoch_lineage, subject_epoch_lineage
+    """Which upstream subject epochs an epoch of a job, a Spark sink or a subject contains, transitively."""
+    from aligner.lineage import epoch_lineage, flatten, subject_epoch_lineage
 
     if (job is None) == (subject is None):
         usage("give exactly one of --job or --subject")
     with ledger() as led:
-        tree = job_epoch_lineage(led, job, epoch) if job else subject_epoch_lineage(led, subject or "", epoch)
+        tree = epoch_lineage(led, job, epoch)[1] if job else subject_epoch_lineage(led, subject or "", epoch)
     cut = flatten(tree)
     if not emit({"lineage": tree, "cut": cut}, as_json):
         for s, epochs_ in cut.items():

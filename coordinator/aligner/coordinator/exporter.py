@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from aligner.alignment import State
 from aligner.coordinator.alignment import Coordinator
 from aligner.ledger import Ledger
+from aligner.lineage import query_statuses
 from aligner.models import now_ms
 from aligner.swap import Phase
 
@@ -45,8 +46,6 @@ class Snapshot:
 
 
 def take(ledger: Ledger) -> Snapshot:
-    from aligner.connectors.spark.lineage import query_statuses
-
     snap = Snapshot(taken=time.monotonic())
     for subject in ledger.subject_names():
         last = ledger.frontier(subject)

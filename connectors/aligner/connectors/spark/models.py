@@ -1,5 +1,8 @@
 """ZooKeeper payloads of the Spark adapter: pydantic models read back through ``aligner.models.parse``.
 
+The two lineage records live in :mod:`aligner.lineage_models` (the engine-free lineage walker reads
+them) and are re-exported here.
+
 Layout (all under the ledger root)::
 
     subjects/{subject}/sinks/{sink}/spark                       SparkProgressNode  (compare-and-set)
@@ -13,9 +16,12 @@ offset log before it runs, so every task and every re-run records the same span)
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from aligner.models import Ident, Node, now_ms
+from aligner.lineage_models import SparkSinkEpochNode, SparkSourceBatchNode
+from aligner.models import Node, now_ms
+
+__all__ = ["SparkProgressNode", "SparkSinkEpochNode", "SparkSourceBatchNode"]
 
 
 class SparkProgressNode(Node):
@@ -30,32 +36,3 @@ class SparkProgressNode(Node):
     job_epoch: int | None = Field(default=None, ge=0)
     """A query running as an aligned job: the last job epoch its batches covered."""
     updated_at: int = Field(default_factory=now_ms)
-
-
-class SparkSinkEpochNode(Node):
-    """Lineage of one epoch a Spark sink committed: the query and micro-batch that wrote it."""
-
-    query: str | None
-    batch: int = Field(ge=0)
-    epoch: int = Field(ge=0)
-    created_at: int = Field(default_factory=now_ms)
-
-
-class SparkSourceBatchNode(Node):
-    """Lineage of one micro-batch of a streaming read: the subject epochs [first, last] it covered."""
-
-    query: str
-    batch: int = Field(ge=0)
-    subject: Ident
-    first: int = Field(ge=0)
-    last: int = Field(ge=0)
-    job_first: int | None = Field(default=None, ge=0)
-    """A query running as an aligned job: the job epochs [job_first, job_last] the batch covers."""
-    job_last: int | None = Field(default=None, ge=0)
-    created_at: int = Field(default_factory=now_ms)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> SparkSourceBatchNode:
-        if self.last < self.first:
-            raise ValueError(f"last epoch {self.last} < first epoch {self.first}")
-        return self
