@@ -15,6 +15,7 @@ from aligner.errors import (
 )
 from aligner.ledger import Claim, Ledger
 from aligner.models import Range, SubjectNode
+from aligner.ops import Create
 
 
 def _subject(ledger: Ledger, name: str, partitions: int = 4) -> SubjectNode:
@@ -224,12 +225,12 @@ def test_commit_epoch_commits_several_subjects_at_once_or_not_at_all(ledger, sub
     marker = f"{ledger.layout.root}/marker"
     fresh = ledger.reincarnate(cl)  # a newer incarnation of the changelog producer: cl is a zombie now
     with pytest.raises(FencedError, match=f"j:0 of {other!r}"):
-        ledger.commit_epoch(1, parts(out, cl), [("create", marker, b"")])
+        ledger.commit_epoch(1, parts(out, cl), [Create(marker)])
     assert not ledger.zk.exists(marker) and not ledger.is_committed(subject_name, 1)
     assert ledger.producers(subject_name, "j")[0].committed_epoch == 0  # the output's part rolled back too
     with pytest.raises(AlignerError, match="contributes twice"):
         ledger.commit_epoch(1, [*parts(out, fresh), Contribution(out, 1, {0: Range(start=0, end=0)})])
-    out, fresh = ledger.commit_epoch(1, parts(out, fresh), [("create", marker, b"")])
+    out, fresh = ledger.commit_epoch(1, parts(out, fresh), [Create(marker)])
     assert ledger.zk.exists(marker) and ledger.is_committed(subject_name, 1) and ledger.is_committed(other, 1)
     assert ledger.committed(other, 1).offsets == {0: (7, 9)} and (out.next_epoch, fresh.next_epoch) == (2, 2)
     # Producers of several subjects commit the same epoch number, or nothing.

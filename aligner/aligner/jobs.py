@@ -26,6 +26,7 @@ from aligner.models import (
     WorkerEpochNode,
     parse,
 )
+from aligner.ops import Create, Op, raise_failure
 
 log = logging.getLogger("aligner.jobs")
 
@@ -44,14 +45,11 @@ class JobLedger:
         lay = self.layout
         self.zk.ensure_path(lay.jobs)
         # One multi-op: a visible job node always has its sources, command and consumer nodes.
-        t = self.zk.transaction()
-        t.create(lay.job(node.job), node.dump())
-        t.create(f"{lay.job(node.job)}/sources", b"")
+        ops: list[Op] = [Create(lay.job(node.job), node.dump()), Create(lay.sources(node.job))]
         for subject in node.inputs:
-            t.create(lay.source(node.job, subject), b"")
-            t.create(lay.command(node.job, subject), CommandNode().dump())
-            t.create(lay.consumers(node.job, subject), b"")
-        results = t.commit()
+            ops += [Create(lay.source(node.job, subject)), Create(lay.command(node.job, subject), CommandNode().dump()),
+                    Create(lay.consumers(node.job, subject))]
+        results = self.ledger.multi(*ops)
         if isinstance(results[0], NodeExistsError):
             existing = self.job(node.job)
             if not existing.same_shape(node):
@@ -61,9 +59,7 @@ class JobLedger:
                     "different shape"
                 ) from None
             return existing
-        for r in results:
-            if isinstance(r, Exception):
-                raise r
+        raise_failure(results)
         return node
 
     def job(self, job: str) -> JobNode:
@@ -190,9 +186,9 @@ class JobLedger:
     def worker_epoch(self, job: str, worker: int, epoch: int) -> WorkerEpochNode:
         return self.ledger.read(WorkerEpochNode, self.layout.worker_epoch(job, worker, epoch))[0]
 
-    def worker_epoch_op(self, job: str, worker: int, node: WorkerEpochNode) -> tuple[str, str, bytes]:
+    def worker_epoch_op(self, job: str, worker: int, node: WorkerEpochNode) -> Create:
         """The create op that commits a worker epoch atomically with its sink's commit."""
-        return ("create", self.layout.worker_epoch(job, worker, node.epoch), node.dump())
+        return Create(self.layout.worker_epoch(job, worker, node.epoch), node.dump())
 
     def ensure_worker_path(self, job: str, worker: int) -> None:
         self.zk.ensure_path(self.layout.worker_epochs(job, worker))

@@ -92,8 +92,11 @@ class Layout:
     def worker_epoch(self, job: str, worker: int, epoch: int) -> str:
         return f"{self.worker_epochs(job, worker)}/{epoch_name(epoch)}"
 
+    def sources(self, job: str) -> str:
+        return f"{self.job(job)}/sources"
+
     def source(self, job: str, subject: str) -> str:
-        return f"{self.job(job)}/sources/{subject}"
+        return f"{self.sources(job)}/{subject}"
 
     def command(self, job: str, subject: str) -> str:
         return f"{self.source(job, subject)}/command"

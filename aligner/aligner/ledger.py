@@ -58,6 +58,7 @@ from aligner.models import (
     WritersNode,
     parse,
 )
+from aligner.ops import Check, Create, Op, SetData, failed_with, first_failure, raise_failure
 from aligner.settings import zk_security
 from aligner.zk import RetryingClient, tls_mismatch
 
@@ -120,12 +121,6 @@ class Contribution:
 
 _PIPELINE_EPOCHS = 500
 """Epochs whose reads ``committed_many`` keeps in flight at once."""
-
-
-def _raise_first(results: Sequence[object]) -> None:
-    for r in results:
-        if isinstance(r, Exception) and type(r).__name__ not in ("RolledBackError", "RuntimeInconsistency"):
-            raise r
 
 
 class Ledger:
@@ -223,22 +218,19 @@ class Ledger:
         self._trip("read")
         return self.zk.get_children(path)
 
-    def _multi(self, *ops: tuple[Any, ...]) -> list[object]:
-        """One multi-op round trip; ops are ("create", path, data), ("set", path, data, version)
-        or ("check", path, version). Failed ops come back as exception instances."""
-        t = self.zk.transaction()
-        for kind, *args in ops:
-            {"create": t.create, "set": t.set_data, "check": t.check}[kind](*args)
-        self._trip("multi")
-        return t.commit()
+    def multi(self, *ops: Op) -> list[object]:
+        """One multi-op round trip; a failed op comes back as its exception (read with aligner.ops)."""
+        return self._multi(*ops)
 
-    def _multi_async(self, *ops: tuple[Any, ...]) -> Any:
-        """Like ``_multi`` but returns the kazoo async result at once; ``.get()`` gives the results."""
-        t = self.zk.transaction()
-        for kind, *args in ops:
-            {"create": t.create, "set": t.set_data, "check": t.check}[kind](*args)
+    def _multi(self, *ops: Op) -> list[object]:
+        """The executor behind ``multi`` (tests/test_stamped.py wraps it to record a commit's ops)."""
         self._trip("multi")
-        return t.commit_async()
+        return self.zk.transaction(ops).commit()
+
+    def multi_async(self, *ops: Op) -> Any:
+        """Like ``multi`` but returns at once; ``.get()`` gives the results."""
+        self._trip("multi")
+        return self.zk.transaction(ops).commit_async()
 
     # ---- subjects -----------------------------------------------------------------------------
 
@@ -246,11 +238,11 @@ class Ledger:
         """Create a subject, or return the existing one when it has the same shape."""
         lay = self.layout
         self.zk.ensure_path(lay.subjects)
-        results = self._multi(
-            ("create", lay.subject(node.name), node.dump()),
-            ("create", lay.writers(node.name), WritersNode().dump()),
-            ("create", lay.sinks(node.name), b""),
-            ("create", lay.epochs(node.name), b""),
+        results = self.multi(
+            Create(lay.subject(node.name), node.dump()),
+            Create(lay.writers(node.name), WritersNode().dump()),
+            Create(lay.sinks(node.name)),
+            Create(lay.epochs(node.name)),
         )
         if isinstance(results[0], NodeExistsError):
             existing = self.subject(node.name)
@@ -260,7 +252,7 @@ class Ledger:
                     f"{existing.partitions} partitions and {len(existing.fields)} fields; refusing to change it"
                 )
             return existing
-        _raise_first(results)
+        raise_failure(results)
         return node
 
     def subject(self, name: str) -> SubjectNode:
@@ -336,7 +328,7 @@ class Ledger:
                                e.first_epoch).next_epoch
                          for c, e in zip(claims, entries, strict=True) if e is not None]
                 first = max(not_before, *known[:1], *(self._last_epoch(claims[i].subject) + 1 for i in new))
-                ops: list[tuple[Any, ...]] = []
+                ops: list[Op] = []
                 nodes: dict[int, ProducerNode] = {}
                 for i in new:
                     c, parts, (doc, version) = claims[i], wanted[i], docs[i]
@@ -346,13 +338,13 @@ class Ledger:
                     nodes[i] = ProducerNode(sink=sink, producer=producer, partitions=parts, incarnation=1,
                                             owner=uuid.uuid4().hex, next_offsets={p: offsets[p] for p in parts})
                     epoch = EpochNode(epoch=first, writers=updated.expected(first))
-                    ops += [("set", lay.writers(c.subject), updated.dump(), version),
-                            ("create", lay.producer(c.subject, sink, producer), nodes[i].dump()),
-                            ("create", lay.epoch(c.subject, first), epoch.dump())]
-                results = self._multi(*ops)
-                if any(isinstance(r, (BadVersionError, NodeExistsError)) for r in results):
+                    ops += [SetData(lay.writers(c.subject), updated.dump(), version),
+                            Create(lay.producer(c.subject, sink, producer), nodes[i].dump()),
+                            Create(lay.epoch(c.subject, first), epoch.dump())]
+                results = self.multi(*ops)
+                if failed_with(results, BadVersionError, NodeExistsError):
                     continue  # someone claimed or created an epoch meanwhile (or our reply was lost): look again
-                _raise_first(results)
+                raise_failure(results)
             return [Lease(c.subject, nodes[i], 0, first) if i in new
                     else self._reincarnate(c.subject, sink, producer, entries[i].first_epoch)  # type: ignore[union-attr]
                     for i, c in enumerate(claims)]
@@ -383,14 +375,14 @@ class Ledger:
             updated = WritersNode(writers={**doc.writers, **entries})
             nodes = {p: ProducerNode(sink=sink, producer=p, partitions=wanted[p], incarnation=1, owner=uuid.uuid4().hex,
                                      next_offsets={q: offsets[q] for q in wanted[p]}) for p in new}
-            ops: list[tuple[Any, ...]] = [("set", lay.writers(subject), updated.dump(), version)]
-            ops += [("create", lay.producer(subject, sink, p), nodes[p].dump()) for p in new]
+            ops: list[Op] = [SetData(lay.writers(subject), updated.dump(), version)]
+            ops += [Create(lay.producer(subject, sink, p), nodes[p].dump()) for p in new]
             epoch = EpochNode(epoch=first, writers=updated.expected(first))
-            ops.append(("create", lay.epoch(subject, first), epoch.dump()))
-            results = self._multi(*ops)
-            if any(isinstance(r, (BadVersionError, NodeExistsError)) for r in results):
+            ops.append(Create(lay.epoch(subject, first), epoch.dump()))
+            results = self.multi(*ops)
+            if failed_with(results, BadVersionError, NodeExistsError):
                 continue  # someone claimed or created an epoch meanwhile (or our reply was lost): look again
-            _raise_first(results)
+            raise_failure(results)
             return [Lease(subject, nodes[p], 0, first) for p in new]
 
     def _claimable(self, claim: Claim, sink: str) -> tuple[int, ...]:
@@ -504,29 +496,26 @@ class Ledger:
                                                   pending.result)
         while True:
             results = inflight.get()
-            if isinstance(results[0], NodeExistsError) or not any(isinstance(r, Exception) for r in results):
+            if first_failure(results) is None or isinstance(results[0], NodeExistsError):
                 return doc, version
             if isinstance(results[1], BadVersionError):
                 doc, version = self.writers(subject)
                 inflight = self._ensure_multi(subject, epoch, doc, version)
                 continue
-            _raise_first(results)
+            raise_failure(results)
 
     def _ensure_multi(self, subject: str, epoch: int, doc: WritersNode, version: int) -> Any:
         lay = self.layout
         node = EpochNode(epoch=epoch, writers=doc.expected(epoch))
-        return self._multi_async(
-            ("create", lay.epoch(subject, epoch), node.dump()),
-            ("check", lay.writers(subject), version),
-        )
+        return self.multi_async(Create(lay.epoch(subject, epoch), node.dump()), Check(lay.writers(subject), version))
 
     def commit(self, lease: Lease, epoch: int, attempt: int | None, ranges: Mapping[int, Range],
-               extra: Sequence[tuple[Any, ...]] = (), counts: Mapping[int, int] | None = None) -> Lease:
+               extra: Sequence[Op] = (), counts: Mapping[int, int] | None = None) -> Lease:
         """Round trip 2 for one producer: :meth:`commit_epoch` with a single contribution."""
         return self.commit_epoch(epoch, [Contribution(lease, attempt, ranges, counts)], extra)[0]
 
     def commit_epoch(self, epoch: int, contributions: Sequence[Contribution],
-                     extra: Sequence[tuple[Any, ...]] = ()) -> list[Lease]:
+                     extra: Sequence[Op] = ()) -> list[Lease]:
         """Round trip 2: the ZooKeeper commit of ``epoch`` by one or several producers, in one multi-op.
 
         The Kafka commit came first. Every producer must commit ``epoch`` next (producers of several
@@ -538,7 +527,7 @@ class Ledger:
         if not contributions:
             raise AlignerError(f"epoch {epoch}: nothing to commit")
         lay = self.layout
-        ops: list[tuple[Any, ...]] = []
+        ops: list[Op] = []
         nodes: list[ProducerNode] = []
         seen: set[tuple[str, str]] = set()
         for c in contributions:
@@ -553,11 +542,10 @@ class Ledger:
                                         "next_offsets": {p: r.end for p, r in c.ranges.items()}})
             nodes.append(node)
             # The fencing check goes first: ZooKeeper reports only the first failing op of a multi.
-            ops.append(("set", lay.producer(lease.subject, n.sink, n.producer), node.dump(), lease.version))
-            ops.append(("create", lay.contribution(lease.subject, epoch, lease.writer), contribution.dump()))
+            ops.append(SetData(lay.producer(lease.subject, n.sink, n.producer), node.dump(), lease.version))
+            ops.append(Create(lay.contribution(lease.subject, epoch, lease.writer), contribution.dump()))
         results = self._multi(*ops, *extra)
-        failed = next((i for i, r in enumerate(results) if isinstance(r, Exception)
-                       and type(r).__name__ not in ("RolledBackError", "RuntimeInconsistency")), None)
+        failed = first_failure(results)
         if failed is None:
             return [Lease(c.lease.subject, node, results[2 * i].version, c.lease.first_epoch)  # type: ignore[attr-defined]
                     for i, (c, node) in enumerate(zip(contributions, nodes, strict=True))]

@@ -32,7 +32,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
@@ -45,6 +45,7 @@ from kazoo.retry import KazooRetry
 from aligner.acl import AclPolicy
 from aligner.errors import AccessDeniedError, StoppedError
 from aligner.metrics import ZK_CONNECTED, ZK_OUTAGES
+from aligner.ops import VERB, Check, Create, Delete, Op, SetData
 from aligner.settings import ZkTls
 
 log = logging.getLogger("aligner.zk")
@@ -54,34 +55,45 @@ _SLICE = 0.25
 
 
 class Transaction:
-    """A kazoo multi-op whose commit goes through the client's retry policy."""
+    """A multi-op of typed ops (:mod:`aligner.ops`) whose commit goes through the client's retry policy.
 
-    def __init__(self, client: RetryingClient) -> None:
+    Every create gets the ACL of its path here, so no recipe can forget it."""
+
+    def __init__(self, client: RetryingClient, ops: Iterable[Op] = ()) -> None:
         self._client = client
-        self._ops: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.ops: list[Op] = list(ops)
 
-    def create(self, path: str, value: bytes = b"", **kwargs: Any) -> None:
-        acl = self._client.policy.acl(path)
-        if acl is not None and kwargs.get("acl") is None:
-            kwargs["acl"] = acl
-        self._ops.append(("create", (path, value), kwargs))
+    def add(self, *ops: Op) -> Transaction:
+        self.ops.extend(ops)
+        return self
 
-    def set_data(self, *args: Any, **kwargs: Any) -> None:
-        self._ops.append(("set_data", args, kwargs))
+    def create(self, path: str, value: bytes = b"") -> None:
+        self.ops.append(Create(path, value))
 
-    def check(self, *args: Any, **kwargs: Any) -> None:
-        self._ops.append(("check", args, kwargs))
+    def set_data(self, path: str, value: bytes, version: int = -1) -> None:
+        self.ops.append(SetData(path, value, version))
 
-    def delete(self, *args: Any, **kwargs: Any) -> None:
-        self._ops.append(("delete", args, kwargs))
+    def check(self, path: str, version: int) -> None:
+        self.ops.append(Check(path, version))
+
+    def delete(self, path: str, version: int = -1) -> None:
+        self.ops.append(Delete(path, version))
 
     def _build(self) -> Any:
         t = self._client.kazoo.transaction()
-        for kind, args, kwargs in self._ops:
-            getattr(t, kind)(*args, **kwargs)
+        for op in self.ops:
+            if isinstance(op, Create):
+                t.create(op.path, op.data, acl=self._client.policy.acl(op.path))
+            elif isinstance(op, SetData):
+                t.set_data(op.path, op.data, op.version)
+            elif isinstance(op, Check):
+                t.check(op.path, op.version)
+            else:
+                t.delete(op.path, op.version)
         return t
 
     def commit(self) -> list[object]:
+        """The per-op results: a failed multi-op has its failing op's exception in place (see aligner.ops)."""
         return self._checked(self._client.call(lambda: self._build().commit_async()))
 
     def commit_async(self) -> Any:
@@ -90,10 +102,9 @@ class Transaction:
 
     def _checked(self, results: list[object]) -> list[object]:
         """A multi-op refused under the ACLs fails as a whole: raise it, naming the refused op's path."""
-        for (kind, args, _kw), result in zip(self._ops, results, strict=False):
+        for op, result in zip(self.ops, results, strict=False):
             if isinstance(result, NoAuthError):
-                op = {"create": "create", "set_data": "write", "delete": "delete", "check": "read"}[kind]
-                raise AccessDeniedError(op, args[0], self._client.policy.identity)
+                raise AccessDeniedError(VERB[type(op)], op.path, self._client.policy.identity)
         return results
 
 
@@ -281,8 +292,8 @@ class RetryingClient:
             self.create(path)
         return True
 
-    def transaction(self) -> Transaction:
-        return Transaction(self)
+    def transaction(self, ops: Iterable[Op] = ()) -> Transaction:
+        return Transaction(self, ops)
 
     def get_async(self, path: str) -> _Deferred:
         return _Deferred(self, lambda: self.kazoo.get_async(path), path=path)

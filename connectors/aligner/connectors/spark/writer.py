@@ -75,6 +75,7 @@ from aligner.layout import writer_id
 from aligner.ledger import Contribution, Lease, Ledger
 from aligner.lineage import SparkLineageLedger
 from aligner.models import ProducerNode, Range
+from aligner.ops import Create, Op, SetData
 from aligner.stamps import Stamp
 
 log = logging.getLogger("aligner.spark.writer")
@@ -205,14 +206,14 @@ def commit_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any], ba
     progress_node = SparkProgressNode(query=query, batch=batch_id, epoch=epoch, producers=n,
                                       job_epoch=job_epoch).dump()
     if progress_version < 0:  # the first batch: the progress node and its epochs folder come with it
-        progress_ops: list[tuple[Any, ...]] = [("create", progress_path(ledger, subject, sink), progress_node),
-                                               ("create", sink_epochs_path(ledger, subject, sink), b"")]
+        progress_ops: list[Op] = [Create(progress_path(ledger, subject, sink), progress_node),
+                                  Create(sink_epochs_path(ledger, subject, sink))]
     else:
-        progress_ops = [("set", progress_path(ledger, subject, sink), progress_node, progress_version)]
+        progress_ops = [SetData(progress_path(ledger, subject, sink), progress_node, progress_version)]
     lineage = SparkSinkEpochNode(query=query, batch=batch_id, epoch=epoch).dump()
     try:
         ledger.commit_epoch(epoch, contributions,
-                            [*progress_ops, ("create", sink_epoch_path(ledger, subject, sink, epoch), lineage)])
+                            [*progress_ops, Create(sink_epoch_path(ledger, subject, sink, epoch), lineage)])
     except (FencedError, BadVersionError, NodeExistsError) as exc:
         raise FencedError(
             f"batch {batch_id} of sink {sink!r} on {subject!r}: another writer changed the sink while this "
@@ -326,13 +327,13 @@ def _commit_void(ledger: Ledger, spec: SinkSpec, n: int, query: str | None, batc
         empties = [Contribution(lease, None, {p: Range(start=o, end=o) for p, o in lease.node.next_offsets.items()})
                    for lease in leases]
     if progress_version < 0:
-        progress_ops: list[tuple[Any, ...]] = [("create", progress_path(ledger, subject, sink), progress.dump()),
-                                               ("create", sink_epochs_path(ledger, subject, sink), b"")]
+        progress_ops: list[Op] = [Create(progress_path(ledger, subject, sink), progress.dump()),
+                                  Create(sink_epochs_path(ledger, subject, sink))]
     else:
-        progress_ops = [("set", progress_path(ledger, subject, sink), progress.dump(), progress_version)]
+        progress_ops = [SetData(progress_path(ledger, subject, sink), progress.dump(), progress_version)]
     if empties:  # the target epoch's lineage: written by this batch (voided)
         lineage = SparkSinkEpochNode(query=query, batch=batch_id, epoch=last).dump()
-        progress_ops.append(("create", sink_epoch_path(ledger, subject, sink, last), lineage))
+        progress_ops.append(Create(sink_epoch_path(ledger, subject, sink, last), lineage))
     try:
         ledger.commit_epoch(last, [*empties, *shadow], progress_ops)
     except (FencedError, BadVersionError, NodeExistsError) as exc:
