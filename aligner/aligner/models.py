@@ -7,6 +7,7 @@ Payloads are JSON. Reading goes through :func:`parse`, which turns any validatio
 from __future__ import annotations
 
 import time
+from enum import StrEnum
 from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
@@ -278,12 +279,31 @@ class CommandNode(Node):
     written_at: int = Field(default_factory=now_ms)
 
 
+class DecisionPhase(StrEnum):
+    """Where the coordinator's alignment of a job stands (recorded before it takes effect)."""
+
+    CATCHING_UP = "catching_up"
+    ALIGNING = "aligning"
+    ALIGNED = "aligned"
+    ABORTING = "aborting"
+    ABORTED = "aborted"
+
+
+class Phase(StrEnum):
+    """Where a hot-swap stands: its two-phase commit (see :mod:`aligner.swap`)."""
+
+    PRECOMMIT = "precommit"
+    COMMIT = "commit"
+    DONE = "done"
+    ABORTED = "aborted"
+
+
 class AlignmentDecision(Node):
     """The coordinator's decision for a job, written before it takes effect so a new leader resumes it."""
 
     job: Ident
     subjects: tuple[Ident, ...]
-    phase: Literal["catching_up", "aligning", "aligned", "aborting", "aborted"]
+    phase: DecisionPhase
     seq: int
     subject_epochs: dict[str, int] = {}
     job_epoch: int | None = None
@@ -302,6 +322,6 @@ class SwapNode(Node):
     new: Ident
     target: Ident
     epoch: int = Field(ge=0)
-    phase: Literal["precommit", "commit", "done", "aborted"]
+    phase: Phase
     seq: int = 1
     updated_at: int = Field(default_factory=now_ms)

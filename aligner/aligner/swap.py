@@ -17,14 +17,10 @@ from collections.abc import Iterable
 from enum import StrEnum
 
 from aligner.errors import AlignerError, IllegalTransition
-from aligner.models import SwapNode, now_ms
+from aligner.models import Phase, SwapNode, now_ms
 
-
-class Phase(StrEnum):
-    PRECOMMIT = "precommit"
-    COMMIT = "commit"
-    DONE = "done"
-    ABORTED = "aborted"
+__all__ = ["Acks", "Gate", "Phase", "abort", "acks", "awaits_target", "choose", "commit", "finish", "gate",
+           "precommit"]
 
 
 class Gate(StrEnum):
@@ -85,12 +81,12 @@ def choose(now: int, margin: int, at_epoch: int | None) -> int:
 def precommit(previous: SwapNode | None, old: str, new: str, target: str, epoch: int) -> SwapNode:
     if previous is not None and previous.phase in (Phase.COMMIT, Phase.DONE):
         raise IllegalTransition(Phase(previous.phase), "precommit")
-    return SwapNode(old=old, new=new, target=target, epoch=epoch, phase=Phase.PRECOMMIT.value,
+    return SwapNode(old=old, new=new, target=target, epoch=epoch, phase=Phase.PRECOMMIT,
                     seq=(previous.seq + 1) if previous else 1)
 
 
 def _to(swap: SwapNode, phase: Phase) -> SwapNode:
-    return swap.model_copy(update={"phase": phase.value, "updated_at": now_ms()})
+    return swap.model_copy(update={"phase": phase, "updated_at": now_ms()})
 
 
 def commit(swap: SwapNode) -> SwapNode:
