@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 EXTRAS ?= test,local,plots,spark,faust
 
-.PHONY: setup zookeeper test demo experiments bench bench-spark lint clean chaos
+.PHONY: setup zookeeper test test-unit typecheck demo experiments bench bench-spark lint clean chaos
 
 setup: $(STAMP) zookeeper
 
@@ -24,9 +24,19 @@ zookeeper:
 	   ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq zookeeper))
 	@command -v java >/dev/null || $(SUDO) apt-get install -y -qq default-jre-headless
 
-test: setup
+# The whole suite: ruff, mypy, then every test against the real embedded stack (about 25 minutes on 2 cores).
+test: setup typecheck
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -ra --durations=20
+
+# The pure tests only (protocol machines and their properties, models, layers, codecs): no stack, under a minute.
+test-unit: setup
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -m "not stack"
+
+# Every import of the library resolved (the three roots of the namespace package `aligner`, see pyproject.toml).
+typecheck: setup
+	$(VENV)/bin/mypy -p aligner -p aligner.connectors -p aligner.coordinator
 
 demo: setup
 	$(PY) -m experiments.demo

@@ -55,9 +55,26 @@ _watchdog_file: Any = None
 
 def pytest_configure(config: pytest.Config) -> None:
     global _watchdog_file
+    config.addinivalue_line("markers", "stack: needs the embedded stack (ZooKeeper, broker) or other processes; "
+                            "`make test-unit` runs the rest (pytest -m 'not stack')")
     # Output capture is suspended now: fd 2 is the real stderr, and stays reachable through this copy
     # while a test's output is captured.
     _watchdog_file = os.fdopen(os.dup(2), "w")
+
+
+PROCESS_TESTS = ("tests/test_chaos.py::test_short_seeded", "tests/test_faults.py", "tests/test_demo_hotness.py",
+                 "tests/test_cli_errors.py::test_a_command_gives_up", "tests/test_stack.py", "tests/test_zk_tls.py",
+                 "tests/test_install.py", "tests/test_latency.py", "tests/test_faust.py", "tests/test_slow_broker.py")
+"""Tests that start processes of their own (a stack, Spark, a Faust worker, a virtualenv) without the ``stack``
+fixture: stack tests too."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the ``stack`` fixture (directly or through another fixture) or starts processes of its
+    own is a stack test; the rest are pure (``make test-unit``)."""
+    for item in items:
+        if "stack" in getattr(item, "fixturenames", ()) or item.nodeid.startswith(PROCESS_TESTS):
+            item.add_marker(pytest.mark.stack)
 
 
 def _arm(seconds: float) -> None:
