@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import NoNodeError
 from kazoo.security import ACL, Permissions, make_acl, make_digest_acl_credential
 from pydantic import BaseModel, Field
 
@@ -232,6 +232,24 @@ def parse_identity(text: str, grants: Grants | None) -> tuple[str, str]:
                        "(only its ZooKeeper digest is stored)")
 
 
+def _granted(grants: Grants, identity: str | None, subjects: list[str], jobs: list[str], reader: bool) -> Grants:
+    """``grants`` with ``identity`` granted the subjects and jobs (and reading)."""
+    update = grants.model_copy(deep=True)
+    if identity is None:
+        return update
+    user, digest = parse_identity(identity, grants)
+    if user == grants.admin:
+        raise AlignerError(f"{user!r} is the admin identity: it has every permission already")
+    update.identities[user] = digest
+    for s in subjects:
+        update.subjects[s] = sorted({*update.subjects.get(s, ()), user})
+    for j in jobs:
+        update.jobs[j] = sorted({*update.jobs.get(j, ()), user})
+    if reader:
+        update.readers = sorted({*update.readers, user})
+    return update
+
+
 class AclLedger:
     """Reads and writes the grants and applies ACLs to existing nodes."""
 
@@ -248,8 +266,11 @@ class AclLedger:
             raw, stat = self.zk.get(self.path)
         except NoNodeError:
             return None, -1
+        return self._parse(raw), stat.version
+
+    def _parse(self, raw: bytes) -> Grants:
         try:
-            return Grants.model_validate_json(raw), stat.version
+            return Grants.model_validate_json(raw)
         except ValueError as exc:
             raise MalformedNodeError(self.path, f"not a grants document: {exc}") from None
 
@@ -263,32 +284,20 @@ class AclLedger:
             raise AlignerError("granting needs an identity: set ALIGNER_ZK_AUTH (or --zk-auth) to "
                                "digest:USER:PASSWORD; the identity of the first grant becomes the admin")
         subjects, jobs = list(subjects), list(jobs)
-        while True:
-            current, version = self.grants()
-            first = current is None
-            grants = current or Grants(admin=me.user, identities={me.user: digest_id(me.user, me.password)})
-            update = grants.model_copy(deep=True)
-            if identity is not None:
-                user, digest = parse_identity(identity, grants)
-                if user == grants.admin:
-                    raise AlignerError(f"{user!r} is the admin identity: it has every permission already")
-                update.identities[user] = digest
-                for s in subjects:
-                    update.subjects[s] = sorted({*update.subjects.get(s, ()), user})
-                for j in jobs:
-                    update.jobs[j] = sorted({*update.jobs.get(j, ()), user})
-                if reader:
-                    update.readers = sorted({*update.readers, user})
-            try:
-                if first:
-                    for c in ("", *(f"/{c}" for c in CONTAINERS)):
-                        self.zk.ensure_path(self.root + c)
-                    self.zk.create(self.path, update.dump())
-                else:
-                    self.zk.set(self.path, update.dump(), version=version)
-            except (NodeExistsError, BadVersionError):
-                continue  # another admin command got there first: apply ours on top of theirs
-            break
+        admin = Grants(admin=me.user, identities={me.user: digest_id(me.user, me.password)})
+        seen: list[tuple[Grants | None, Grants]] = []
+
+        def change(raw: bytes | None) -> bytes:  # may run again: another admin command got there first
+            current = self._parse(raw) if raw else None
+            if current is None:  # the first grant: the containers exist before anything is written under them
+                for c in ("", *(f"/{c}" for c in CONTAINERS)):
+                    self.zk.ensure_path(self.root + c)
+            seen.append((current, _granted(current or admin, identity, subjects, jobs, reader)))
+            return seen[-1][1].dump()
+
+        self.zk.update(self.path, change)
+        current, update = seen[-1]
+        first, grants = current is None, current or update
         everything = first or update.readers != grants.readers
         if everything:
             self.apply(update, [self.root])

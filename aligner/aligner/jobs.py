@@ -126,23 +126,7 @@ class JobLedger:
         """Read-modify-write of a consumer node (compare-and-set, retried): for a consumer whose fields
         several processes report (a Spark query's planner acknowledges a swap, its sink the job epochs).
         ``change`` returns None to leave the node as it is."""
-        path = self.layout.consumer(job, subject, worker)
-        while True:
-            try:
-                current, version = self.ledger.read(ConsumerNode, path)
-            except NoNodeError:
-                current, version = None, -1
-            node = change(current)
-            if node is None:
-                return current
-            try:
-                if version < 0:
-                    self.zk.create(path, node.dump(), makepath=True)
-                else:
-                    self.zk.set(path, node.dump(), version=version)
-                return node
-            except (BadVersionError, NodeExistsError):
-                continue
+        return self.ledger.update(ConsumerNode, self.layout.consumer(job, subject, worker), change, makepath=True)
 
     def source_state(self, job: str, subject: str) -> ConsumerAlignment:
         job_node = self.job(job)

@@ -33,14 +33,14 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import ConnectionLoss, NoAuthError, NodeExistsError
+from kazoo.exceptions import BadVersionError, ConnectionLoss, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.hosts import collect_hosts
+from kazoo.retry import ForceRetryError, KazooRetry
 from kazoo.retry import InterruptedError as RetryInterrupted
-from kazoo.retry import KazooRetry
 
 from aligner.acl import AclPolicy
 from aligner.errors import AccessDeniedError, StoppedError
@@ -49,6 +49,8 @@ from aligner.ops import VERB, Check, Create, Delete, Op, SetData
 from aligner.settings import ZkTls
 
 log = logging.getLogger("aligner.zk")
+
+T = TypeVar("T")
 
 _SLICE = 0.25
 """Seconds a request in flight is awaited before the stop event is checked again."""
@@ -237,6 +239,42 @@ class RetryingClient:
             return self._retry.copy()(attempt)
         except RetryInterrupted:
             raise StoppedError("stopped while waiting for ZooKeeper") from None
+
+    def retry_conflicts(self, attempt: Callable[[], T]) -> T:
+        """Run a compare-and-set ``attempt`` until no other writer gets in between: kazoo's Counter recipe
+        pattern. ``attempt`` reads with versions, computes and writes with those versions, raising
+        ``ForceRetryError`` when a version check failed; the client's KazooRetry runs it again after
+        its backoff (and also rides out connection loss), and the stop flag ends it."""
+        try:
+            return self._retry.copy()(attempt)
+        except RetryInterrupted:
+            raise StoppedError("stopped while waiting for ZooKeeper") from None
+
+    def update(self, path: str, change: Callable[[bytes | None], bytes | None], makepath: bool = False) -> bytes | None:
+        """Read-modify-write of one node: ``change`` maps its data (None: no node) to the new data, or to
+        None to leave it; an absent node is created. Returns what the node holds afterwards.
+
+        ``change`` may run more than once and must compute from what it is given: after a lost reply the
+        retry finds our own write and applies ``change`` to it again, so it should be idempotent."""
+
+        def attempt() -> bytes | None:
+            try:
+                data, stat = self.get(path)
+            except NoNodeError:
+                data, stat = None, None
+            new = change(data)
+            if new is None:
+                return data
+            try:
+                if stat is None:
+                    self.create(path, new, makepath=makepath)
+                else:
+                    self.set(path, new, version=stat.version)
+            except (BadVersionError, NodeExistsError):
+                raise ForceRetryError() from None  # another writer got there first: read again
+            return new
+
+        return self.retry_conflicts(attempt)
 
     def denied(self, exc: BaseException, op: str, path: str) -> BaseException:
         """``exc`` as the caller should see it: a NoAuth becomes one clear :class:`AccessDeniedError`."""

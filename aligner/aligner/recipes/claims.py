@@ -1,0 +1,212 @@
+"""Writers and claims: a producer claims private partitions (in one or several subjects, alone or with
+its sink's other producers) and each incarnation fences the one before."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from kazoo.exceptions import BadVersionError
+
+from aligner.errors import (
+    AlignerError,
+    FencedError,
+    PartitionClaimedError,
+    SubjectConflictError,
+)
+from aligner.layout import writer_id
+from aligner.models import (
+    EpochNode,
+    ProducerNode,
+    SinkNode,
+    WriterEntry,
+    WritersNode,
+)
+from aligner.ops import Create, Op, SetData
+from aligner.recipes.reads import EpochReads
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A producer's right to write: its node as last written and the version that fences others."""
+
+    subject: str
+    node: ProducerNode
+    version: int
+    first_epoch: int
+
+    @property
+    def writer(self) -> str:
+        return writer_id(self.node.sink, self.node.producer)
+
+    @property
+    def next_epoch(self) -> int:
+        return self.first_epoch if self.node.committed_epoch is None else self.node.committed_epoch + 1
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A producer's private partitions in one subject, and where it starts writing there if new."""
+
+    subject: str
+    partitions: Sequence[int]
+    start_offsets: Callable[[], Mapping[int, int]]
+
+
+def _new_producer(sink: str, producer: str, parts: tuple[int, ...], offsets: Mapping[int, int]) -> ProducerNode:
+    """A brand-new producer's node: first incarnation, a fresh owner token, its partitions' start offsets."""
+    return ProducerNode(sink=sink, producer=producer, partitions=parts, incarnation=1, owner=uuid.uuid4().hex,
+                        next_offsets={p: offsets[p] for p in parts})
+
+
+class ClaimRecipes(EpochReads):
+    """Claims of partitions and producer incarnations."""
+
+    def claim(
+        self,
+        subject: str,
+        sink: str,
+        producer: str,
+        partitions: Sequence[int],
+        start_offsets: Callable[[], Mapping[int, int]],
+        not_before: int = 0,
+    ) -> Lease:
+        """Claim private partitions for a producer (or re-open its claim) and start a new incarnation.
+
+        ``start_offsets`` is asked only for a brand-new producer: where its first epoch begins.
+        A brand-new producer writes from the subject's next epoch on, or from ``not_before`` when
+        that is later (the epochs before are never written by it).
+        """
+        return self.claim_together(sink, producer, [Claim(subject, partitions, start_offsets)], not_before)[0]
+
+    def claim_together(self, sink: str, producer: str, claims: Sequence[Claim], not_before: int = 0) -> list[Lease]:
+        """Claim one producer in several subjects whose epochs it commits together (a job's output
+        and its state changelog); returns the leases in the order of ``claims``.
+
+        Where the producer is new in every subject, one multi-op makes it a writer of all of them
+        from one common first epoch: claimed one by one, a crash (or a broker stall in
+        ``start_offsets``) between two claims would leave it a writer of the first subject only,
+        and the others' writers would commit epochs without it that it can never join.
+        Where it exists in some subjects only (a subject added to an existing sink), the new ones
+        start at the first existing lease's next epoch; the caller closes lanes that are behind.
+        """
+        me = writer_id(sink, producer)
+        wanted = [self._claimable(c, sink) for c in claims]
+
+        def attempt() -> tuple[list[WriterEntry | None], dict[int, ProducerNode], int]:
+            docs = [self.writers(c.subject) for c in claims]
+            entries = [self._entry(c.subject, doc, me, parts)
+                       for c, parts, (doc, _) in zip(claims, wanted, docs, strict=True)]
+            new = [i for i, e in enumerate(entries) if e is None]
+            if not new:
+                return entries, {}, 0
+            known = [Lease(c.subject, *self.read(ProducerNode, self.layout.producer(c.subject, sink, producer)),
+                           e.first_epoch).next_epoch
+                     for c, e in zip(claims, entries, strict=True) if e is not None]
+            first = max(not_before, *known[:1], *(self._last_epoch(claims[i].subject) + 1 for i in new))
+            nodes = {i: _new_producer(sink, producer, wanted[i], claims[i].start_offsets()) for i in new}
+            self.multi_cas(*(op for i in new for op in self._join(claims[i].subject, *docs[i], [nodes[i]], first)))
+            return entries, nodes, first
+
+        entries, nodes, first = self.zk.retry_conflicts(attempt)
+        return [Lease(c.subject, nodes[i], 0, first) if i in nodes
+                else self._reincarnate(c.subject, sink, producer, entries[i].first_epoch)  # type: ignore[union-attr]
+                for i, c in enumerate(claims)]
+
+    def claim_producers(self, subject: str, sink: str, producers: Mapping[str, Sequence[int]],
+                        start_offsets: Callable[[Sequence[int]], Mapping[int, int]],
+                        not_before: int = 0) -> list[Lease]:
+        """Claim several new producers of one sink in one subject (a Spark sink's slots) in one
+        multi-op, at one common first epoch; returns their leases in the order of ``producers``.
+
+        Claimed one by one, each would start an epoch after the one before it (an epoch node names
+        the writers it expects when it is created), and the first ones would owe the epochs between
+        empty: a sink that must write epoch ``not_before`` with all its producers could not.
+        Producers that exist already are left as they are (their leases are not returned)."""
+        ids = {p: writer_id(sink, p) for p in producers}
+        wanted = {p: self._claimable(Claim(subject, parts, dict), sink) for p, parts in producers.items()}
+
+        def attempt() -> list[Lease]:
+            doc, version = self.writers(subject)
+            new = [p for p in producers if self._entry(subject, doc, ids[p], wanted[p]) is None]
+            if not new:
+                return []
+            known = [Lease(subject, *self.read(ProducerNode, self.layout.producer(subject, sink, p)),
+                           doc.writers[ids[p]].first_epoch).next_epoch for p in producers if p not in new]
+            first = max(not_before, *known, self._last_epoch(subject) + 1)
+            offsets = dict(start_offsets(sorted({q for p in new for q in wanted[p]})))
+            nodes = [_new_producer(sink, p, wanted[p], offsets) for p in new]
+            self.multi_cas(*self._join(subject, doc, version, nodes, first))
+            return [Lease(subject, node, 0, first) for node in nodes]
+
+        return self.zk.retry_conflicts(attempt)
+
+    def _join(self, subject: str, doc: WritersNode, version: int, nodes: Sequence[ProducerNode],
+              first: int) -> list[Op]:
+        """The ops that make new producers writers of ``subject`` from epoch ``first``: the writers document
+        (compare-and-set), their nodes, and the epoch ``first`` itself, so that no epoch can be created
+        with a writers list that lacks them."""
+        lay = self.layout
+        joined = {writer_id(n.sink, n.producer): WriterEntry(partitions=n.partitions, first_epoch=first)
+                  for n in nodes}
+        updated = WritersNode(writers={**doc.writers, **joined})
+        return [SetData(lay.writers(subject), updated.dump(), version),
+                *(Create(lay.producer(subject, n.sink, n.producer), n.dump()) for n in nodes),
+                Create(lay.epoch(subject, first), EpochNode(epoch=first, writers=updated.expected(first)).dump())]
+
+    def _claimable(self, claim: Claim, sink: str) -> tuple[int, ...]:
+        """Check a claim's partitions against the subject and make the sink's nodes; returns them sorted."""
+        meta = self.subject(claim.subject)
+        parts = tuple(sorted(set(claim.partitions)))
+        if not parts or len(parts) != len(claim.partitions):
+            raise AlignerError(f"a producer must claim distinct partitions, got {list(claim.partitions)}")
+        bad = [p for p in parts if not 0 <= p < meta.partitions]
+        if bad:
+            raise AlignerError(f"subject {claim.subject!r} has partitions 0..{meta.partitions - 1}; cannot claim {bad}")
+        lay = self.layout
+        self._ensure(lay.sink(claim.subject, sink), SinkNode(sink=sink).dump(), parent=lay.sinks(claim.subject))
+        self._ensure(lay.producers(claim.subject, sink), b"")
+        return parts
+
+    @staticmethod
+    def _entry(subject: str, doc: WritersNode, me: str, parts: tuple[int, ...]) -> WriterEntry | None:
+        """The producer's writers entry in a subject, after checking that nobody else owns its partitions."""
+        for p in parts:
+            owner = doc.owner_of(p)
+            if owner is not None and owner != me:
+                raise PartitionClaimedError(subject, p, owner, me)
+        entry = doc.writers.get(me)
+        if entry is not None and entry.partitions != parts:
+            raise SubjectConflictError(
+                f"producer {me} of {subject!r} owns partitions {list(entry.partitions)}; "
+                f"it cannot reopen with {list(parts)}"
+            )
+        return entry
+
+    def _reincarnate(self, subject: str, sink: str, producer: str, first_epoch: int) -> Lease:
+        path = self.layout.producer(subject, sink, producer)
+        node, version = self.read(ProducerNode, path)
+        return self.reincarnate(Lease(subject, node, version, first_epoch))
+
+    def reincarnate(self, lease: Lease) -> Lease:
+        """Take a new attempt number; any older incarnation can no longer commit."""
+        path = self.layout.producer(lease.subject, lease.node.sink, lease.node.producer)
+        node = lease.node.model_copy(update={"incarnation": lease.node.incarnation + 1, "owner": uuid.uuid4().hex})
+        self._trip("write")
+        try:
+            stat = self.zk.set(path, node.dump(), version=lease.version)
+        except BadVersionError:
+            version = self._written_by_us(path, node)
+            if version is None:
+                raise FencedError(
+                    f"producer {lease.writer} of {lease.subject!r} was taken over by another incarnation"
+                ) from None
+            return Lease(lease.subject, node, version, lease.first_epoch)
+        return Lease(lease.subject, node, stat.version, lease.first_epoch)
+
+    def _written_by_us(self, path: str, node: ProducerNode) -> int | None:
+        """After a versioned write failed: the node's version if it already holds ``node`` (the write
+        was retried after its reply was lost), else None (another incarnation wrote it)."""
+        current, version = self.read(ProducerNode, path)
+        return version if current == node else None

@@ -1,0 +1,135 @@
+"""Committed epochs as readers see them: whether an epoch committed, its fixed slices, pipelined spans."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kazoo.exceptions import NoNodeError
+
+from aligner.epochs import CommittedEpoch, assemble, missing_writers
+from aligner.errors import (
+    AlignerError,
+    EpochCollectedError,
+    EpochNotCommittedError,
+    MalformedNodeError,
+)
+from aligner.models import (
+    ContributionNode,
+    EpochNode,
+    parse,
+)
+from aligner.recipes.subjects import SubjectRecipes
+
+_PIPELINE_EPOCHS = 500
+"""Epochs whose reads ``committed_many`` keeps in flight at once."""
+
+
+class EpochReads(SubjectRecipes):
+    """Reads of epoch nodes; committed epochs are cached (they never change)."""
+
+    def epoch_node(self, subject: str, epoch: int) -> EpochNode:
+        try:
+            return self.read(EpochNode, self.layout.epoch(subject, epoch))[0]
+        except NoNodeError:
+            raise self._missing(subject, epoch) from None
+
+    def _missing(self, subject: str, epoch: int) -> AlignerError:
+        self.subject(subject)
+        floor = self.first_retained(subject)
+        if epoch < floor:
+            return EpochCollectedError(subject, epoch, floor)
+        return EpochNotCommittedError(subject, epoch, "no such epoch")
+
+    def is_committed(self, subject: str, epoch: int) -> bool:
+        if (subject, epoch) in self._committed:
+            return True
+        node = self.epoch_node(subject, epoch)
+        children = set(self._children(self.layout.epoch(subject, epoch)))
+        return bool(node.writers) and not missing_writers(node, children)
+
+    def committed(self, subject: str, epoch: int) -> CommittedEpoch:
+        """The fixed slices of a committed epoch; cached, since a committed epoch never changes."""
+        key = (subject, epoch)
+        if key in self._committed:
+            return self._committed[key]
+        node = self.epoch_node(subject, epoch)
+        path = self.layout.epoch(subject, epoch)
+        present = set(self._children(path)) & set(node.writers)
+        self._trip("read")
+        pending = {w: self.zk.get_async(f"{path}/{w}") for w in sorted(present)}
+        contributions = {w: parse(ContributionNode, f"{path}/{w}", a.get()[0]) for w, a in pending.items()}
+        result = assemble(subject, node, contributions)
+        self._committed[key] = result
+        return result
+
+    def committed_many(self, subject: str, first: int, last: int) -> list[CommittedEpoch]:
+        """``committed`` for every epoch of [first, last], in order, with the reads pipelined.
+
+        Two pipelined waves per chunk of epochs (epoch nodes with their children, then the
+        contributions) instead of three round trips per epoch. Raises what ``committed`` raises for
+        the first epoch of the span that is not committed (or malformed).
+        """
+        out: list[CommittedEpoch] = []
+        for lo in range(first, last + 1, _PIPELINE_EPOCHS):
+            out.extend(self._committed_chunk(subject, lo, min(last, lo + _PIPELINE_EPOCHS - 1)))
+        return out
+
+    def _committed_chunk(self, subject: str, first: int, last: int) -> list[CommittedEpoch]:
+        lay = self.layout
+        todo = [e for e in range(first, last + 1) if (subject, e) not in self._committed]
+        heads: dict[int, tuple[Any, Any]] = {}
+        if todo:
+            self._trip("read")
+            heads = {e: (self.zk.get_async(lay.epoch(subject, e)), self.zk.get_children_async(lay.epoch(subject, e)))
+                     for e in todo}
+        nodes: dict[int, EpochNode | BaseException] = {}
+        pending: dict[int, dict[str, Any]] = {}
+        for e, (node_req, children_req) in heads.items():
+            path = lay.epoch(subject, e)
+            try:
+                node = parse(EpochNode, path, node_req.get()[0])
+                children = children_req.get()
+            except NoNodeError:
+                nodes[e] = NoNodeError()
+                continue
+            except MalformedNodeError as exc:
+                nodes[e] = exc
+                continue
+            nodes[e] = node
+            present = set(children) & set(node.writers)
+            pending[e] = {w: f"{path}/{w}" for w in sorted(present)}
+        if any(pending.values()):
+            self._trip("read")
+            pending = {e: {w: (p, self.zk.get_async(p)) for w, p in ws.items()} for e, ws in pending.items()}
+        out: list[CommittedEpoch] = []
+        for e in range(first, last + 1):
+            key = (subject, e)
+            if key in self._committed:
+                out.append(self._committed[key])
+                continue
+            node = nodes[e]
+            if isinstance(node, NoNodeError):
+                self.subject(subject)  # raises UnknownSubjectError when that is the cause
+                raise self._missing(subject, e)
+            if isinstance(node, BaseException):
+                raise node
+            contributions = {w: parse(ContributionNode, p, req.get()[0]) for w, (p, req) in pending[e].items()}
+            result = assemble(subject, node, contributions)
+            self._committed[key] = result
+            out.append(result)
+        return out
+
+    def frontier(self, subject: str) -> int | None:
+        """The last committed epoch (every earlier one is committed too: producers commit in order)."""
+        for epoch in reversed(self.epoch_numbers(subject)):
+            if self.is_committed(subject, epoch):
+                return epoch
+        return None
+
+    def finished(self, subject: str) -> int | None:
+        """The last epoch of a subject whose every producer has finished, else None."""
+        doc, _ = self.writers(subject)
+        if not doc.writers or any(e.finished_after is None for e in doc.writers.values()):
+            return None
+        last = max(e.finished_after for e in doc.writers.values() if e.finished_after is not None)
+        return last if last < 0 or self.is_committed(subject, last) else None

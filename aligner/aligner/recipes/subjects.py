@@ -1,0 +1,110 @@
+"""Subjects: registration, their writers document, sinks and producers, epoch numbers and retention floor."""
+
+from __future__ import annotations
+
+from kazoo.exceptions import NodeExistsError, NoNodeError
+
+from aligner.errors import (
+    MalformedNodeError,
+    SubjectConflictError,
+    UnknownSubjectError,
+)
+from aligner.models import (
+    ProducerNode,
+    SubjectNode,
+    WritersNode,
+)
+from aligner.ops import Create, raise_failure
+from aligner.recipes.store import Store
+
+
+class SubjectRecipes(Store):
+    """Read and register subjects."""
+
+    def register_subject(self, node: SubjectNode) -> SubjectNode:
+        """Create a subject, or return the existing one when it has the same shape."""
+        lay = self.layout
+        self.zk.ensure_path(lay.subjects)
+        results = self.multi(
+            Create(lay.subject(node.name), node.dump()),
+            Create(lay.writers(node.name), WritersNode().dump()),
+            Create(lay.sinks(node.name)),
+            Create(lay.epochs(node.name)),
+        )
+        if isinstance(results[0], NodeExistsError):
+            existing = self.subject(node.name)
+            if not existing.same_shape(node):
+                raise SubjectConflictError(
+                    f"subject {node.name!r} already exists with topic {existing.topic!r}, "
+                    f"{existing.partitions} partitions and {len(existing.fields)} fields; refusing to change it"
+                )
+            return existing
+        raise_failure(results)
+        return node
+
+    def subject(self, name: str) -> SubjectNode:
+        try:
+            return self.read(SubjectNode, self.layout.subject(name))[0]
+        except NoNodeError:
+            raise UnknownSubjectError(name) from None
+
+    def subject_names(self) -> list[str]:
+        try:
+            return sorted(self._children(self.layout.subjects))
+        except NoNodeError:
+            return []
+
+    def writers(self, subject: str) -> tuple[WritersNode, int]:
+        try:
+            return self.read(WritersNode, self.layout.writers(subject))
+        except NoNodeError:
+            self.subject(subject)  # raises UnknownSubjectError when that is the cause
+            raise MalformedNodeError(self.layout.writers(subject), "missing writers node") from None
+
+    def sinks(self, subject: str) -> list[str]:
+        try:
+            return sorted(self._children(self.layout.sinks(subject)))
+        except NoNodeError:
+            raise UnknownSubjectError(subject) from None
+
+    def producers(self, subject: str, sink: str) -> list[ProducerNode]:
+        lay = self.layout
+        return [self.read(ProducerNode, lay.producer(subject, sink, p))[0]
+                for p in sorted(self._children(lay.producers(subject, sink)))]
+
+    def epoch_numbers(self, subject: str) -> list[int]:
+        try:
+            names = self._children(self.layout.epochs(subject))
+        except NoNodeError:
+            raise UnknownSubjectError(subject) from None
+        out = []
+        for name in names:
+            if not name.isdigit():
+                raise MalformedNodeError(f"{self.layout.epochs(subject)}/{name}", "epoch node name is not a number")
+            out.append(int(name))
+        return sorted(out)
+
+    def _last_epoch(self, subject: str) -> int:
+        numbers = self.epoch_numbers(subject)
+        return numbers[-1] if numbers else -1
+
+    def first_retained(self, subject: str) -> int:
+        """The oldest epoch ``aligner gc`` kept (0 when nothing was collected)."""
+        try:
+            raw, _ = self.zk.get(self.layout.retention(subject))
+        except NoNodeError:
+            return 0
+        try:
+            return int(raw)
+        except ValueError:
+            raise MalformedNodeError(self.layout.retention(subject), f"not an epoch number: {raw[:40]!r}") from None
+
+    def _ensure(self, path: str, data: bytes, parent: str | None = None) -> None:
+        try:
+            self.zk.create(path, data)
+        except NodeExistsError:
+            pass
+        except NoNodeError:
+            if parent is None:
+                raise
+            raise MalformedNodeError(parent, "missing") from None

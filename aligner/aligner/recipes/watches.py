@@ -1,0 +1,55 @@
+"""Watches on epochs and nodes: how waiters learn that something changed without polling."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kazoo.exceptions import NoNodeError
+
+from aligner.errors import (
+    EpochNotCommittedError,
+)
+from aligner.recipes.commits import CommitRecipes
+
+
+class WatchRecipes(CommitRecipes):
+    """One-shot watches (one kazoo watch per path and kind: see aligner.zk.Watches)."""
+
+    def arm_watch(self, subject: str, epoch: int, fired: threading.Event | Callable[[Any], None]) -> None:
+        """Set ``fired`` (or call it) when the epoch node appears or gains a contribution.
+
+        One-shot watches; kazoo also fires them when the connection drops, so a waiter re-arms
+        and re-reads after every outage."""
+        path = self.layout.epoch(subject, epoch)
+        callback = (lambda _e: fired.set()) if isinstance(fired, threading.Event) else fired
+        self._trip("read")
+        if self.zk.exists(path, watch=callback) is not None:
+            self._trip("read")
+            try:
+                self.zk.get_children(path, watch=callback)
+            except NoNodeError:
+                callback(None)
+
+    def watch_node(self, path: str, callback: Callable[[Any], None]) -> bool:
+        """One-shot watch on a node's existence or data; returns whether it exists now."""
+        self._trip("read")
+        return self.zk.exists(path, watch=callback) is not None
+
+    def wait_committed(self, subject: str, epoch: int, timeout: float, stop: threading.Event | None = None) -> bool:
+        """Block until ``epoch`` commits, woken by ZooKeeper watches rather than a timer."""
+        deadline = time.monotonic() + timeout
+        while True:
+            fired = threading.Event()
+            self.arm_watch(subject, epoch, fired)
+            try:
+                if self.is_committed(subject, epoch):
+                    return True
+            except EpochNotCommittedError:
+                pass
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or (stop is not None and stop.is_set()):
+                return False
+            fired.wait(min(remaining, 1.0))
