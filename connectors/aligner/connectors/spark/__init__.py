@@ -16,7 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from aligner.connectors.spark.source import SHORT_NAME, AlignedDataSource
+from aligner.extras import require
+
+require("spark", "aligner.connectors.spark")  # one line naming the extra, not a No module named 'pyarrow'
+
+from aligner.connectors.spark.source import SHORT_NAME, AlignedDataSource  # noqa: E402
 
 
 def register(spark: Any) -> None:
