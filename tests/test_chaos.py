@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,3 +87,33 @@ def test_checker_classes_count_what_they_name() -> None:
     totals = an.totals()
     assert (totals["lost"], totals["duplicated"], totals["unexpected"], totals["non_monotonic"]) == (2, 2, 1, 1)
     assert an.as_json()["examples"]["lost"] == ["a: inputs [3, 4]"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_first_signal_stops_the_runner_and_everything_it_started(
+        chaos: tuple[subprocess.Popen[str], Path], sig: signal.Signals) -> None:
+    """One SIGTERM (a supervisor) or SIGINT (Ctrl-C) while faults play: the runner exits within 10 s and
+    leaves no process behind (its hard stop kills what did not unwind in time)."""
+    from tests import guard
+
+    proc, _ = chaos
+    assert proc.stdout is not None
+    playing = False
+    for line in proc.stdout:  # the schedule, "stack: ...", then the faults as they happen
+        playing = playing or line.startswith("stack:")
+        if playing and "kill-" in line:
+            break
+    else:
+        pytest.fail("the chaos run ended before its first fault")
+    started = list(guard.descendants(proc.pid).values())
+    assert started, "the run started no process"
+    os.kill(proc.pid, sig)
+    try:
+        rc = proc.wait(10)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the chaos runner did not stop within 10 s of {sig.name}")
+    assert rc == 130
+    deadline = time.monotonic() + 10  # killed ones are reaped by init: allow a moment
+    while (left := [p for p in started if guard.alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == [], f"processes outlived the runner: {[str(p) for p in left]}"

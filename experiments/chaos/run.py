@@ -25,7 +25,7 @@ from aligner.coordinator.stack import EmbeddedStack, StackInfo
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from experiments.chaos.nemesis import KILLS, Fault
-from experiments.chaos.procs import Proc, python
+from experiments.chaos.procs import Proc, python, signal_group
 
 log = logging.getLogger("experiments.chaos")
 
@@ -372,13 +372,41 @@ class Run:
     led: Ledger | None = None
 
 
+STOP_GRACE = 8.0
+"""Seconds a run gets to unwind after the first SIGTERM, SIGINT or SIGHUP; then everything it started is
+SIGKILLed and the checker exits 130, so a stop never takes more than 10 s whatever hangs."""
+
+
+def _hard_stop(run: Run) -> None:
+    """Runs in a timer thread once unwinding took too long."""
+    for proc in list(run.procs.values()):
+        if proc.popen is not None:
+            signal_group(proc.popen.pid, signal.SIGKILL)
+    if run.zk_proc is not None and run.zk_proc.popen is not None:
+        signal_group(run.zk_proc.popen.pid, signal.SIGKILL)
+    for pid in (run.info.zk_pid, run.info.kafka_pid) if run.info is not None else ():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    run.say(f"[red]stopped[/]: the run did not unwind within {STOP_GRACE:.0f}s of the signal; everything was killed")
+    os._exit(130)
+
+
 @contextlib.contextmanager
-def interrupts_unwind() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise, so the finally that kills every process runs (Ctrl-C raises anyway)."""
+def interrupts_unwind(run: Run) -> Iterator[None]:
+    """The first SIGTERM, SIGINT or SIGHUP raises, so the finally that kills every process runs, and arms a
+    hard stop in case unwinding hangs; later signals change nothing (the unwinding is under way)."""
+    stopping = threading.Event()
+
     def raise_(signum: int, _frame: object) -> None:
+        if stopping.is_set():
+            return
+        stopping.set()
+        timer = threading.Timer(STOP_GRACE, _hard_stop, args=(run,))
+        timer.daemon = True  # a run that unwinds in time exits without waiting for it
+        timer.start()
         raise Interrupted(f"signal {signum}")
 
-    old = {s: signal.signal(s, raise_) for s in (signal.SIGTERM, signal.SIGHUP)}
+    old = {s: signal.signal(s, raise_) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
         yield
     finally:
@@ -393,7 +421,7 @@ def execute(run: Run, drain_timeout: float = 600.0) -> dict[str, Any]:
     (run.outdir / "stack").mkdir(parents=True, exist_ok=True)
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)
     try:
-        with interrupts_unwind():
+        with interrupts_unwind(run):
             run.info = stack.start()
             run.zk_argv = Path(f"/proc/{run.info.zk_pid}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
             run.say(f"stack: ZooKeeper {run.info.zk} (pid {run.info.zk_pid}), Kafka {run.info.kafka} "
