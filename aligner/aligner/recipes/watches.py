@@ -1,4 +1,8 @@
-"""Watches on epochs and nodes: how waiters learn that something changed without polling."""
+"""Watches on epochs and nodes: how waiters learn that something changed without polling.
+
+Idempotent per (kind, path): the session registers one kazoo watcher for each and keeps one pending
+callback per waiter (:class:`aligner.zk.Watches`), so a quiet loop that re-arms on every pass holds
+the same few watchers all night."""
 
 from __future__ import annotations
 
@@ -21,8 +25,8 @@ class WatchRecipes(CommitRecipes):
     def arm_watch(self, subject: str, epoch: int, fired: threading.Event | Callable[[Any], None]) -> None:
         """Set ``fired`` (or call it) when the epoch node appears or gains a contribution.
 
-        One-shot watches; kazoo also fires them when the connection drops, so a waiter re-arms
-        and re-reads after every outage."""
+        One-shot watches; kazoo also fires them when the session is lost, so a waiter re-arms and
+        re-reads after every outage. Arming again from the same waiter replaces its earlier callback."""
         path = self.layout.epoch(subject, epoch)
         callback = (lambda _e: fired.set()) if isinstance(fired, threading.Event) else fired
         self._trip("read")

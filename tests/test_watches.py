@@ -1,0 +1,141 @@
+"""One watch per path: a quiet waiter that re-arms on every pass holds a bounded number of watchers.
+
+kazoo keeps every one-shot watch callback it is given until the node changes; a Spark planner asked
+every half second and a wait re-armed every second used to add a fresh one each time, all night.
+The ledger layer (aligner.zk.Watches) registers one kazoo watcher per (kind, path) and keeps one
+pending callback per waiter. Counted here on the session's own registries (kazoo's
+``_data_watchers`` / ``_child_watchers``, where the callbacks piled up) and the ledger's pending
+callbacks; real ZooKeeper and broker, no mocks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from aligner.connectors.job_spec import JobSpec
+from aligner.connectors.subjects import create_subject
+from aligner.jobs import JobLedger
+from aligner.ledger import Ledger
+from aligner.models import JobNode
+
+FIRES_WITHIN = 10.0
+"""A watch must wake its waiter well within this once its node changes."""
+
+
+def kazoo_watchers(ledger: Ledger) -> int:
+    """Callbacks the session's kazoo client holds for one-shot watches, over all paths."""
+    kazoo = ledger.zk.kazoo
+    return sum(len(w) for w in kazoo._data_watchers.values()) + sum(len(w) for w in kazoo._child_watchers.values())
+
+
+def wait_for(cond: Callable[[], bool], what: str, timeout: float = FIRES_WITHIN) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_rearming_with_fresh_callbacks_keeps_one_watcher_and_the_last_fires(ledger: Ledger, root: str) -> None:
+    path = f"{root}/quiet-node"
+    ledger.zk.ensure_path(root)
+    before = kazoo_watchers(ledger)
+    events: list[threading.Event] = []
+    for _ in range(200):  # the planner's pattern: a new event and a new lambda on every pass
+        woken = threading.Event()
+        events.append(woken)
+        assert not ledger.watch_node(path, lambda _e, woken=woken: woken.set())
+    assert len(ledger.zk.kazoo._data_watchers[path]) == 1
+    assert kazoo_watchers(ledger) == before + 1
+    assert ledger.zk.watches.pending() == 1
+    ledger.zk.create(path, b"x")
+    assert events[-1].wait(FIRES_WITHIN), "the waiter's last callback fires when the node appears"
+    assert not any(e.is_set() for e in events[:-1]), "superseded callbacks are dropped, not called"
+    wait_for(lambda: ledger.zk.watches.pending() == 0, "the fired watch to be forgotten")
+    assert path not in ledger.zk.kazoo._data_watchers
+
+
+def test_distinct_waiters_on_one_path_share_one_watcher_and_all_wake(ledger: Ledger, root: str) -> None:
+    path = f"{root}/shared-node"
+    ledger.zk.ensure_path(root)
+    woken = [threading.Event() for _ in range(3)]
+    armed = threading.Barrier(len(woken) + 1)
+
+    def waiter(event: threading.Event) -> None:
+        for _ in range(20):  # each waiter re-arms too: still one pending callback each
+            ledger.watch_node(path, lambda _e: event.set())
+        armed.wait(FIRES_WITHIN)
+
+    threads = [threading.Thread(target=waiter, args=(e,), daemon=True) for e in woken]
+    try:
+        for t in threads:
+            t.start()
+        armed.wait(FIRES_WITHIN)
+        assert len(ledger.zk.kazoo._data_watchers[path]) == 1
+        assert ledger.zk.watches.pending() == len(woken)
+        ledger.zk.create(path, b"x")
+        assert all(e.wait(FIRES_WITHIN) for e in woken), "every waiter is woken by the one watch"
+    finally:
+        armed.abort()
+        for t in threads:
+            t.join(FIRES_WITHIN)
+
+
+def test_wait_committed_rearms_every_second_without_piling_up(ledger: Ledger, subject_name: str) -> None:
+    from aligner.models import SubjectNode
+
+    ledger.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
+    before = kazoo_watchers(ledger)
+    assert not ledger.wait_committed(subject_name, 0, timeout=3.5)  # about four wake-ups, nothing commits
+    assert kazoo_watchers(ledger) - before <= 2  # the epoch node's data (and children, once it exists)
+    assert ledger.zk.watches.pending() <= 2
+
+
+@pytest.fixture
+def quiet_job(stack, ledger: Ledger, subject_name: str) -> tuple[str, str, str]:
+    """A registered aligned job on an input nobody writes: (job, input, output)."""
+    out = f"{subject_name}-out"
+    create_subject(ledger, stack.kafka, subject_name, 1)
+    create_subject(ledger, stack.kafka, out, 1)
+    job = f"{subject_name}-job"
+    JobLedger(ledger).register(JobNode(job=job, inputs=(subject_name,), output=out, parallelism=1, mode="aligned"))
+    return job, subject_name, out
+
+
+def test_a_quiet_aligned_spark_query_holds_a_bounded_number_of_watchers(stack, ledger: Ledger,
+                                                                        quiet_job: tuple[str, str, str]) -> None:
+    pytest.importorskip("pyspark")
+    from aligner.connectors.spark.job import JobPlanner
+
+    job, src, _out = quiet_job
+    planner = JobPlanner(ledger, stack.kafka, job, [src])
+    before = kazoo_watchers(ledger)
+    counts = []
+    for _ in range(12):  # every call finds nothing committed, pauses on watches and returns no batch
+        assert planner.plan({src: 0}, None, None) is None
+        counts.append(kazoo_watchers(ledger) - before)
+    assert max(counts) <= 4, counts
+    assert counts[-1] == counts[1], f"watchers grow with wake-ups: {counts}"
+    assert ledger.zk.watches.pending() <= 4
+
+
+def test_a_quiet_runtime_worker_holds_a_bounded_number_of_watchers(spawn, quiet_job: tuple[str, str, str]) -> None:
+    job, src, out = quiet_job
+
+    def fn(record, state):  # never called: nothing arrives
+        yield record.key, record.value
+
+    worker = spawn.job(JobSpec(job=job, inputs=(src,), output=out, mode="aligned"), fn)
+    led = worker.ledger
+    wait_for(lambda: led.zk.watches.pending() > 0, "the worker to wait on a watch")
+    counts = []
+    for _ in range(6):  # each wake-up reads the ledger again (the worker wakes at least once a second)
+        seen = led.round_trips
+        wait_for(lambda seen=seen: led.round_trips > seen, "the worker to wake up")
+        assert worker.thread.is_alive() and not worker.error, worker.error
+        counts.append((kazoo_watchers(led), led.zk.watches.pending()))
+    assert max(c for c, _ in counts) <= 20, counts
+    assert counts[-1] == counts[1], f"watchers grow with wake-ups: {counts}"
