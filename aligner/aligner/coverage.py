@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 
 from aligner.alignment import ConsumerAlignment
 from aligner.errors import AlignerError
@@ -68,3 +69,42 @@ def decide(start: Mapping[str, int], per: int, frontier: Mapping[str, int | None
 
 def _committed_after(frontier: int | None, first: int) -> int:
     return 0 if frontier is None else frontier - first + 1
+
+
+class Next(StrEnum):
+    """What a worker does next to learn the coverage of the job epoch it starts."""
+
+    DECIDED = "decided"
+    """The job epoch is recorded (by any worker, or the old version): use the record."""
+    FOLLOW = "follow"
+    """A new version while the old one still decides its job epochs: wait for the old one's record."""
+    DECIDE = "decide"
+    """Enough subject epochs committed: record ``coverage`` (create-if-absent; the first record wins)."""
+    WAIT = "wait"
+    """Wait for more subject epochs to commit."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    next: Next
+    coverage: Coverage | None = None
+
+
+def step(recorded: Coverage | None, follow: bool, start: Mapping[str, int] | None, per: int,
+         frontier: Mapping[str, int | None], finished: Mapping[str, int | None]) -> Step:
+    """The coverage step of a job epoch: a record stands; a follower waits for the old version's
+    record; otherwise decide from the committed epochs (``start``: where the epoch starts)."""
+    if recorded is not None:
+        return Step(Next.DECIDED, recorded)
+    if follow:
+        return Step(Next.FOLLOW)
+    if start is None:
+        raise AlignerError("a job epoch without a record and not followed needs its start to be decided")
+    decided = decide(start, per, frontier, finished)
+    return Step(Next.WAIT) if decided is None else Step(Next.DECIDE, decided)
+
+
+def catch_up_per(start: Mapping[str, int], frontier: Mapping[str, int | None], cap: int | None) -> int:
+    """A catching-up batch covers every committed epoch from ``start`` (at most ``cap`` per subject)."""
+    available = max((f - start[s] + 1 for s, f in frontier.items() if f is not None), default=0)
+    return min(cap, available) if cap is not None else available

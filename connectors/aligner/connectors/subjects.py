@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from aligner.connectors.kafka import ensure_topic
+from aligner.errors import UnknownSubjectError
 from aligner.ledger import Ledger
 from aligner.models import FieldSpec, SubjectNode
 
@@ -24,3 +25,13 @@ def create_subject(
                        value_format=value_format, fields=tuple(fields))  # type: ignore[arg-type]
     ensure_topic(bootstrap, node.topic, partitions)
     return ledger.register_subject(node)
+
+
+def ensure_shadow(ledger: Ledger, bootstrap: str, name: str, output: str) -> SubjectNode:
+    """A new version's shadow subject, shaped like the target it shadows (created by the first to start):
+    its epoch E holds what the version voided at the target in job epoch E."""
+    try:
+        return ledger.subject(name)
+    except UnknownSubjectError:
+        out = ledger.subject(output)
+        return create_subject(ledger, bootstrap, name, out.partitions, value_format=out.value_format)

@@ -1,0 +1,96 @@
+"""The coverage I/O of a runtime worker's aligned job epochs; the rules are :func:`aligner.coverage.step`'s.
+
+The first worker to start job epoch E records which subject epochs it covers (create-if-absent),
+every other worker, and a new version following the job in a hot-swap, reads that record. Waits are
+woken by ZooKeeper watches: on the subject epochs it needs (zero alignment shift, thesis 6.4.1) or
+on the old version's record of E.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+
+from aligner import coverage
+from aligner.alignment import ConsumerAlignment
+from aligner.connectors.idle import Idle
+from aligner.coverage import Coverage, Next
+from aligner.errors import AlignerError
+from aligner.jobs import JobLedger
+from aligner.ledger import Ledger
+from aligner.models import JobEpochNode, Span
+
+
+class JobEpochs:
+    def __init__(self, ledger: Ledger, line: str, per: int, follows: bool, idle: Idle) -> None:
+        self.ledger = ledger
+        self.jobs = JobLedger(ledger)
+        self.line = line
+        """Whose job epoch nodes are used: the first version's, so every version covers the same input."""
+        self.per = per
+        self.follows = follows
+        self.idle = idle
+
+    def covered(self, epoch: int, alignments: Mapping[str, ConsumerAlignment], old_decides: Callable[[int], bool],
+                inputs_finished: Callable[[], bool], stop: threading.Event) -> dict[str, Span | None]:
+        """The subject epochs aligned job epoch ``epoch`` covers: recorded once, by the first to decide."""
+        start: dict[str, int] | None = None
+        while True:
+            recorded = self.jobs.job_epoch(self.line, epoch)
+            follow = recorded is None and old_decides(epoch) and not inputs_finished()
+            if recorded is None and not follow and start is None:
+                start = self._start(epoch, alignments)
+            frontier, finished = self._observe(start) if recorded is None and not follow else ({}, {})
+            decided = coverage.step(_coverage(recorded), follow, start, self.per, frontier, finished)
+            if decided.next is Next.DECIDED:
+                return dict(decided.coverage.covered)  # type: ignore[union-attr]
+            if decided.next is Next.DECIDE:
+                assert decided.coverage is not None
+                self.idle.got_input()
+                return self.jobs.fix_job_epoch(self.line, epoch, decided.coverage.covered,
+                                               decided.coverage.next).covered
+            self._wait(epoch, decided.next, start, stop)
+
+    def _start(self, epoch: int, alignments: Mapping[str, ConsumerAlignment]) -> dict[str, int]:
+        previous = self.jobs.job_epoch(self.line, epoch - 1)
+        return coverage.starts(epoch, alignments, previous.next if previous else None, self.follows)
+
+    def _observe(self, start: Mapping[str, int] | None) -> tuple[dict[str, int | None], dict[str, int | None]]:
+        """Each subject's committed prefix from ``start`` (watches armed first, so no commit is missed)."""
+        assert start is not None
+        for s, first in start.items():
+            self.watch_epoch(s, first + self.per - 1)
+        finished = {s: self.ledger.finished(s) for s in start}
+        frontier: dict[str, int | None] = {
+            s: first + self._committed_prefix(s, first, coverage.wanted(first, self.per, finished[s])) - 1
+            for s, first in start.items()}
+        return frontier, finished
+
+    def _wait(self, epoch: int, why: Next, start: Mapping[str, int] | None, stop: threading.Event) -> None:
+        if why is Next.FOLLOW:
+            path = self.ledger.layout.job_epoch(self.line, epoch)
+            self.idle.arm(path, lambda cb: self.ledger.watch_node(path, cb))
+            if self.jobs.job_epoch(self.line, epoch) is not None:
+                return
+            self.idle.waiting(f"{self.line} to decide job epoch {epoch}")
+        else:
+            self.idle.waiting(f"subject epochs {start} to commit")
+        self.idle.sleep(stop, 1.0)
+
+    def watch_epoch(self, subject: str, epoch: int) -> None:
+        self.idle.arm(self.ledger.layout.epoch(subject, epoch), lambda cb: self.ledger.arm_watch(subject, epoch, cb))
+
+    def _committed_prefix(self, subject: str, start: int, per: int) -> int:
+        n = 0
+        while n < per:
+            try:
+                if not self.ledger.is_committed(subject, start + n):
+                    break
+            except AlignerError:
+                break
+            n += 1
+        return n
+
+
+def _coverage(node: JobEpochNode | None) -> Coverage | None:
+    return None if node is None else Coverage(covered=node.covered, next=node.next)

@@ -1,0 +1,69 @@
+"""What a runtime job is: its spec (inputs, output, parallelism, mode, state, hot-swap role) and its function."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from aligner.connectors.source import SourceRecord
+from aligner.connectors.state import StateStore
+from aligner.models import JobNode, Mode
+
+KeyedState = StateStore
+"""A job's keyed state: JSON values by string key (see :mod:`aligner.connectors.state`)."""
+
+StateKind = Literal["memory", "rocksdb", "none"]
+
+JobFunction = Callable[[SourceRecord, KeyedState], Iterable[tuple[bytes | None, bytes]]]
+"""A job: for each input record, given the keyed state, the (key, value) records to emit."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    job: str
+    inputs: tuple[str, ...]
+    output: str
+    parallelism: int = 1
+    version: str = "1"
+    interval: float = 1.0
+    """Own checkpoint interval of unaligned epochs, in seconds."""
+    mode: Mode = "exactly_once"
+    epochs_per_checkpoint: int = 1
+    """Aligned mode: subject epochs per job epoch (thesis 8.2.5 variable intervals)."""
+    deterministic: bool = True
+    per_key_order: bool = False
+    follows: str | None = None
+    """Run as the new version of this (aligned) job: same epochs, output voided until a hot-swap."""
+    output_partitions: tuple[int, ...] | None = None
+    """The output partitions this job's producers share (default: all); a new version beside an old
+    one writes other partitions of the same target."""
+    state: StateKind = "memory"
+    """Where keyed state lives between epochs: in memory, in RocksDB under ``state_dir`` (state larger
+    than memory; a restart on the same disk replays only the changelog's tail), or nowhere (a
+    stateless job writes no changelog)."""
+    state_dir: str | None = None
+    """RocksDB stores go to ``state_dir/{job}-{worker}`` (state "rocksdb" only)."""
+    inherit_state: bool = False
+    """A new version (``follows``) starts from the old version's keyed state and input positions as of
+    the epoch before its first, instead of rebuilding its state from the start of its inputs: for a
+    change of logic that keeps the state's format. Both versions need the same parallelism."""
+
+    shadow: bool = False
+    """A new version (``follows``) writes what it voids to its private subject ``{job}.shadow``, epoch
+    for epoch, so it can be compared with the old version before the swap (``aligner verify``)."""
+
+    @property
+    def shadow_subject(self) -> str | None:
+        return f"{self.job}.shadow" if self.shadow else None
+
+    @property
+    def changelog(self) -> str | None:
+        """The subject that holds this job's keyed state, one partition per worker."""
+        return None if self.state == "none" else f"{self.job}.state"
+
+    def node(self) -> JobNode:
+        return JobNode(job=self.job, version=self.version, inputs=self.inputs, output=self.output,
+                       parallelism=self.parallelism, deterministic=self.deterministic,
+                       per_key_order=self.per_key_order, mode=self.mode, follows=self.follows,
+                       output_partitions=self.output_partitions, shadow=self.shadow_subject)

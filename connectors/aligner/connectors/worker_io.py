@@ -1,0 +1,177 @@
+"""A runtime worker's sink, source and keyed state, opened at its last committed job epoch.
+
+Opening is also how a worker recovers: after a crash, a broker or a ZooKeeper outage it opens a new
+sink attempt, restores its state from its changelog up to the last committed epoch and its source
+from that epoch's record, exactly as a restarted process would. A new version that inherits its
+old version's state takes it over here (the state hand-off) before its first epoch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from kazoo.exceptions import NoNodeError
+
+from aligner.alignment import ConsumerAlignment, State
+from aligner.connectors.idle import Idle
+from aligner.connectors.job_spec import JobSpec
+from aligner.connectors.sink import TRANSIENT, FaultHook, SinkProducer, partitions_for
+from aligner.connectors.source import SubjectSource
+from aligner.connectors.state import MemoryStore, StateStore, create_changelog, open_store
+from aligner.connectors.subjects import ensure_shadow
+from aligner.errors import AlignerError, UnknownSubjectError
+from aligner.jobs import JobLedger
+from aligner.ledger import Ledger
+from aligner.models import WorkerEpochNode
+from aligner.zk import StoppedError
+
+log = logging.getLogger("aligner.runtime")
+
+Alignments = dict[str, ConsumerAlignment]
+
+
+class WorkerIO:
+    def __init__(self, ledger: Ledger, bootstrap: str, spec: JobSpec, worker: int, fault: FaultHook,
+                 idle: Idle) -> None:
+        self.ledger = ledger
+        self.jobs = JobLedger(ledger)
+        self.bootstrap = bootstrap
+        self.spec = spec
+        self.worker = worker
+        self.fault = fault
+        self.idle = idle
+        self.state: StateStore = MemoryStore()
+        """Kept across in-process reopens (each restores it to the last committed epoch)."""
+        self.sink: SinkProducer | None = None
+        self.source: SubjectSource | None = None
+        self.inherited: str | None = None
+        """"old@epoch" while this new version's first epoch carries the state it took over (hand-off)."""
+
+    def prepare(self) -> None:
+        """The subjects a worker writes besides its output, and its state store."""
+        spec = self.spec
+        if spec.changelog is not None:
+            self._ensure_changelog(spec.changelog)
+        if spec.shadow_subject is not None:
+            ensure_shadow(self.ledger, self.bootstrap, spec.shadow_subject, spec.output)
+        if spec.state == "rocksdb":
+            if spec.state_dir is None:
+                raise AlignerError(f"job {spec.job!r} keeps its state in RocksDB: give it a state directory")
+            self.state = open_store(Path(spec.state_dir) / f"{spec.job}-{self.worker}")
+
+    def _ensure_changelog(self, name: str) -> None:
+        """The job's changelog subject, one partition per worker (created by the first worker to start)."""
+        try:
+            meta = self.ledger.subject(name)
+        except UnknownSubjectError:
+            meta = create_changelog(self.ledger, self.bootstrap, name, self.spec.parallelism)
+        if meta.partitions != self.spec.parallelism:
+            raise AlignerError(f"job {self.spec.job!r} runs {self.spec.parallelism} workers but its state subject "
+                               f"{name!r} has {meta.partitions} partitions: keyed state cannot be rescaled")
+
+    def open(self) -> Alignments:
+        """Open the sink (a new attempt) and the source, and restore the last committed job epoch;
+        returns the alignment of each source as of that epoch."""
+        spec = self.spec
+        out_parts = spec.output_partitions or tuple(range(self.ledger.subject(spec.output).partitions))
+        mine = [out_parts[i] for i in partitions_for(self.worker, spec.parallelism, len(out_parts))]
+        changelog, shadow = spec.changelog, spec.shadow_subject
+        also = {**({changelog: [self.worker]} if changelog else {}), **({shadow: mine} if shadow else {})}
+        self.sink = SinkProducer(self.ledger, self.bootstrap, spec.output, spec.job, self.worker, mine,
+                                 also=also or None, fault=self.fault).open()
+        assignment = {s: list(range(self.worker, self.ledger.subject(s).partitions, spec.parallelism))
+                      for s in spec.inputs}
+        self.source = SubjectSource(self.ledger, self.bootstrap, assignment,
+                                    "at_least_once" if spec.mode == "at_least_once" else "exactly_once")
+        if changelog is None:
+            self.state.rollback()
+        else:  # exact read of this worker's changelog partition up to its last committed epoch
+            self.state.restore(self.ledger, self.bootstrap, changelog, self.worker,
+                               self.sink.leases[changelog].node.committed_epoch, repair=True)
+        return self._restore(self.sink.lease.node.committed_epoch)
+
+    def _restore(self, last: int | None) -> Alignments:
+        spec, source = self.spec, self.source
+        assert source is not None and self.sink is not None
+        alignment = {s: ConsumerAlignment() for s in spec.inputs}
+        if last is not None:
+            try:
+                committed = self.jobs.worker_epoch(spec.job, self.worker, last)
+            except NoNodeError:
+                pass  # the output epoch committed without a job record: an old sink's epoch
+            else:
+                source.restore(committed.offsets, committed.load_from)
+                alignment.update(committed.alignment)
+                for subject, a in alignment.items():
+                    source.set_limit(subject, a.load_limit)
+        if spec.follows is not None and last is None:
+            # A new version is aligned from its first epoch: it follows the old version's epochs (no
+            # (k, J) of its own: its workers' first epochs may differ, and it never runs an alignment).
+            alignment = {s: ConsumerAlignment(state=State.ALIGNED) for s in spec.inputs}
+            if spec.inherit_state:
+                self._inherit(spec.follows, self.sink.next_epoch - 1)
+        return alignment
+
+    def _inherit(self, old: str, epoch: int) -> None:
+        """State hand-off: take the old version's state and input positions as of its job epoch ``epoch``
+        (exact read of its changelog partition), and write the whole state into this version's own
+        changelog with the first epoch, which records where it came from."""
+        spec = self.spec
+        old_node = self.jobs.job(old)
+        if old_node.parallelism != spec.parallelism:
+            raise AlignerError(f"{spec.job} cannot inherit the state of {old}: {spec.parallelism} workers "
+                               f"against {old_node.parallelism}")
+        if spec.changelog is None:
+            raise AlignerError(f"{spec.job} declares no state (state='none'); it cannot inherit {old}'s")
+        committed = self._await_old_epoch(old, epoch)
+        self.state.restore(self.ledger, self.bootstrap, f"{old}.state", self.worker, epoch)
+        self.state.mark_all_changed()
+        assert self.source is not None
+        self.source.restore(committed.offsets, committed.load_from)
+        self.inherited = f"{old}@{epoch}"
+
+    def _await_old_epoch(self, old: str, epoch: int) -> WorkerEpochNode:
+        path = self.ledger.layout.worker_epoch(old, self.worker, epoch)
+        while (committed := self.jobs.worker_epoch_or_none(old, self.worker, epoch)) is None:
+            if self.ledger.stopping():
+                raise StoppedError(f"{self.spec.job} worker {self.worker} stopped")
+            self.idle.waiting(f"{old} worker {self.worker} to commit epoch {epoch} (state hand-off)")
+            self.idle.arm(path, lambda cb: self.ledger.watch_node(path, cb))
+            self.idle.wake.wait(1.0)
+            self.idle.wake.clear()
+        self.idle.got_input()
+        return committed
+
+    def reopen(self, stop: threading.Event, describe: Callable[[BaseException], str]) -> Alignments | None:
+        """After a broker or ZooKeeper failure: drop the open epoch and resume from the last committed
+        one, retrying with backoff until it works (the alignments restored) or ``stop`` (None)."""
+        delay = 0.2
+        while not stop.is_set():
+            self.close_io()
+            try:
+                return self.open()
+            except StoppedError:
+                return None
+            except TRANSIENT as exc:
+                log.warning("%s worker %d: reopening failed (%s); retrying in %.1fs", self.spec.job, self.worker,
+                            describe(exc), delay)
+            stop.wait(delay)
+            delay = min(delay * 2, 5.0)
+        return None
+
+    def close_io(self) -> None:
+        sink, source, self.sink, self.source = self.sink, self.source, None, None
+        if sink is not None:
+            with contextlib.suppress(Exception):
+                sink.close()
+        if source is not None:
+            with contextlib.suppress(Exception):
+                source.close()
+
+    def close(self) -> None:
+        self.close_io()
+        self.state.close()
