@@ -15,12 +15,13 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
+from aligner.connectors.watchdog import Stall
 from aligner.errors import AlignerError, StoppedError, UnreachableError
 from aligner.settings import kafka_properties
 
@@ -189,13 +190,29 @@ def requires_abort(exc: KafkaException) -> bool:
     return isinstance(err, KafkaError) and err.txn_requires_abort()
 
 
-def consumer_config(bootstrap: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """An assign-only consumer: no group offsets are ever committed, positions come from ZooKeeper."""
+FETCH_WAIT_MS = 500
+"""How long the broker may hold a fetch that finds no data (librdkafka's default; measured in
+experiments/bench_fetch.py). The broker answers as soon as it finds data, so the wait costs nothing
+while data flows; a caught-up consumer sends two fetches a second instead of a hundred (10 ms). The
+embedded broker also treats the wait as a deadline for finding the data, which costs more the more
+batches a partition holds: a short wait there means fetches that never return anything."""
+
+MAX_FETCH_WAIT_MS = 30_000
+"""The longest wait a consumer escalates to when fetches come back empty from a broker that answers."""
+
+
+def consumer_config(bootstrap: str, extra: Mapping[str, Any] | None = None,
+                    wait_ms: int | None = None) -> dict[str, Any]:
+    """An assign-only consumer: no group offsets are ever committed, positions come from ZooKeeper.
+
+    ``wait_ms`` overrides the fetch wait (the client properties file may set it too): a consumer that
+    found the broker slow comes back with a longer one (see :class:`FetchingConsumer`)."""
     return {
         "fetch.max.bytes": 64 * 1024 * 1024,
         "max.partition.fetch.bytes": 16 * 1024 * 1024,
         "queued.min.messages": 200000,
-        "fetch.wait.max.ms": 10,
+        "fetch.wait.max.ms": FETCH_WAIT_MS,
+        "fetch.min.bytes": 1,
         **client_properties(),
         "bootstrap.servers": bootstrap,
         "group.id": f"aligner-reader-{uuid.uuid4().hex[:8]}",
@@ -206,30 +223,158 @@ def consumer_config(bootstrap: str, extra: Mapping[str, Any] | None = None) -> d
         "auto.offset.reset": "error",
         **QUIET,
         **(extra or {}),
+        **({} if wait_ms is None else {"fetch.wait.max.ms": int(wait_ms)}),
     }
 
 
-def fetched_end_offsets(consumer: Consumer, topic: str, partitions: Sequence[int], bootstrap: str,
-                        timeout: float = 30.0, stop: threading.Event | None = None) -> dict[int, int]:
-    """Last stable offsets as a fetch reports them at partition EOF.
+_learned: dict[str, int] = {}
+"""Per bootstrap list: the longest fetch wait a consumer of this process had to escalate to. New
+consumers start there: the partitions of a broker that slows with their size do not shrink."""
+
+
+def escalate_after(wait_ms: int) -> float:
+    """Seconds of empty fetches from a broker that answers before a consumer's wait is raised."""
+    return max(2.0, 4 * wait_ms / 1000)
+
+
+class FetchingConsumer:
+    """An assign-only Consumer whose fetch wait adapts: raised (x4, up to :data:`MAX_FETCH_WAIT_MS`)
+    when fetches come back empty from a broker that answers. librdkafka cannot change the wait of a
+    live consumer, so the consumer is replaced; its owner assigns the new one where it stood."""
+
+    def __init__(self, bootstrap: str, extra: Mapping[str, Any] | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.extra = dict(extra or {})
+        configured = int(consumer_config(bootstrap, self.extra)["fetch.wait.max.ms"])
+        self.wait_ms = max(configured, _learned.get(bootstrap, 0))
+        self.consumer = Consumer(consumer_config(bootstrap, self.extra, self.wait_ms))
+        self.reopened = 0
+
+    def slower(self) -> int:
+        """Replace the consumer by one with a longer wait (the same at the cap: fresh connections);
+        returns the new wait. The caller assigns the new consumer."""
+        self.wait_ms = min(MAX_FETCH_WAIT_MS, self.wait_ms * 4)
+        _learned[self.bootstrap] = max(_learned.get(self.bootstrap, 0), self.wait_ms)
+        old, self.consumer = self.consumer, Consumer(consumer_config(self.bootstrap, self.extra, self.wait_ms))
+        self.reopened += 1
+        old.close()
+        return self.wait_ms
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def probe(consumer: Consumer, topic: str, partition: int, timeout: float = 1.0) -> tuple[int, int] | None:
+    """The partition's (low, high) watermarks asked of the broker now; None when it does not answer."""
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+    except KafkaException:
+        return None
+    return low, high
+
+
+def stall_cause(answered: bool, wait_ms: int, raised_to: int | None = None) -> str:
+    """Why a read makes no progress, in the operator's words."""
+    if not answered:
+        return "the broker does not answer (paused, overloaded or unreachable)"
+    then = f"; fetch wait raised to {raised_to} ms" if raised_to else ""
+    return (f"the broker answers but fetches waiting up to {wait_ms} ms come back empty: a fetch takes longer "
+            f"than its wait (the embedded broker slows with batches per partition, PLATFORM.md deviation 5){then}")
+
+
+class _EndWatch:
+    """The stall watch of one ``fetched_end_offsets`` call: what it saw, per partition still open."""
+
+    def __init__(self, fc: FetchingConsumer, topic: str, component: str) -> None:
+        self.fc, self.topic, self.component = fc, topic, component
+        self.stalls: dict[int, Stall] = {}
+        self.checked = time.monotonic()
+        self.fetches_at = time.monotonic()
+
+    def stall(self, partition: int) -> Stall:
+        return self.stalls.setdefault(partition, Stall(self.component, self.topic, partition))
+
+    def check(self, open_partitions: Iterable[int]) -> bool:
+        """Once a second while partitions are open: warn when stuck; True when the consumer was
+        replaced by a slower one (the caller assigns it again)."""
+        now = time.monotonic()
+        if now - self.checked < 1.0:
+            return False
+        self.checked = now
+        wait = self.fc.wait_ms
+        stuck = [p for p in open_partitions if self.stall(p).idle() >= min(escalate_after(wait), 10.0)]
+        if not stuck:
+            return False
+        answered = probe(self.fc.consumer, self.topic, stuck[0]) is not None
+        raise_wait = answered and now - self.fetches_at >= escalate_after(wait) and wait < MAX_FETCH_WAIT_MS
+        new = self.fc.slower() if raise_wait else None
+        for p in stuck:
+            self.stall(p).report(None, "its end offset", stall_cause(answered, wait, new))
+        if new is not None:
+            self.fetches_at = now
+            return True
+        return False
+
+    def done(self) -> None:
+        for s in self.stalls.values():
+            s.moved()
+            s.close()
+
+
+def fetched_end_offsets(fc: FetchingConsumer, topic: str, partitions: Sequence[int], bootstrap: str,
+                        stop: threading.Event | None = None, known: Mapping[int, int] | None = None,
+                        component: str = "reader") -> dict[int, int]:
+    """Last stable offsets, as a read_committed fetch reaches them.
 
     Tansu answers ListOffsets(latest) with the base offset of the last batch plus one, which is
     short of the end when that batch holds several records. Fetching from just before that
-    answer until EOF gives the true end (the LSO, for a read_committed consumer) on any broker.
+    answer gives the true end (the LSO, for a read_committed consumer) on any broker: the position
+    once it reaches the high watermark of the fetch that brought the records, or partition EOF.
+    A partition whose answer is not past ``known`` (its end from an earlier call) got no new batch.
+    Waits as long as it takes (a stalled fetch is reported and the wait raised, never given up on);
+    ``stop`` ends the wait with StoppedError. Broker outages raise from the ListOffsets call.
     """
-    listed = end_offsets(bootstrap, topic, partitions, committed_only=True, timeout=min(timeout, 3.0))
-    consumer.assign([TopicPartition(topic, p, max(0, listed[p] - 1)) for p in partitions])
-    ends: dict[int, int] = {}
-    deadline = time.monotonic() + timeout
-    while len(ends) < len(partitions):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no end-of-partition from {topic} partitions {sorted(set(partitions) - set(ends))}")
+    listed = end_offsets(bootstrap, topic, partitions, committed_only=True, timeout=3.0)
+    ends = {p: known[p] for p in partitions if known is not None and p in known and listed[p] <= known[p]}
+    ends.update({p: 0 for p in partitions if listed[p] <= 0})
+    todo = [p for p in partitions if p not in ends]
+    watch = _EndWatch(fc, topic, component)
+    while todo:
+        consumer = fc.consumer
+        consumer.assign([TopicPartition(topic, p, max(0, listed[p] - 1)) for p in todo])
+        if _read_ends(fc, consumer, topic, todo, ends, watch, stop):
+            break
+    watch.done()
+    fc.consumer.unassign()
+    return ends
+
+
+def _read_ends(fc: FetchingConsumer, consumer: Consumer, topic: str, todo: list[int], ends: dict[int, int],
+               watch: _EndWatch, stop: threading.Event | None) -> bool:
+    """Consume until every partition of ``todo`` has its end in ``ends`` (True), or the consumer was
+    replaced by a slower one (False: assign the new one)."""
+    while True:
         if stop is not None and stop.is_set():
+            consumer.unassign()
             raise StoppedError(f"stopped while reading the end offsets of {topic}")
+        seen: set[int] = set()
         for m in consumer.consume(10000, timeout=0.05):
+            p = m.partition()
             err = m.error()
             if err is not None and err.code() == KafkaError._PARTITION_EOF:
-                # The first EOF per partition counts; pausing would survive the unassign below.
-                ends.setdefault(m.partition(), m.offset())
-    consumer.unassign()
-    return ends
+                ends.setdefault(p, m.offset())  # the first EOF per partition counts
+            elif err is None:
+                seen.add(p)
+        for p in seen - ends.keys():
+            watch.stall(p).moved()
+            tp = consumer.position([TopicPartition(topic, p)])[0]
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
+            if tp.offset >= 0 and high >= 0 and tp.offset >= high:
+                ends[p] = tp.offset  # read up to the high watermark the broker just reported: no EOF to wait for
+        todo[:] = [p for p in todo if p not in ends]
+        if not todo:
+            return True
+        for p in todo:
+            watch.stall(p).polled_empty()
+        if watch.check(todo):
+            return False

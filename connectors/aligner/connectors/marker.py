@@ -11,9 +11,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from confluent_kafka import Consumer
-
-from aligner.connectors.kafka import consumer_config, end_offsets, fetched_end_offsets
+from aligner.connectors.kafka import FetchingConsumer, end_offsets, fetched_end_offsets
 from aligner.connectors.sink import TRANSIENT
 from aligner.ledger import Lease, Ledger
 from aligner.models import Range
@@ -41,7 +39,7 @@ class EpochMarker:
         self.topic = meta.topic
         self.partitions = list(range(meta.partitions))
 
-        self._consumer = Consumer(consumer_config(self.bootstrap))
+        self._consumer = FetchingConsumer(self.bootstrap)
 
         def start() -> dict[int, int]:
             if self.from_beginning:
@@ -51,18 +49,12 @@ class EpochMarker:
         self._lease = self.ledger.claim(self.subject, self.name, "0", self.partitions, start)
         return self
 
-    def _ends(self) -> dict[int, int]:
-        # A broker busy serving many consumers may take seconds to answer a fetch: wait (the stop
-        # flag is checked every 50 ms); an unreachable broker fails this epoch and run() retries it.
-        try:
-            return fetched_end_offsets(self._consumer, self.topic, self.partitions, self.bootstrap, timeout=30.0,
-                                       stop=self._stop)
-        except TRANSIENT:
-            # After a broker pause a consumer may stay wedged on its old connections (seen: no EOF
-            # for minutes after the broker was back); the retry gets a fresh one.
-            old, self._consumer = self._consumer, Consumer(consumer_config(self.bootstrap))
-            old.close()
-            raise
+    def _ends(self, known: dict[int, int] | None = None) -> dict[int, int]:
+        # As long as it takes: a slow broker (the embedded one slows with batches per partition) is
+        # reported and waited for with longer fetch waits, never given up on; the stop flag ends the
+        # wait. An unreachable broker fails the ListOffsets call: this epoch fails and run() retries it.
+        return fetched_end_offsets(self._consumer, self.topic, self.partitions, self.bootstrap, stop=self._stop,
+                                   known=known, component=f"marker of {self.subject}")
 
     def finish(self) -> int | None:
         """The outside producers are done: mark the subject finished so aligned readers drain and stop."""
@@ -77,7 +69,7 @@ class EpochMarker:
         assert self._lease is not None, "open() first"
         epoch = self._lease.next_epoch
         self._writers = self.ledger.ensure_epoch(self.subject, epoch, self._writers)
-        ends = self._ends()
+        ends = self._ends(dict(self._lease.node.next_offsets))
         ranges = {p: Range(start=s, end=max(s, ends[p])) for p, s in self._lease.node.next_offsets.items()}
         self._lease = self.ledger.commit(self._lease, epoch, None, ranges)
         return epoch, ranges

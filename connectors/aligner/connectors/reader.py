@@ -11,6 +11,11 @@ they are all that attempt's (partitions are private, and every record of the com
 in its range), so no header is read. Any other record in the range (an aborted attempt the broker
 leaked, a crash between the Kafka and the ZooKeeper commit, a zombie) makes the count differ, and
 then every record's stamp is checked.
+
+A read waits as long as it takes: fetches that come back empty (a paused broker, or the embedded
+broker taking longer to find the data than the fetch may wait) are reported by the watchdog and
+waited out with longer fetch waits. Only evidence that the log no longer holds the offsets raises
+DataLossError: the broker says they are out of range, or its log now starts past them.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from aligner.connectors.kafka import consumer_config, end_offsets
+from aligner.connectors.kafka import MAX_FETCH_WAIT_MS as MAX_WAIT
+from aligner.connectors.kafka import FetchingConsumer, end_offsets, escalate_after, probe, stall_cause
+from aligner.connectors.watchdog import Stall
 from aligner.epochs import CommittedEpoch, Slice, check_retention
 from aligner.errors import DataLossError, UndecodableRecordError
 from aligner.ledger import Ledger
@@ -83,13 +90,14 @@ class EpochReader:
 
     def __init__(self, ledger: Ledger, bootstrap: str, *, stall_timeout: float = 30.0,
                  consumer_extra: dict[str, Any] | None = None) -> None:
+        """``stall_timeout``: seconds without progress before a read warns (it goes on waiting)."""
         self.ledger = ledger
         self.stall_timeout = stall_timeout
         self._bootstrap = bootstrap
-        self._consumer = Consumer(consumer_config(bootstrap, consumer_extra))
+        self._fetching = FetchingConsumer(bootstrap, consumer_extra)
 
     def close(self) -> None:
-        self._consumer.close()
+        self._fetching.close()
 
     def __enter__(self) -> EpochReader:
         return self
@@ -110,8 +118,8 @@ class EpochReader:
         for partition in sorted(by_partition):
             segments = by_partition[partition]
             check_retention(subject, segments[0].epoch, partition, segments[0].slice.start, log_start[partition])
-            for epoch, kept, dropped in read_partition(self._consumer, meta.topic, partition, segments,
-                                                       self.stall_timeout):
+            for epoch, kept, dropped in read_partition(self._fetching.consumer, meta.topic, partition, segments,
+                                                       self.stall_timeout, self._fetching):
                 read_counter.inc(len(kept))
                 if dropped:
                     drop_counter.inc(dropped)
@@ -144,12 +152,60 @@ def _settle(seg: Segment, in_range: list[Message], dropped: int) -> tuple[int, l
     return seg.epoch, kept, dropped + len(in_range) - len(kept)
 
 
+_DATA_LOST = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
+"""Fetch errors meaning the log no longer holds the offsets asked for; any other error is waited out."""
+
+
+class _Progress:
+    """Where one partition read stands, for the watchdog: it waits, reports, and raises the fetch wait."""
+
+    def __init__(self, consumer: Consumer, fetching: FetchingConsumer | None, topic: str, partition: int,
+                 start: int, end: int, stall_timeout: float) -> None:
+        self.consumer, self.fetching = consumer, fetching
+        self.topic, self.partition, self.end = topic, partition, end
+        self.next = start
+        """The next offset this read needs (records before it were handed over)."""
+        self.stall = Stall("reader", topic, partition, warn_after=stall_timeout)
+        self.checked = self.assigned = time.monotonic()
+        self.error = ""
+
+    @property
+    def wait_ms(self) -> int:
+        return self.fetching.wait_ms if self.fetching is not None else 0
+
+    def check(self) -> None:
+        """Once a second while stuck: real evidence of loss raises, a slow broker gets a longer wait."""
+        now = time.monotonic()
+        limit = min(self.stall.warn_after, escalate_after(self.wait_ms or 500))
+        if now - self.checked < 1.0 or self.stall.idle() < limit:
+            return
+        self.checked = now
+        marks = probe(self.consumer, self.topic, self.partition)
+        if marks is not None and marks[0] > self.next:
+            raise DataLossError(f"{self.topic}[{self.partition}]: committed epochs need offset {self.next} but the "
+                                f"log now starts at {marks[0]}")
+        raised = None
+        if (marks is not None and self.fetching is not None and now - self.assigned >= escalate_after(self.wait_ms)
+                and self.wait_ms < MAX_WAIT):
+            raised = self.fetching.slower()
+            self.consumer = self.fetching.consumer
+            self.consumer.assign([TopicPartition(self.topic, self.partition, self.next)])
+            self.assigned = now
+        wanted = f"wants offsets up to {self.end}, log end {'?' if marks is None else marks[1]}"
+        cause = stall_cause(marks is not None, self.wait_ms if raised is None else raised // 4, raised)
+        self.stall.report(self.next, wanted, cause + (f"; last fetch error: {self.error}" if self.error else ""))
+
+
 def read_partition(
-    consumer: Consumer, topic: str, partition: int, segments: list[Segment], stall_timeout: float = 30.0
+    consumer: Consumer, topic: str, partition: int, segments: list[Segment], stall_timeout: float = 30.0,
+    fetching: FetchingConsumer | None = None,
 ) -> Iterator[tuple[int, list[Message], int]]:
     """Read one partition across consecutive segments: yields (epoch, kept messages, dropped count).
 
-    The consumer is (re)assigned to this partition only; records past the last segment end it.
+    The consumer is (re)assigned to this partition only; records past the last segment end it. It
+    waits as long as the read takes: after ``stall_timeout`` seconds without progress it warns once
+    (and again when it moves). With ``fetching`` (whose consumer ``consumer`` is), a broker that answers
+    but returns nothing gets a longer fetch wait.
     """
     tp = TopicPartition(topic, partition, segments[0].slice.start)
     consumer.assign([tp])
@@ -159,43 +215,53 @@ def read_partition(
     in_range: list[Message] = []
     dropped = 0
     seg_start, seg_end = seg.slice.start, seg.slice.end
-    progress = time.monotonic()
+    progress = _Progress(consumer, fetching, topic, partition, seg_start, end, stall_timeout)
     done = False
-    while not done:
-        batch = consumer.consume(10000, timeout=0.05)
-        if batch:
-            progress = time.monotonic()
-        for m in batch:
-            if m.error() is not None:
-                if m.error().code() == KafkaError._PARTITION_EOF:
-                    if m.offset() >= end:
-                        done = True
-                        break
+    try:
+        while not done:
+            batch = progress.consumer.consume(10000, timeout=0.05)
+            if batch:
+                progress.stall.moved()
+            else:
+                progress.stall.polled_empty()
+            for m in batch:
+                if m.error() is not None:
+                    code = m.error().code()
+                    if code == KafkaError._PARTITION_EOF:
+                        if m.offset() >= end:
+                            done = True
+                            break
+                        continue
+                    if code in _DATA_LOST:
+                        raise DataLossError(f"{topic}[{partition}]: {m.error()} (committed epochs need offsets "
+                                            f"{progress.next} to {end})")
+                    progress.error = str(m.error())  # transient: librdkafka retries by itself
                     continue
-                raise DataLossError(f"{topic}[{partition}]: {m.error()}")
-            o = m.offset()
-            if o >= end:
-                done = True
-                break
-            if o >= seg_end:
-                yield _settle(seg, in_range, dropped)
-                in_range, dropped = [], 0
-                while o >= segments[idx].slice.end:
-                    idx += 1
-                seg = segments[idx]
-                seg_start, seg_end = seg.slice.start, seg.slice.end
-            if o < seg_start:
-                dropped += 1  # between a writer's registration and its first epoch
-                continue
-            in_range.append(m)
-        if not done:
-            position = consumer.position([TopicPartition(topic, partition)])[0].offset
-            if position >= end:
-                done = True
-            elif time.monotonic() - progress > stall_timeout:
-                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-                raise DataLossError(
-                    f"{topic}[{partition}]: committed epochs need offsets up to {end} but reading stalled "
-                    f"at {position} (log end {high}); was the broker's log lost?"
-                )
+                o = m.offset()
+                if o >= end:
+                    done = True
+                    break
+                progress.next = o + 1
+                if o >= seg_end:
+                    yield _settle(seg, in_range, dropped)
+                    in_range, dropped = [], 0
+                    while o >= segments[idx].slice.end:
+                        idx += 1
+                    seg = segments[idx]
+                    seg_start, seg_end = seg.slice.start, seg.slice.end
+                if o < seg_start:
+                    dropped += 1  # between a writer's registration and its first epoch
+                    continue
+                in_range.append(m)
+            if not done:
+                position = progress.consumer.position([TopicPartition(topic, partition)])[0].offset
+                if position > progress.next:
+                    progress.next = position
+                    progress.stall.moved()
+                if progress.next >= end:
+                    done = True
+                else:
+                    progress.check()
+    finally:
+        progress.stall.close()
     yield _settle(seg, in_range, dropped)

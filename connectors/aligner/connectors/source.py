@@ -6,17 +6,30 @@ its stamp is the committed attempt. A load limit per subject is how alignment wo
 that must end a job epoch exactly at subject epoch k loads nothing past k and checkpoints once
 its position reaches k's end on every partition. In at-least-once mode the source reads whatever
 Kafka shows, unbounded and unfiltered.
+
+A watchdog looks once a second: a partition with data to read that has not moved for a while is
+reported (once, and again when it moves) and, when the broker answers but fetches come back empty,
+read on with a consumer that waits longer per fetch. The source never gives up on a slow broker.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import KafkaError, Message, TopicPartition
 
-from aligner.connectors.kafka import consumer_config, end_offsets
+from aligner.connectors.kafka import (
+    MAX_FETCH_WAIT_MS,
+    FetchingConsumer,
+    end_offsets,
+    escalate_after,
+    probe,
+    stall_cause,
+)
+from aligner.connectors.watchdog import Stall
 from aligner.epochs import CommittedEpoch, check_retention
 from aligner.errors import DataLossError, EpochNotCommittedError
 from aligner.ledger import Ledger
@@ -67,18 +80,21 @@ class _Input:
 
 class SubjectSource:
     def __init__(self, ledger: Ledger, bootstrap: str, assignment: Mapping[str, Sequence[int]],
-                 mode: Mode = "exactly_once") -> None:
+                 mode: Mode = "exactly_once", name: str | None = None) -> None:
         self.ledger = ledger
         self.bootstrap = bootstrap
         self.mode = mode
-        self._consumer = Consumer(
+        self.name = name or f"source of {', '.join(assignment)}"
+        self._fetching = FetchingConsumer(
             # A small prefetch: records past an epoch's end are fetched again after the bound moves.
-            consumer_config(bootstrap, {"fetch.queue.backoff.ms": 5, "fetch.error.backoff.ms": 10,
-                                        "queued.min.messages": 20000, "max.partition.fetch.bytes": 1 << 20,
-                                        # at-least-once does not wait for any commit (thesis 6.3)
-                                        **({"isolation.level": "read_uncommitted"}
-                                           if mode == "at_least_once" else {})})
+            bootstrap, {"fetch.queue.backoff.ms": 5, "fetch.error.backoff.ms": 10,
+                        "queued.min.messages": 20000, "max.partition.fetch.bytes": 1 << 20,
+                        # at-least-once does not wait for any commit (thesis 6.3)
+                        **({"isolation.level": "read_uncommitted"} if mode == "at_least_once" else {})}
         )
+        self._consumer = self._fetching.consumer
+        self._stalls: dict[tuple[str, int], tuple[Stall, int | None]] = {}
+        self._watched = self._assigned = time.monotonic()
         self.inputs: dict[str, _Input] = {}
         self.parts: dict[tuple[str, int], _Part] = {}
         self._by_topic: dict[tuple[str, int], _Part] = {}
@@ -92,7 +108,9 @@ class SubjectSource:
                 self._by_topic[(topic, p)] = part
 
     def close(self) -> None:
-        self._consumer.close()
+        for stall, _pos in self._stalls.values():
+            stall.close()
+        self._fetching.close()
 
     # ---- positions ----------------------------------------------------------------------------
 
@@ -235,6 +253,7 @@ class SubjectSource:
                 self._accept(part, m, o, out)
                 touched.add((part.subject, part.partition))
         self._settle(touched)
+        self._watch()
         return out
 
     def _accept(self, part: _Part, m: Message, o: int, out: list[SourceRecord]) -> None:
@@ -287,3 +306,54 @@ class SubjectSource:
                     self._stop_at_bound(part)
         if touched or active:
             self._advance_consumed()
+
+    # ---- the watchdog -------------------------------------------------------------------------
+
+    def _waiting_for_data(self, part: _Part) -> bool:
+        """The partition has data this source should be reading (not merely an open end)."""
+        if part.pos is None or part.paused or part.pos >= part.bound:
+            return False
+        if part.bound < UNBOUNDED:
+            return True  # committed epochs name the offsets up to the bound
+        _low, high = self._consumer.get_watermark_offsets(TopicPartition(part.topic, part.partition), cached=True)
+        return high > part.pos
+
+    def _watch(self) -> None:
+        """Once a second: report partitions that stopped moving with data to read; a broker that
+        answers but returns nothing gets a consumer with a longer fetch wait."""
+        now = time.monotonic()
+        if now - self._watched < 1.0:
+            return
+        gap, self._watched = now - self._watched, now
+        if gap > 3.0:  # not polled meanwhile (the worker was busy elsewhere): a stall counts from now
+            for stall, _seen in self._stalls.values():
+                stall.moved()
+        stuck: list[tuple[_Part, Stall]] = []
+        wait = self._fetching.wait_ms
+        for key, part in self.parts.items():
+            stall, seen = self._stalls.get(key) or (Stall(self.name, part.topic, part.partition), None)
+            if part.pos != seen or not self._waiting_for_data(part):
+                stall.moved()
+            elif stall.idle() >= min(stall.warn_after, escalate_after(wait)):
+                stuck.append((part, stall))
+            self._stalls[key] = (stall, part.pos)
+        if not stuck:
+            return
+        answered = probe(self._consumer, stuck[0][0].topic, stuck[0][0].partition) is not None
+        raised = None
+        if answered and now - self._assigned >= escalate_after(wait) and wait < MAX_FETCH_WAIT_MS:
+            raised = self._reopen()
+        for part, stall in stuck:
+            stall.report(part.pos, f"wants offsets up to {part.bound if part.bound < UNBOUNDED else 'the end'}",
+                         stall_cause(answered, wait, raised))
+
+    def _reopen(self) -> int:
+        """Read on with a consumer that waits longer per fetch, from where every partition stands."""
+        wait = self._fetching.slower()
+        self._consumer = self._fetching.consumer
+        self._assigned = time.monotonic()
+        assign = [TopicPartition(p.topic, p.partition, p.pos) for p in self.parts.values()
+                  if p.pos is not None and not p.paused]
+        if assign:
+            self._consumer.incremental_assign(assign)
+        return wait

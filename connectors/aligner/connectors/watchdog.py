@@ -1,0 +1,77 @@
+"""The watchdog word: a component that makes no progress on a partition while it has data to read says so
+once, names the partition and the likely cause, and says so again when it moves.
+
+Nothing here decides that data is lost or gives up: a stall is reported and waited out. The gauge
+``aligner_fetch_stalled_seconds`` carries the same news to Prometheus (0 while the partition moves).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from prometheus_client import Gauge
+
+log = logging.getLogger("aligner.watchdog")
+
+STALLED = Gauge(
+    "aligner_fetch_stalled_seconds",
+    "Seconds a component has read nothing from a partition that has data for it (0 while it moves)",
+    ["component", "topic", "partition"],
+)
+
+WARN_AFTER = 10.0
+"""Seconds without progress, with data to read, before a component warns."""
+
+
+class Stall:
+    """Progress of one component on one partition: ``moved`` on progress, ``report`` while stuck."""
+
+    def __init__(self, component: str, topic: str, partition: int, warn_after: float = WARN_AFTER,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.component, self.topic, self.partition = component, topic, partition
+        self.warn_after = warn_after
+        self._clock = clock
+        self.since = clock()
+        """When the partition last moved (or the watch started)."""
+        self.warned = False
+        self.empty_polls = 0
+        """Polls that returned nothing for this partition since it last moved."""
+        self._gauge = STALLED.labels(component, topic, str(partition))
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}[{self.partition}]"
+
+    def idle(self) -> float:
+        """Seconds since the partition last moved."""
+        return self._clock() - self.since
+
+    def moved(self) -> None:
+        if self.warned:
+            log.warning("%s: %s moves again after %.0fs", self.component, self.name, self.idle())
+            self.warned = False
+            self._gauge.set(0)
+        self.since = self._clock()
+        self.empty_polls = 0
+
+    def polled_empty(self) -> None:
+        self.empty_polls += 1
+
+    def report(self, position: int | None, wanted: str, cause: str) -> bool:
+        """Warn once the stall is long enough (True when it did just now); keeps the gauge current."""
+        idle = self.idle()
+        if idle < self.warn_after:
+            return False
+        self._gauge.set(idle)
+        if self.warned:
+            return False
+        self.warned = True
+        at = "no position yet" if position is None or position < 0 else f"offset {position}"
+        log.warning("%s: no progress reading %s for %.0fs at %s (%s; %d polls came back empty): %s; "
+                    "still waiting", self.component, self.name, idle, at, wanted, self.empty_polls, cause)
+        return True
+
+    def close(self) -> None:
+        self._gauge.set(0)
