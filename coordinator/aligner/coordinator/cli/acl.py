@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from aligner.coordinator.cli import render
 from aligner.coordinator.cli.common import JsonFlag, check_names, emit, out, usage
 from aligner.coordinator.cli.connect import ledger
+from aligner.coordinator.cli.render import acl_table
 
 app = typer.Typer(help="ZooKeeper ACLs: who may write which subjects and jobs.", no_args_is_help=True)
 
@@ -54,6 +54,6 @@ def acl_show(
     if emit({**grants_json(grants), "acls": {p: [{"id": w, "perms": perms} for w, perms in a] for p, a in rows}},
             as_json):
         return
-    render.acl_table(rows)
+    acl_table(rows)
     if grants is None:
         out.print("no grants: nodes are created open (`aligner --zk-auth digest:ADMIN:PW acl grant` secures them)")

@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from aligner.coordinator.cli import render
 from aligner.coordinator.cli.common import JsonFlag, Name, ValueFormat, emit, epoch_span, err, out, usage
 from aligner.coordinator.cli.connect import kafka, ledger
+from aligner.coordinator.cli.render import epochs_table, jobs_table, queries_table, subjects_table
 
 if TYPE_CHECKING:
     from aligner.ledger import Ledger
@@ -48,11 +48,11 @@ def status(as_json: JsonFlag = False) -> None:
         queries = query_statuses(led)
     if emit({"subjects": rows, "jobs": jobs, "spark_queries": queries}, as_json):
         return
-    render.subjects_table(rows)
+    subjects_table(rows)
     if jobs:
-        render.jobs_table(jobs)
+        jobs_table(jobs)
     if queries:
-        render.queries_table(queries)
+        queries_table(queries)
 
 
 @app.command()
@@ -73,7 +73,7 @@ def epochs(
             else:
                 rows.append({"epoch": n, "committed": False, "writers": list(node.writers), "ranges": {}})
     if not emit({"subject": subject, "epochs": rows}, as_json):
-        render.epochs_table(subject, rows)
+        epochs_table(subject, rows)
 
 
 @app.command()
