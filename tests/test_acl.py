@@ -9,6 +9,7 @@ own job's command.
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from aligner.alignment import Command
 from aligner.coordinator.stack import StackInfo
 from aligner.errors import AccessDeniedError, AlignerError
 from aligner.jobs import JobLedger
-from aligner.layout import writer_id
+from aligner.layout import Layout, writer_id
 from aligner.ledger import Lease, Ledger
 from aligner.models import (
     AlignmentDecision,
@@ -82,6 +83,41 @@ def test_policy_by_path(path: str, sink: int | None) -> None:
     assert perms.get("digest:sink-a") == sink
     assert perms["world:anyone"] == Permissions.READ
     assert "digest:reader" not in perms
+
+
+def _layout_paths(lay: Layout) -> dict[str, str]:
+    """Every path a Layout method or property builds, with sample arguments."""
+    samples: dict[str, object] = {"subject": "a", "sink": "k", "producer": "0", "epoch": 1, "writer": "k:0",
+                                  "job": "j", "worker": 0, "old_job": "j", "query": "q", "batch": 3}
+    out = {}
+    for name in dir(lay):
+        attr = getattr(type(lay), name, None)
+        if name.startswith("_") or name in ("root", "declared"):
+            continue
+        if isinstance(attr, property):
+            out[name] = getattr(lay, name)
+        elif callable(attr):
+            params = list(inspect.signature(attr).parameters)[1:]
+            out[name] = getattr(lay, name)(*(samples[p] for p in params))
+    return out
+
+
+def test_every_layout_path_is_declared_and_the_policy_follows_the_declaration() -> None:
+    lay = Layout(ROOT)
+    paths = _layout_paths(lay)
+    assert {"spark_sink_epoch", "source_batch", "retention", "grants", "election"} <= set(paths)
+    for name, path in paths.items():
+        found = lay.declared(path)
+        assert found is not None, f"Layout.{name} builds {path}, which no declaration names"
+        node, _ = found
+        assert len(node.parts) == len(path[len(ROOT):].strip("/").split("/")) or path == ROOT, \
+            f"Layout.{name} builds {path}: only an ancestor ({node.pattern!r}) is declared"
+        _scope, _name, perms = rule(ROOT, path)
+        assert perms == ("" if node.who == "admin" else node.perms), (name, path)
+    assert rule(ROOT, lay.spark_sink_epoch("a", "k", 1)) == ("subject", "a", "rwcd")
+    assert rule(ROOT, lay.source_batch("q", 3, "a")) == ("job", "q", "rwcd")
+    assert rule(ROOT, f"{lay.subject('a')}/undeclared") == ("subject", "a", "rwcd")  # its grantees own it
+    assert rule(ROOT, lay.grants) == ("", None, "")
 
 
 def test_restricted_readers() -> None:

@@ -214,7 +214,7 @@ class JobLedger:
     def worker_ids(self, job: str) -> list[int]:
         """The workers of ``job`` that have recorded epochs (gc prunes their records)."""
         try:
-            return sorted(int(w) for w in self.zk.get_children(f"{self.layout.job(job)}/workers"))
+            return sorted(int(w) for w in self.zk.get_children(self.layout.workers(job)))
         except NoNodeError:
             return []
 

@@ -1,9 +1,15 @@
-"""The single place ZooKeeper paths are built.
+"""The single place ZooKeeper paths are built, and the declaration of every node the product writes.
+
+:data:`NODES` names each node (its path pattern under the root, who may write it, what it holds); the
+path methods of :class:`Layout` build exactly those paths (tests/test_acl.py checks that they agree), and
+the ACL policy (:mod:`aligner.acl_policy`) gives a node the permissions its declaration states.
 
     {root}/subjects/{subject}                         SubjectNode
     {root}/subjects/{subject}/writers                 WritersNode (partition claims, compare-and-set)
+    {root}/subjects/{subject}/retention               first epoch ``aligner gc`` kept
     {root}/subjects/{subject}/sinks/{sink}            SinkNode
     {root}/subjects/{subject}/sinks/{sink}/producers/{producer}   ProducerNode
+    {root}/subjects/{subject}/sinks/{sink}/spark      a Spark sink's progress (+ /epochs/{epoch}: its lineage)
     {root}/subjects/{subject}/epochs/{epoch:010d}     EpochNode (expected writers)
     {root}/subjects/{subject}/epochs/{epoch:010d}/{sink}:{producer}   ContributionNode
     {root}/jobs/{job}                                 JobNode
@@ -12,11 +18,15 @@
     {root}/jobs/{job}/sources/{subject}/command       CommandNode (alignment commands)
     {root}/jobs/{job}/sources/{subject}/consumers/{i} ConsumerNode (alignment state)
     {root}/jobs/{job}/decision                        AlignmentDecision (coordinator)
+    {root}/jobs/{job}/swap                            SwapNode (coordinator)
+    {root}/spark/queries/{query}/batches/{batch:012d}/{subject}   what a Spark micro-batch read
     {root}/coordinator/election                       leader election of coordinators
+    {root}/acl                                        the ACL grants (admin only)
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -31,6 +41,89 @@ def split_writer(writer: str) -> tuple[str, str]:
 
 def epoch_name(epoch: int) -> str:
     return f"{epoch:010d}"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One kind of node: its path pattern under the root, and who may do what there.
+
+    ``who`` is "subject" or "job" (the identities granted the subject or job its first placeholder
+    names), "subjects" or "jobs" (any identity granted some subject or job), or "admin" (nobody else);
+    ``perms`` are their permissions, letters of ``rwcd`` (readers' read access is the policy's)."""
+
+    pattern: str
+    who: str
+    perms: str
+    what: str = ""
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        return tuple(p for p in self.pattern.split("/") if p)
+
+
+NODES: tuple[Node, ...] = (
+    Node("", "admin", "", "the root"),
+    Node("acl", "admin", "", "Grants (aligner.acl_policy)"),
+    Node("subjects", "subjects", "rc", "a granted sink registers its subjects (a job's changelog)"),
+    Node("subjects/{subject}", "subject", "rc", "SubjectNode; made with its children in one multi-op"),
+    Node("subjects/{subject}/writers", "subject", "rw", "WritersNode"),
+    Node("subjects/{subject}/retention", "subject", "", "the gc floor: admin only"),
+    Node("subjects/{subject}/sinks", "subject", "rc"),
+    Node("subjects/{subject}/sinks/{sink}", "subject", "rc", "SinkNode"),
+    Node("subjects/{subject}/sinks/{sink}/producers", "subject", "rc"),
+    Node("subjects/{subject}/sinks/{sink}/producers/{producer}", "subject", "rw", "ProducerNode"),
+    Node("subjects/{subject}/sinks/{sink}/spark", "subject", "rwcd", "a Spark sink's progress"),
+    Node("subjects/{subject}/sinks/{sink}/spark/epochs", "subject", "rwcd"),
+    Node("subjects/{subject}/sinks/{sink}/spark/epochs/{epoch}", "subject", "rwcd", "which micro-batch wrote it"),
+    Node("subjects/{subject}/epochs", "subject", "rc"),
+    Node("subjects/{subject}/epochs/{epoch}", "subject", "rc", "EpochNode"),
+    Node("subjects/{subject}/epochs/{epoch}/{writer}", "subject", "r", "ContributionNode: never changes"),
+    Node("jobs", "jobs", "rc"),
+    Node("jobs/{job}", "job", "rc", "JobNode"),
+    Node("jobs/{job}/sources", "job", "rc"),
+    Node("jobs/{job}/sources/{subject}", "job", "rc"),
+    Node("jobs/{job}/sources/{subject}/command", "job", "r", "CommandNode: the coordinator alone writes it"),
+    Node("jobs/{job}/sources/{subject}/consumers", "job", "rc"),
+    Node("jobs/{job}/sources/{subject}/consumers/{worker}", "job", "rw", "ConsumerNode"),
+    Node("jobs/{job}/decision", "job", "r", "AlignmentDecision (coordinator)"),
+    Node("jobs/{job}/swap", "job", "r", "SwapNode (coordinator)"),
+    Node("jobs/{job}/epochs", "job", "rc"),
+    Node("jobs/{job}/epochs/{epoch}", "job", "r", "JobEpochNode: create-if-absent, never changes"),
+    Node("jobs/{job}/workers", "job", "rc"),
+    Node("jobs/{job}/workers/{worker}", "job", "rc"),
+    Node("jobs/{job}/workers/{worker}/epochs", "job", "rc"),
+    Node("jobs/{job}/workers/{worker}/epochs/{epoch}", "job", "r", "WorkerEpochNode"),
+    Node("spark", "jobs", "rc"),
+    Node("spark/queries", "jobs", "rc"),
+    Node("spark/queries/{query}", "job", "rwcd", "a Spark query's micro-batch records (pruned by the query)"),
+    Node("spark/queries/{query}/batches", "job", "rwcd"),
+    Node("spark/queries/{query}/batches/{batch}", "job", "rwcd"),
+    Node("spark/queries/{query}/batches/{batch}/{subject}", "job", "rwcd", "what a micro-batch read"),
+    Node("coordinator", "admin", ""),
+    Node("coordinator/election", "admin", "", "kazoo's Election recipe"),
+)
+"""Every node the product writes, parents before children."""
+
+CONTAINERS: tuple[str, ...] = tuple(n.pattern for n in NODES if n.parts and "{" not in n.pattern and n.pattern != "acl")
+"""Nodes without placeholders (made once, before any component starts)."""
+
+
+def _fits(node: Node, parts: tuple[str, ...]) -> bool:
+    return len(node.parts) == len(parts) and all(
+        p.startswith("{") or p == q for p, q in zip(node.parts, parts, strict=True))
+
+
+def declared(root: str, path: str) -> tuple[Node, Mapping[str, str]] | None:
+    """The declaration of the node at ``path`` and its placeholders' values; for an undeclared node under
+    a declared one, the nearest declared ancestor's (None outside the root)."""
+    if path != root and not path.startswith(root.rstrip("/") + "/"):
+        return None
+    parts = tuple(p for p in path[len(root):].split("/") if p)
+    for depth in range(len(parts), -1, -1):
+        for node in NODES:
+            if _fits(node, parts[:depth]):
+                return node, {p[1:-1]: q for p, q in zip(node.parts, parts, strict=False) if p.startswith("{")}
+    return None
 
 
 @dataclass(frozen=True)
@@ -59,6 +152,15 @@ class Layout:
     def producer(self, subject: str, sink: str, producer: str) -> str:
         return f"{self.producers(subject, sink)}/{producer}"
 
+    def spark_progress(self, subject: str, sink: str) -> str:
+        return f"{self.sink(subject, sink)}/spark"
+
+    def spark_sink_epochs(self, subject: str, sink: str) -> str:
+        return f"{self.spark_progress(subject, sink)}/epochs"
+
+    def spark_sink_epoch(self, subject: str, sink: str, epoch: int) -> str:
+        return f"{self.spark_sink_epochs(subject, sink)}/{epoch_name(epoch)}"
+
     def retention(self, subject: str) -> str:
         return f"{self.subject(subject)}/retention"
 
@@ -86,8 +188,14 @@ class Layout:
     def job_epoch(self, job: str, epoch: int) -> str:
         return f"{self.job_epochs(job)}/{epoch_name(epoch)}"
 
+    def workers(self, job: str) -> str:
+        return f"{self.job(job)}/workers"
+
+    def worker(self, job: str, worker: int) -> str:
+        return f"{self.workers(job)}/{worker}"
+
     def worker_epochs(self, job: str, worker: int) -> str:
-        return f"{self.job(job)}/workers/{worker}/epochs"
+        return f"{self.worker(job, worker)}/epochs"
 
     def worker_epoch(self, job: str, worker: int, epoch: int) -> str:
         return f"{self.worker_epochs(job, worker)}/{epoch_name(epoch)}"
@@ -114,5 +222,39 @@ class Layout:
         return f"{self.job(job)}/decision"
 
     @property
+    def coordinator(self) -> str:
+        return f"{self.root}/coordinator"
+
+    @property
     def election(self) -> str:
-        return f"{self.root}/coordinator/election"
+        return f"{self.coordinator}/election"
+
+    # ---- Spark queries and the grants ----------------------------------------------------------
+
+    @property
+    def spark(self) -> str:
+        return f"{self.root}/spark"
+
+    @property
+    def spark_queries(self) -> str:
+        return f"{self.spark}/queries"
+
+    def spark_query(self, query: str) -> str:
+        return f"{self.spark_queries}/{query}"
+
+    def query_batches(self, query: str) -> str:
+        return f"{self.spark_query(query)}/batches"
+
+    def query_batch(self, query: str, batch: int) -> str:
+        return f"{self.query_batches(query)}/{batch:012d}"
+
+    def source_batch(self, query: str, batch: int, subject: str) -> str:
+        return f"{self.query_batch(query, batch)}/{subject}"
+
+    @property
+    def grants(self) -> str:
+        return f"{self.root}/acl"
+
+    def declared(self, path: str) -> tuple[Node, Mapping[str, str]] | None:
+        """The declaration of the node at ``path`` (see :func:`declared`)."""
+        return declared(self.root, path)

@@ -25,7 +25,7 @@ import time
 from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
-from aligner.acl import AclPolicy
+from aligner.acl_policy import AclPolicy
 from aligner.errors import (
     StoppedError,
     UnreachableError,

@@ -42,7 +42,7 @@ class Retention:
             epochs = self.jobs.worker_epoch_numbers(job, w)
             victims += [lay.worker_epoch(job, w, e) for e in (epochs if swapped_out else epochs[:-keep])]
         if swapped_out:
-            victims += [f"{lay.job(job)}/workers", f"{lay.job(job)}/sources", lay.decision(job)]
+            victims += [lay.workers(job), lay.sources(job), lay.decision(job)]
         return victims
 
     def delete(self, paths: list[str]) -> int:

@@ -42,7 +42,7 @@ from kazoo.hosts import collect_hosts
 from kazoo.retry import ForceRetryError, KazooRetry
 from kazoo.retry import InterruptedError as RetryInterrupted
 
-from aligner.acl import AclPolicy
+from aligner.acl_policy import AclPolicy
 from aligner.errors import AccessDeniedError, StoppedError
 from aligner.metrics import ZK_CONNECTED, ZK_OUTAGES
 from aligner.ops import VERB, Check, Create, Delete, Op, SetData
