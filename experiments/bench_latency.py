@@ -146,21 +146,27 @@ class Profile:
         w.source._consumer = TimedConsumer(w.source._consumer, self, consume_cap)
         arm = w.ledger.arm_watch
 
-        def arm_watch(subject: str, epoch: int, fired: threading.Event) -> None:
-            # record when the ZooKeeper watch wakes the worker (the last wake before the epoch is fixed)
-            cur, orig_set = self._cur, fired.set
+        def arm_watch(subject: str, epoch: int, fired: threading.Event | Callable[[Any], None]) -> None:
+            # record when the ZooKeeper watch wakes the worker (the last wake before the epoch is fixed);
+            # the runtime passes a callback, older callers an event
+            cur = self._cur
 
-            def set_() -> None:
+            def noted(event: Any = None) -> None:
                 if "covered" not in cur:
                     cur["fired"] = time.time()
-                orig_set()
+                if isinstance(fired, threading.Event):
+                    fired.set()
+                else:
+                    fired(event)
 
-            fired.set = set_  # type: ignore[method-assign]
-            arm(subject, epoch, fired)
+            arm(subject, epoch, noted)
 
         w.ledger.arm_watch = arm_watch  # type: ignore[method-assign]
         self._wrap(w, "step", before="start", after="end", epoch=lambda: sink.next_epoch)
-        self._wrap(w, "_covered", after="covered")
+        # where the covered subject epochs are decided: JobEpochs.covered (older runtimes: JobWorker._covered)
+        decider = getattr(w, "epochs", None)
+        self._wrap(decider if decider is not None and hasattr(decider, "covered") else w,
+                   "covered" if decider is not None and hasattr(decider, "covered") else "_covered", after="covered")
         self._wrap(w, "_drain_until", after="drained")
         self._wrap(sink._kp, "flush", before="flush_start", after="flushed")
         self._wrap(sink._kp, "commit_transaction", before="kafka_start", after="kafka_done")
