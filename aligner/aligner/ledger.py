@@ -15,6 +15,10 @@ Commit protocol (per producer per epoch, two round trips whatever the parallelis
 An epoch is committed once every expected writer's contribution exists. Writers join by a
 multi-op that updates the writers document and creates the first epoch they write, so no epoch
 can be created with a stale list of writers. There are no locks anywhere.
+
+:class:`Ledger` is the facade: each recipe lives in its own module of :mod:`aligner.recipes` (the
+session and typed operations, subjects, committed epochs, claims, commits, watches, a Spark sink's
+batch commit), stacked so that every public method is reached through one object and one session.
 """
 
 from __future__ import annotations
@@ -26,10 +30,7 @@ from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
 from aligner.acl_policy import AclPolicy
-from aligner.errors import (
-    StoppedError,
-    UnreachableError,
-)
+from aligner.errors import StoppedError, UnreachableError
 from aligner.layout import Layout, epoch_name
 from aligner.recipes.claims import Claim, Lease
 from aligner.recipes.commits import Contribution, PendingEpoch

@@ -9,20 +9,9 @@ from dataclasses import dataclass
 
 from kazoo.exceptions import BadVersionError
 
-from aligner.errors import (
-    AlignerError,
-    FencedError,
-    PartitionClaimedError,
-    SubjectConflictError,
-)
+from aligner.errors import AlignerError, FencedError, PartitionClaimedError, SubjectConflictError
 from aligner.layout import writer_id
-from aligner.models import (
-    EpochNode,
-    ProducerNode,
-    SinkNode,
-    WriterEntry,
-    WritersNode,
-)
+from aligner.models import EpochNode, ProducerNode, SinkNode, WriterEntry, WritersNode
 from aligner.ops import Create, Op, SetData
 from aligner.recipes.reads import EpochReads
 

@@ -10,18 +10,8 @@ from typing import Any
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.retry import ForceRetryError
 
-from aligner.errors import (
-    AlignerError,
-    FencedError,
-    MalformedNodeError,
-)
-from aligner.models import (
-    ContributionNode,
-    EpochNode,
-    ProducerNode,
-    Range,
-    WritersNode,
-)
+from aligner.errors import AlignerError, FencedError, MalformedNodeError
+from aligner.models import ContributionNode, EpochNode, ProducerNode, Range, WritersNode
 from aligner.ops import Check, Create, Op, SetData, first_failure, raise_failure
 from aligner.recipes.claims import ClaimRecipes, Lease
 

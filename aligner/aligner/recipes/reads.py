@@ -7,17 +7,8 @@ from typing import Any
 from kazoo.exceptions import NoNodeError
 
 from aligner.epochs import CommittedEpoch, assemble, missing_writers
-from aligner.errors import (
-    AlignerError,
-    EpochCollectedError,
-    EpochNotCommittedError,
-    MalformedNodeError,
-)
-from aligner.models import (
-    ContributionNode,
-    EpochNode,
-    parse,
-)
+from aligner.errors import AlignerError, EpochCollectedError, EpochNotCommittedError, MalformedNodeError
+from aligner.models import ContributionNode, EpochNode, parse
 from aligner.recipes.subjects import SubjectRecipes
 
 _PIPELINE_EPOCHS = 500

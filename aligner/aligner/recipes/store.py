@@ -16,10 +16,7 @@ from kazoo.retry import ForceRetryError
 from aligner.epochs import CommittedEpoch
 from aligner.layout import Layout
 from aligner.metrics import ZK_ROUND_TRIPS
-from aligner.models import (
-    M,
-    parse,
-)
+from aligner.models import M, parse
 from aligner.ops import Op, failed_with, raise_failure
 from aligner.zk import RetryingClient
 

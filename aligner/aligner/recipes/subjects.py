@@ -4,16 +4,8 @@ from __future__ import annotations
 
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from aligner.errors import (
-    MalformedNodeError,
-    SubjectConflictError,
-    UnknownSubjectError,
-)
-from aligner.models import (
-    ProducerNode,
-    SubjectNode,
-    WritersNode,
-)
+from aligner.errors import MalformedNodeError, SubjectConflictError, UnknownSubjectError
+from aligner.models import ProducerNode, SubjectNode, WritersNode
 from aligner.ops import Create, raise_failure
 from aligner.recipes.store import Store
 

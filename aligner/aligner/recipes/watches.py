@@ -13,9 +13,7 @@ from typing import Any
 
 from kazoo.exceptions import NoNodeError
 
-from aligner.errors import (
-    EpochNotCommittedError,
-)
+from aligner.errors import EpochNotCommittedError
 from aligner.recipes.commits import CommitRecipes
 
 

@@ -60,22 +60,18 @@ from datetime import date, datetime
 from typing import Any
 
 import pyarrow as pa
-from kazoo.exceptions import BadVersionError, NodeExistsError
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 from aligner.connectors.kafka import end_offsets, transactional_id
 from aligner.connectors.sink import partitions_for
 from aligner.connectors.spark.common import AlignedOptionError, Connection, int_option, ledger_for, opt
-from aligner.connectors.spark.lineage import progress_path, sink_epoch_path, sink_epochs_path
 from aligner.connectors.spark.models import SparkProgressNode, SparkSinkEpochNode
 from aligner.connectors.stamped import StampedProducer, epoch_ranges
-from aligner.errors import AlignerError, FencedError
+from aligner.errors import AlignerError
 from aligner.layout import writer_id
 from aligner.ledger import Contribution, Lease, Ledger
-from aligner.lineage import SparkLineageLedger
 from aligner.models import ProducerNode, Range
-from aligner.ops import Create, Op, SetData
 from aligner.stamps import Stamp
 
 log = logging.getLogger("aligner.spark.writer")
@@ -100,7 +96,7 @@ class SlotCommit(WriterCommitMessage):
 def read_progress(ledger: Ledger, subject: str, sink: str) -> tuple[SparkProgressNode | None, int]:
     """The sink's Spark progress and its node version: (None, -1) without a node, (None, version)
     for the empty node created before the first batch commits."""
-    return ledger.read_optional(SparkProgressNode, progress_path(ledger, subject, sink))
+    return ledger.read_optional(SparkProgressNode, ledger.layout.spark_progress(subject, sink))
 
 
 # ---- slots (ledger producers of the sink) ---------------------------------------------------------
@@ -203,22 +199,9 @@ def commit_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any], ba
         by_slot[m.slot] = m
     ledger.ensure_epoch(subject, epoch)
     contributions = slot_contributions(leases, by_slot, batch_id)
-    progress_node = SparkProgressNode(query=query, batch=batch_id, epoch=epoch, producers=n,
-                                      job_epoch=job_epoch).dump()
-    if progress_version < 0:  # the first batch: the progress node and its epochs folder come with it
-        progress_ops: list[Op] = [Create(progress_path(ledger, subject, sink), progress_node),
-                                  Create(sink_epochs_path(ledger, subject, sink))]
-    else:
-        progress_ops = [SetData(progress_path(ledger, subject, sink), progress_node, progress_version)]
-    lineage = SparkSinkEpochNode(query=query, batch=batch_id, epoch=epoch).dump()
-    try:
-        ledger.commit_epoch(epoch, contributions,
-                            [*progress_ops, Create(sink_epoch_path(ledger, subject, sink, epoch), lineage)])
-    except (FencedError, BadVersionError, NodeExistsError) as exc:
-        raise FencedError(
-            f"batch {batch_id} of sink {sink!r} on {subject!r}: another writer changed the sink while this "
-            f"batch committed ({type(exc).__name__}); nothing was committed"
-        ) from exc
+    progress_node = SparkProgressNode(query=query, batch=batch_id, epoch=epoch, producers=n, job_epoch=job_epoch)
+    lineage = SparkSinkEpochNode(query=query, batch=batch_id, epoch=epoch)
+    ledger.commit_sink_batch(subject, sink, batch_id, epoch, contributions, progress_node, progress_version, lineage)
     return epoch
 
 
@@ -317,29 +300,16 @@ def _commit_void(ledger: Ledger, spec: SinkSpec, n: int, query: str | None, batc
     nxt = min(lease.next_epoch for lease in leases)
     progress = SparkProgressNode(query=query, batch=batch_id, epoch=last if nxt <= last else None, producers=n,
                                  job_epoch=last)
-    if nxt > last and not shadow:
-        SparkLineageLedger(ledger).write_progress(progress, subject, sink, progress_version)
-        return None
     empties: list[Contribution] = []
     if nxt <= last:
         leases = [ledger.close_empty(lease, last) for lease in leases]
         ledger.ensure_epoch(subject, last)
         empties = [Contribution(lease, None, {p: Range(start=o, end=o) for p, o in lease.node.next_offsets.items()})
                    for lease in leases]
-    if progress_version < 0:
-        progress_ops: list[Op] = [Create(progress_path(ledger, subject, sink), progress.dump()),
-                                  Create(sink_epochs_path(ledger, subject, sink))]
-    else:
-        progress_ops = [SetData(progress_path(ledger, subject, sink), progress.dump(), progress_version)]
-    if empties:  # the target epoch's lineage: written by this batch (voided)
-        lineage = SparkSinkEpochNode(query=query, batch=batch_id, epoch=last).dump()
-        progress_ops.append(Create(sink_epoch_path(ledger, subject, sink, last), lineage))
-    try:
-        ledger.commit_epoch(last, [*empties, *shadow], progress_ops)
-    except (FencedError, BadVersionError, NodeExistsError) as exc:
-        raise FencedError(f"batch {batch_id} of sink {sink!r} on {subject!r}: another writer changed the sink "
-                          f"while this batch committed ({type(exc).__name__}); nothing was committed") from exc
-    return last
+    # The target epoch's lineage when this batch (voided) closes it; the progress alone when it closes nothing.
+    lineage = SparkSinkEpochNode(query=query, batch=batch_id, epoch=last) if empties else None
+    ledger.commit_sink_batch(subject, sink, batch_id, last, [*empties, *shadow], progress, progress_version, lineage)
+    return last if empties or shadow else None
 
 
 # ---- executor side ------------------------------------------------------------------------------
