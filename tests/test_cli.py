@@ -6,8 +6,10 @@ import json
 import os
 import signal
 
+import pytest
 from confluent_kafka import Producer
 
+from aligner.connectors.sink import SinkProducer
 from aligner.coordinator.stack import _alive
 from tests.conftest import run_cli
 
@@ -106,3 +108,56 @@ def test_gc_keeps_the_last_epochs_and_collected_reads_are_clear_errors(stack, cl
     assert sorted(x["value"]["n"] for x in kept["records"]) == list(range(16, 24))
     epochs = json.loads(run_cli(cli_env, "epochs", subject_name, "--json").stdout)
     assert [e["epoch"] for e in epochs["epochs"]] == [4, 5]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    """A local SparkSession (its JVM lives until the session's end, like every Spark test module's)."""
+    pytest.importorskip("pyspark")
+    from aligner.connectors.spark.session import local_session
+
+    session = local_session("local[2]", "test-cli-lineage", **{"spark.driver.extraJavaOptions":
+                                                               "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"})
+    yield session
+    session.stop()
+
+
+def test_lineage_and_status_see_spark_sinks(stack, cli_env, ledger, subject_name, spawn, spark, tmp_path):
+    """`aligner lineage` follows an epoch a Spark query wrote back to the epochs its micro-batch read, and
+    `aligner status` lists the query: read from the ledger, the coordinator imports no engine."""
+    from aligner.connectors.subjects import create_subject
+
+    raw, target = subject_name, f"{subject_name}-out"
+    create_subject(ledger, stack.kafka, raw, 2)
+    create_subject(ledger, stack.kafka, target, 2)
+    with SinkProducer(ledger, stack.kafka, raw, "gen", 0, [0, 1]) as p:
+        for e in range(3):
+            p.begin()
+            for n in range(4):
+                p.send(json.dumps({"e": e, "n": n}).encode(), key=str(n).encode())
+            p.commit()
+    conn = {"zk": stack.zk, "kafka": stack.kafka, "root": cli_env["ALIGNER_ROOT"]}
+    query = spawn.query(spark.readStream.format("aligned").options(**conn, subject=raw, maxEpochsPerBatch="1")
+                        .load().select("key", "value").writeStream.format("aligned")
+                        .options(**conn, subject=target, sinkId="sq")
+                        .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start())
+    assert query.awaitTermination(300), "availableNow query did not finish"
+    assert query.exception() is None, query.exception()
+
+    out = json.loads(run_cli(cli_env, "epochs", target, "--json").stdout)["epochs"]
+    assert len(out) == 3 and all(e["committed"] for e in out)
+    for e in out:
+        r = run_cli(cli_env, "lineage", "--subject", target, "--epoch", str(e["epoch"]), "--json")
+        assert r.returncode == 0, r.stderr
+        found = json.loads(r.stdout)
+        (producer,) = found["lineage"]["producers"]
+        assert producer["spark"] and producer["sink"] == "sq" and producer["aligned"]
+        (read_epoch,) = found["cut"][raw]
+        by_job = json.loads(run_cli(cli_env, "lineage", "--job", "sq", "--epoch", str(e["epoch"]), "--json").stdout)
+        assert by_job["cut"] == {raw: [read_epoch]} and by_job["lineage"]["query"] == producer["query"]
+    assert sorted(json.loads(run_cli(cli_env, "lineage", "--subject", target, "--epoch", str(e["epoch"]), "--json")
+                             .stdout)["cut"][raw] for e in out) == [[0], [1], [2]]
+    status = json.loads(run_cli(cli_env, "status", "--json").stdout)
+    (q,) = status["spark_queries"]
+    assert q["subjects"][raw]["last"] == 2 and q["subjects"][raw]["behind_epochs"] == 0
+
