@@ -94,6 +94,26 @@ def test_wait_committed_rearms_every_second_without_piling_up(ledger: Ledger, su
     assert ledger.zk.watches.pending() <= 2
 
 
+def test_followers_of_one_node_share_one_recipe_and_see_every_change_in_order(ledger: Ledger, root: str) -> None:
+    path = f"{root}/followed"
+    ledger.zk.ensure_path(root)
+    jobs = JobLedger(ledger)
+    seen: dict[str, list[bytes | None]] = {"a": [], "b": []}
+    followers = {name: (lambda data, _stat, name=name: seen[name].append(data)) for name in seen}
+    for _ in range(5):  # e.g. a coordinator's waiter and a worker's swap follower on one session, subscribing again
+        for follow in followers.values():
+            ledger.zk.DataWatch(path, follow)
+    jobs.on_data_change(path, lambda: None)
+    assert ledger.zk.shared.recipes() == 1
+    assert len(ledger.zk.kazoo._data_watchers[path]) == 1
+    for value in (b"1", b"2", b"3"):
+        ledger.zk.create(path, value) if value == b"1" else ledger.zk.set(path, value)
+        wait_for(lambda value=value: all(s and s[-1] == value for s in seen.values()), f"both followers to see {value}")
+    for name, values in seen.items():
+        assert values[0] is None and [v for v in values if v is not None] == [b"1", b"2", b"3"], (name, values)
+    assert len(ledger.zk.kazoo._data_watchers[path]) == 1
+
+
 @pytest.fixture
 def quiet_job(stack, ledger: Ledger, subject_name: str) -> tuple[str, str, str]:
     """A registered aligned job on an input nobody writes: (job, input, output)."""

@@ -32,7 +32,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from kazoo.client import KazooClient, KazooState
@@ -47,6 +47,7 @@ from aligner.errors import AccessDeniedError, StoppedError
 from aligner.metrics import ZK_CONNECTED, ZK_OUTAGES
 from aligner.ops import VERB, Check, Create, Delete, Op, SetData
 from aligner.settings import ZkTls
+from aligner.watches import SharedWatches, Watches
 
 log = logging.getLogger("aligner.zk")
 
@@ -161,92 +162,6 @@ class _Denials:
         return guarded
 
 
-def _identity(value: object) -> object:
-    return value if isinstance(value, (str, int, float, bytes, type(None))) else id(value)
-
-
-def _waiter(callback: Callable[..., Any]) -> Hashable:
-    """Who is waiting, so that a waiter that arms again replaces its earlier callback instead of adding one.
-
-    A plain function or callable object is itself. A lambda or bound method is its thread, its code and
-    what it closes over or is bound to, except the :class:`threading.Event` it sets: a loop that arms
-    ``lambda _e: woken.set()`` with a fresh event on every pass is one waiter whose last wait ended."""
-    func = getattr(callback, "__func__", callback)
-    code = getattr(func, "__code__", None)
-    if code is None or not (getattr(func, "__closure__", None) or hasattr(callback, "__self__")
-                            or func.__name__ == "<lambda>"):
-        return callback
-    bound = getattr(callback, "__self__", None)
-    held = [bound, *(_contents(c) for c in func.__closure__ or ())]
-    return (threading.get_ident(), code, tuple(_identity(v) for v in held if not isinstance(v, threading.Event)))
-
-
-def _contents(cell: Any) -> object:
-    try:
-        return cell.cell_contents
-    except ValueError:  # a variable the closure names but that was never assigned
-        return None
-
-
-class _Dispatch:
-    """The one kazoo watcher of a (kind, path): kazoo keeps a set of watchers per path, so passing the
-    same object on every request leaves exactly one there, which fans its event out to every waiter."""
-
-    def __init__(self, hub: Watches, key: tuple[str, str]) -> None:
-        self.hub = hub
-        self.key = key
-        self.waiters: dict[Hashable, Callable[[Any], object]] = {}
-
-    def __call__(self, event: Any) -> None:
-        for callback in self.hub.fired(self):
-            try:
-                callback(event)
-            except Exception:  # one waiter's bug must not starve the others of the event
-                log.exception("watch callback on %s failed", self.key[1])
-
-
-class Watches:
-    """One kazoo watch per (kind, path) for the one-shot watches of a session, however often waiters arm.
-
-    kazoo keeps every callback it is given until the node changes, so a waiter that re-arms with a fresh
-    lambda on every pass of a quiet loop (a planner asked every half second, a wait re-armed every
-    second) piles up callbacks all night. Here each (kind, path) has one dispatcher registered with kazoo,
-    and each waiter (see :func:`_waiter`) one pending callback, replaced when it arms again."""
-
-    def __init__(self) -> None:
-        self._armed: dict[tuple[str, str], _Dispatch] = {}
-        self._lock = threading.Lock()
-
-    def arm(self, kind: str, path: str, callback: Callable[[Any], object]) -> _Dispatch:
-        with self._lock:
-            dispatch = self._armed.get((kind, path))
-            if dispatch is None:
-                dispatch = self._armed[(kind, path)] = _Dispatch(self, (kind, path))
-            dispatch.waiters[_waiter(callback)] = callback
-            return dispatch
-
-    def disarm(self, dispatch: _Dispatch, callback: Callable[[Any], object]) -> None:
-        """The request that set the watch failed (kazoo registered nothing): forget the callback."""
-        with self._lock:
-            key = _waiter(callback)
-            if dispatch.waiters.get(key) is callback:
-                del dispatch.waiters[key]
-            if not dispatch.waiters and self._armed.get(dispatch.key) is dispatch:
-                del self._armed[dispatch.key]
-
-    def fired(self, dispatch: _Dispatch) -> list[Callable[[Any], object]]:
-        with self._lock:
-            if self._armed.get(dispatch.key) is dispatch:
-                del self._armed[dispatch.key]
-            waiters, dispatch.waiters = list(dispatch.waiters.values()), {}
-        return waiters
-
-    def pending(self) -> int:
-        """Callbacks waiting for an event (a bound of what a quiet session holds)."""
-        with self._lock:
-            return sum(len(d.waiters) for d in self._armed.values())
-
-
 class RetryingClient:
     """The kazoo calls the ledger layer makes, retried through one policy and stop-aware."""
 
@@ -262,6 +177,8 @@ class RetryingClient:
         self._down_since: float | None = None
         self.watches = Watches()
         """The one-shot watches of ``get``, ``get_children`` and ``exists``: one kazoo watch per path and kind."""
+        self.shared = SharedWatches(kazoo.DataWatch, kazoo.ChildrenWatch)
+        """The DataWatch and ChildrenWatch recipes: one per path."""
         kazoo.add_listener(self._on_state)
         ZK_CONNECTED.set(1 if kazoo.connected else 0)
         if self.policy.auth is not None:
@@ -447,11 +364,13 @@ class RetryingClient:
 
     # ---- recipes (they keep their watches across connection loss and session expiry) ----------
 
-    def DataWatch(self, path: str, func: Callable[..., Any]) -> Any:
-        return self.kazoo.DataWatch(path, func)
+    def DataWatch(self, path: str, func: Callable[[bytes | None, Any], Any]) -> None:
+        """Call ``func(data, stat)`` now and after every change of the node (one recipe per path)."""
+        self.shared.subscribe("data", path, func)
 
-    def ChildrenWatch(self, path: str, func: Callable[..., Any]) -> Any:
-        return self.kazoo.ChildrenWatch(path, func)
+    def ChildrenWatch(self, path: str, func: Callable[[list[str]], Any]) -> None:
+        """Call ``func(children)`` now and whenever they change (one recipe per path)."""
+        self.shared.subscribe("children", path, func)
 
     def Election(self, path: str, identifier: str | None = None) -> Any:
         return _Denials(self.kazoo.Election(path, identifier), self, path)
