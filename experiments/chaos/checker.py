@@ -16,12 +16,19 @@ Per hop (``in`` -> ``a`` -> ``b`` and ``a`` -> ``f``), against what the upstream
 - **lineage**: recorded lineage that does not tile its input: an aligned job epoch not ending where
   its covered subject epochs end, job epochs that skip or repeat subject epochs, Spark batches that
   do not read each committed epoch exactly once, or a final position short of the input's end.
+
+After ``aligner gc`` (a soak's retention) the oldest epochs and lineage records are gone: ``retained=True``
+checks the retained window. Per upstream partition the window starts at the oldest upstream record whose
+result is retained downstream (results are monotonic along a partition, so every later one must be there);
+records before it, keyed-state counts relative to the window's first, and lineage records gc removed are not
+judged. A loss right at a window's start goes unseen: the price of a bounded ledger.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -116,6 +123,28 @@ def exactly_once(an: Anomalies, subject: str, got: Counter[int], expected: set[i
     an.add("unexpected", subject, f"inputs {unexpected[:10]}", len(unexpected))
 
 
+def window(upstream: list[Rec], downstream_ns: Counter[int], number: Callable[[Rec], int]) -> set[int]:
+    """The upstream inputs whose results must be retained downstream: per upstream partition, those at or
+    after the oldest one with a retained result."""
+    lo: dict[int, int] = {}
+    for r in upstream:
+        if number(r) in downstream_ns:
+            lo[r.partition] = min(lo.get(r.partition, r.offset), r.offset)
+    return {number(r) for r in upstream if r.partition in lo and r.offset >= lo[r.partition]}
+
+
+def exactly_once_window(an: Anomalies, subject: str, got: Counter[int], upstream: list[Rec],
+                        number: Callable[[Rec], int]) -> None:
+    """:func:`exactly_once` on the retained window: results whose input was collected are not judged (but a
+    result of an input newer than any upstream one is unexpected), nor inputs before the window."""
+    expected = window(upstream, got, number)
+    newest = max((number(r) for r in upstream), default=-1)
+    inside = Counter({n: c for n, c in got.items() if n in expected or n > newest})
+    exactly_once(an, subject, inside, expected)
+    dups = {n: c for n, c in got.items() if c > 1 and n not in inside}
+    an.add("duplicated", subject, f"inputs (copies) {dict(list(dups.items())[:10])}", sum(c - 1 for c in dups.values()))
+
+
 def monotonic(an: Anomalies, subject: str, pairs: list[tuple[tuple[int, int], int]]) -> None:
     """``pairs`` of (upstream (partition, offset), downstream epoch): epochs never go back along a partition."""
     last: dict[int, tuple[int, int]] = {}
@@ -134,8 +163,9 @@ class Positions:
     """Where each worker's input offsets stood after each of its committed epochs (the lineage of unaligned
     and aligned epochs alike)."""
 
-    def __init__(self, led: Ledger, jobs: list[tuple[str, int]], source: str) -> None:
+    def __init__(self, led: Ledger, jobs: list[tuple[str, int]], source: str, retained: bool = False) -> None:
         self.source = source
+        self.retained = retained
         self.nodes = {(job, w): worker_epochs(led, job, w) for job, w in jobs}
 
     def window(self, job: str, worker: int, epoch: int, partition: int) -> tuple[int, int] | None:
@@ -147,6 +177,10 @@ class Positions:
         prev = [e for e in nodes if e < epoch]
         start = nodes[max(prev)].offsets.get(self.source, {}).get(partition, 0) if prev else 0
         return start, node.offsets.get(self.source, {}).get(partition, 0)
+
+    def judged(self, job: str, worker: int, epoch: int) -> bool:
+        """Whether the epoch's lineage is there to judge (gc removes old and swapped-out workers' records)."""
+        return not self.retained or epoch in self.nodes.get((job, worker), {})
 
     def tiling(self, an: Anomalies, label: str, upstream: Subject, finals: list[tuple[str, int]], led: Ledger,
                epochs_of: str) -> None:
@@ -161,7 +195,7 @@ class Positions:
                     if o < prev.get(p, 0):
                         an.add("lineage", label, f"{job}/{w} epoch {e}: p{p} went back to {o} from {prev[p]}")
                 span = (node.covered or {}).get(self.source)
-                if span is not None:
+                if span is not None and (not self.retained or span.last in upstream.ends_after):
                     ends = upstream.ends_after.get(span.last, {})
                     for p, o in offs.items():
                         want = ends.get(p)
@@ -175,89 +209,150 @@ class Positions:
                     if o != upstream.ends.get(p, 0):
                         an.add("lineage", label, f"{job}/{w} ended p{p} at {o}; {self.source} ends at "
                                f"{upstream.ends.get(p, 0)}")
-        jobs = JobLedger(led)
-        spans = []
-        for e in jobs.job_epoch_numbers(epochs_of):
-            node = jobs.job_epoch(epochs_of, e)
-            if node is not None and node.covered.get(self.source) is not None:
-                span = node.covered[self.source]
-                assert span is not None
-                spans.append((span.first, span.last, e))
-        for (_f1, l1, e1), (f2, _l2, e2) in pairwise(spans):
-            if e2 == e1 + 1 and f2 != l1 + 1:
-                an.add("lineage", label, f"{epochs_of} job epoch {e1} covers ..{l1}, epoch {e2} starts at {f2}")
+        contiguous(an, label, led, epochs_of, self.source)
 
 
-def check(led: Ledger, kafka: str, produced: dict[str, Any], names: dict[str, str],
-          faust: bool = True) -> dict[str, Any]:
-    """Classify every anomaly of a drained chain; ``names`` maps in/a/b/f/A/A2/F/B to subjects and jobs."""
-    an = Anomalies()
-    with EpochReader(led, kafka) as reader:
-        s_in, s_a, s_b, s_f = (Subject(led, reader, names[k], an) for k in ("in", "a", "b", "f"))
+def contiguous(an: Anomalies, label: str, led: Ledger, job: str, source: str) -> None:
+    """Consecutive aligned job epochs cover consecutive subject epochs."""
+    jobs = JobLedger(led)
+    spans = []
+    for e in jobs.job_epoch_numbers(job):
+        node = jobs.job_epoch(job, e)
+        if node is not None and node.covered.get(source) is not None:
+            span = node.covered[source]
+            assert span is not None
+            spans.append((span.first, span.last, e))
+    for (_f1, l1, e1), (f2, _l2, e2) in pairwise(spans):
+        if e2 == e1 + 1 and f2 != l1 + 1:
+            an.add("lineage", label, f"{job} job epoch {e1} covers ..{l1}, epoch {e2} starts at {f2}")
 
-    # in: every acknowledged send once.
-    got_in = Counter(int(r.value["n"]) for r in s_in.records)
-    exactly_once(an, s_in.name, got_in, set(produced["acked"]) | (set(got_in) & set(range(produced["sent"]))))
-    in_pos = {}
-    for r in s_in.records:
-        in_pos.setdefault(int(r.value["n"]), r)
+
+def n_of(r: Rec) -> int:
+    """The input number a record carries (``in``, ``a`` and ``b`` records at the top, ``f`` records wrap it)."""
+    return int(r.value["n"]) if "n" in r.value else int(r.value["in"]["n"])
+
+
+def first_of(records: list[Rec]) -> dict[int, Rec]:
+    out: dict[int, Rec] = {}
+    for r in records:
+        out.setdefault(n_of(r), r)
+    return out
+
+
+@dataclass
+class Chain:
+    """What every hop's check needs: the anomalies, the ledger, the names and whether gc ran."""
+
+    an: Anomalies
+    led: Ledger
+    names: dict[str, str]
+    retained: bool
+
+    def once(self, subject: Subject, upstream: Subject, number: Callable[[Rec], int] = n_of) -> None:
+        got = Counter(n_of(r) for r in subject.records)
+        if self.retained:
+            exactly_once_window(self.an, subject.name, got, upstream.records, number)
+        else:
+            exactly_once(self.an, subject.name, got, {number(r) for r in upstream.records})
+
+
+def check_in(ch: Chain, s_in: Subject, produced: dict[str, Any]) -> dict[int, int]:
+    """in: every acknowledged send once (from the window's start: the newest of each partition's oldest
+    retained input); returns each input's rank among the earlier inputs of its key."""
+    got = Counter(n_of(r) for r in s_in.records)
+    expected = set(produced["acked"]) | (set(got) & set(range(produced["sent"])))
+    if ch.retained:
+        oldest: dict[int, int] = {}
+        for r in s_in.records:
+            oldest[r.partition] = min(oldest.get(r.partition, n_of(r)), n_of(r))
+        start = max(oldest.values(), default=0)
+        expected = {n for n in expected if n >= start}
+        got = Counter({n: c for n, c in got.items() if n >= start or c > 1})
+    exactly_once(ch.an, s_in.name, got, expected)
     rank: dict[int, int] = {}
     per_key: Counter[int] = Counter()
     for r in sorted(s_in.records, key=lambda r: (r.partition, r.offset)):
-        n = int(r.value["n"])
+        n = n_of(r)
         if n not in rank:
             rank[n] = per_key[n % KEYS]
             per_key[n % KEYS] += 1
+    return rank
 
-    # a: job A (v1 and, after the hot-swap, v2): every input once, right content, within its lineage.
-    job_of = {1: names["A"], 2: names["A2"]}
-    pos_a = Positions(led, [(j, w) for j in job_of.values() for w in (0, 1)], s_in.name)
-    exactly_once(an, s_a.name, Counter(int(r.value["n"]) for r in s_a.records), set(in_pos))
+
+def count_bases(ch: Chain, s_a: Subject, rank: dict[int, int]) -> dict[int, int]:
+    """Per key, what job A's keyed-state count adds to an input's rank: 0 over the whole history; in a
+    retained window, that of the key's oldest result (the inputs before it were collected)."""
+    if not ch.retained:
+        return {}
+    base: dict[int, tuple[int, int]] = {}
+    for r in s_a.records:
+        n, c = n_of(r), r.value.get("c")
+        if n in rank and isinstance(c, int) and (n % KEYS not in base or rank[n] < base[n % KEYS][0]):
+            base[n % KEYS] = (rank[n], c - rank[n])
+    return {k: b for k, (_r, b) in base.items()}
+
+
+def check_a(ch: Chain, s_in: Subject, s_a: Subject, rank: dict[int, int], jobs_a: list[str]) -> dict[int, str]:
+    """a: job A's versions: every input once, right content, within its lineage; returns version -> job."""
+    an, names = ch.an, ch.names
+    job_of = dict(enumerate(jobs_a, start=1))
+    pos_a = Positions(ch.led, [(j, w) for j in job_of.values() for w in (0, 1)], s_in.name, ch.retained)
+    ch.once(s_a, s_in)
+    in_pos = first_of(s_in.records)
+    bases = count_bases(ch, s_a, rank)
     pairs = []
     for r in s_a.records:
-        v, n = r.value, int(r.value["n"])
+        v, n = r.value, n_of(r)
         src = in_pos.get(n)
-        want = {"h": h(n), "c": rank.get(n), "src": [src.partition, src.offset] if src else None}
+        if src is None and ch.retained:
+            continue  # its input was collected
+        c = None if n not in rank else rank[n] + bases.get(n % KEYS, 0)
+        want = {"h": h(n), "c": c, "src": [src.partition, src.offset] if src else None}
         have = {"h": v.get("h"), "c": v.get("c"), "src": v.get("src")}
         if want != have or v.get("v") not in job_of or v.get("w") not in (0, 1):
             an.add("wrong_content", s_a.name, f"epoch {r.epoch} p{r.partition}@{r.offset}: {v}, expected {want}")
             continue
         if src is None:
             continue
-        window = pos_a.window(job_of[v["v"]], v["w"], r.epoch, src.partition)
-        if window is None or not window[0] <= src.offset < window[1]:
+        job = job_of[v["v"]]
+        window = pos_a.window(job, v["w"], r.epoch, src.partition)
+        if pos_a.judged(job, v["w"], r.epoch) and (window is None or not window[0] <= src.offset < window[1]):
             an.add("wrong_epoch", s_a.name, f"input {n} (p{src.partition}@{src.offset}) in epoch {r.epoch} "
-                   f"written by {job_of[v['v']]}/{v['w']}, whose epoch consumed {window}")
+                   f"written by {job}/{v['w']}, whose epoch consumed {window}")
         pairs.append(((src.partition, src.offset), r.epoch))
     monotonic(an, s_a.name, pairs)
-    finals_a = [(names["A2"], w) for w in (0, 1)] if pos_a.nodes.get((names["A2"], 0)) else \
-        [(names["A"], w) for w in (0, 1)]
-    pos_a.tiling(an, s_a.name, s_in, finals_a, led, names["A"])
+    final = max(g for g, job in job_of.items() if g == 1 or pos_a.nodes.get((job, 0)))
+    pos_a.tiling(an, s_a.name, s_in, [(job_of[final], w) for w in (0, 1)], ch.led, names["A"])
+    return job_of
 
-    a_pos: dict[int, Rec] = {}
-    for r in s_a.records:
-        a_pos.setdefault(int(r.value["n"]), r)
 
-    # b: the Spark query: every a record once; each batch's epoch span tiles a's committed epochs.
+def check_b(ch: Chain, s_a: Subject, s_b: Subject) -> None:
+    """b: the Spark query: every a record once; each batch's epoch span tiles a's committed epochs."""
     from aligner.connectors.spark.lineage import sink_lineage, source_batch
 
-    exactly_once(an, s_b.name, Counter(int(r.value["n"]) for r in s_b.records), set(a_pos))
+    an, a_pos = ch.an, first_of(s_a.records)
+    ch.once(s_b, s_a)
     span_of: dict[int, tuple[int, int]] = {}
-    for epoch, written in sink_lineage(led, s_b.name, names["B"]).items():
-        read = source_batch(led, written.query, written.batch).get(s_a.name) if written.query else None
+    for epoch, written in sink_lineage(ch.led, s_b.name, ch.names["B"]).items():
+        read = source_batch(ch.led, written.query, written.batch).get(s_a.name) if written.query else None
         if read is not None and epoch in s_b.by_epoch:
             span_of[epoch] = (read.first, read.last)
     covered = sorted(span_of.values())
     read_epochs = [e for first, last in covered for e in range(first, last + 1)]
     committed_a = [ce.epoch for ce in s_a.epochs]
+    if ch.retained and read_epochs and committed_a:
+        lo = max(read_epochs[0], committed_a[0])
+        read_epochs, committed_a = [e for e in read_epochs if e >= lo], [e for e in committed_a if e >= lo]
     if read_epochs != committed_a:
         extra, missing = Counter(read_epochs) - Counter(committed_a), Counter(committed_a) - Counter(read_epochs)
         an.add("lineage", s_b.name, f"batches read epochs of {s_a.name} {dict(extra) or ''} too often, "
                f"{sorted(missing)[:10]} never", max(1, sum(extra.values()) + sum(missing.values())))
     pairs = []
     for r in s_b.records:
-        v, n = r.value, int(r.value["n"])
+        v, n = r.value, n_of(r)
         src = a_pos.get(n)
+        if src is None and ch.retained:
+            continue  # its input was collected
         want = {"h": h(n), "d": 2 * n, "src": [src.epoch, src.partition, src.offset] if src else None}
         have = {"h": v.get("h"), "d": v.get("d"), "src": [v.get("src_epoch"), v.get("src_partition"),
                                                           v.get("src_offset")]}
@@ -272,30 +367,46 @@ def check(led: Ledger, kafka: str, produced: dict[str, Any], names: dict[str, st
             pairs.append(((src.partition, src.offset), r.epoch))
     monotonic(an, s_b.name, pairs)
 
+
+def check(led: Ledger, kafka: str, produced: dict[str, Any], names: dict[str, str],
+          faust: bool = True, jobs_a: list[str] | None = None, retained: bool = False) -> dict[str, Any]:
+    """Classify every anomaly of a drained chain; ``names`` maps in/a/b/f/A/A2/F/B to subjects and jobs,
+    ``jobs_a`` names job A's versions in order (default A, A2; a record's ``v`` is its version's place);
+    ``retained``: gc ran, check the retained window (module docstring)."""
+    an = Anomalies()
+    with EpochReader(led, kafka) as reader:
+        s_in, s_a, s_b, s_f = (Subject(led, reader, names[k], an) for k in ("in", "a", "b", "f"))
+    ch = Chain(an, led, names, retained)
+    rank = check_in(ch, s_in, produced)
+    job_of = check_a(ch, s_in, s_a, rank, jobs_a or [names["A"], names["A2"]])
+    check_b(ch, s_a, s_b)
     subjects = (s_in, s_a, s_b, s_f) if faust else (s_in, s_a, s_b)
     if faust:
-        check_faust(an, led, names, s_a, s_f, a_pos)
+        check_faust(ch, s_a, s_f)
     return {
         "anomalies": an.as_json(),
+        "retained_window": retained,
         "records": {s.name: len(s.records) for s in subjects},
         "records_checked": sum(len(s.records) for s in subjects),
         "epochs": {s.name: len(s.epochs) for s in subjects},
+        "first_epochs": {s.name: s.epochs[0].epoch if s.epochs else None for s in subjects},
         "produced": {"sent": produced["sent"], "acked": len(produced["acked"]), "failed": len(produced["failed"])},
-        "series": series(subjects, in_pos),
-        "swap": {"v1_records": sum(1 for r in s_a.records if r.value.get("v") == 1),
-                 "v2_records": sum(1 for r in s_a.records if r.value.get("v") == 2)},
+        "series": series(subjects, first_of(s_in.records)),
+        "swap": {f"v{g}_records": sum(1 for r in s_a.records if r.value.get("v") == g) for g in job_of},
     }
 
 
-def check_faust(an: Anomalies, led: Ledger, names: dict[str, str], s_a: Subject, s_f: Subject,
-                a_pos: dict[int, Rec]) -> None:
+def check_faust(ch: Chain, s_a: Subject, s_f: Subject) -> None:
     """f, the Faust job: every a record once, wrapped unchanged, within its worker's lineage."""
-    pos_f = Positions(led, [(names["F"], 0)], s_a.name)
-    exactly_once(an, s_f.name, Counter(int(r.value["in"]["n"]) for r in s_f.records), set(a_pos))
+    an, names, a_pos = ch.an, ch.names, first_of(s_a.records)
+    pos_f = Positions(ch.led, [(names["F"], 0)], s_a.name, ch.retained)
+    ch.once(s_f, s_a)
     pairs = []
     for r in s_f.records:
-        v, n = r.value, int(r.value["in"]["n"])
+        v, n = r.value, n_of(r)
         src = a_pos.get(n)
+        if src is None and ch.retained:
+            continue  # its input was collected
         want = {"in": src.value if src else None, "src": [s_a.name, src.partition, src.offset, src.epoch]
                 if src else None}
         if {"in": v.get("in"), "src": v.get("src")} != want:
@@ -303,13 +414,12 @@ def check_faust(an: Anomalies, led: Ledger, names: dict[str, str], s_a: Subject,
             continue
         assert src is not None
         window = pos_f.window(names["F"], 0, r.epoch, src.partition)
-        if window is None or not window[0] <= src.offset < window[1]:
+        if pos_f.judged(names["F"], 0, r.epoch) and (window is None or not window[0] <= src.offset < window[1]):
             an.add("wrong_epoch", s_f.name, f"input {n} ({s_a.name} p{src.partition}@{src.offset}) in epoch "
                    f"{r.epoch}, whose worker epoch consumed {window}")
         pairs.append(((src.partition, src.offset), r.epoch))
     monotonic(an, s_f.name, pairs)
-    pos_f.tiling(an, s_f.name, s_a, [(names["F"], 0)], led, names["F"])
-
+    pos_f.tiling(an, s_f.name, s_a, [(names["F"], 0)], ch.led, names["F"])
 
 
 def series(subjects: tuple[Subject, ...], in_pos: dict[int, Rec]) -> dict[str, Any]:

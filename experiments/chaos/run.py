@@ -33,6 +33,19 @@ ROOT = "/chaos"
 IN, A_OUT, B_OUT, F_OUT = "in", "a", "b", "f"
 JOB_A, JOB_A2, JOB_F, SINK_B = "A", "A2", "F", "B"
 NAMES = {"in": IN, "a": A_OUT, "b": B_OUT, "f": F_OUT, "A": JOB_A, "A2": JOB_A2, "F": JOB_F, "B": SINK_B}
+PARTS_PER_GENERATION = 2
+"""Partitions of ``a`` each version of job A claims: a finished writer keeps its partitions until hot-swaps hand
+them over, so every generation (A, A2, A3, ...) writes fresh ones and ``a`` has 2 per generation."""
+
+
+def job_a_name(generation: int) -> str:
+    """Job A's name in generation ``generation`` (1: A, then A2, A3, ...)."""
+    return JOB_A if generation == 1 else f"{JOB_A}{generation}"
+
+
+def a_partitions(generations: int) -> int:
+    """Partitions ``a`` needs for ``generations`` versions of job A (at least the 4 of a plain chaos run)."""
+    return max(4, PARTS_PER_GENERATION * generations)
 RESTART_DELAY = 0.5
 """Seconds the restarter waits before restarting a SIGKILLed component (systemd's RestartSec)."""
 
@@ -81,6 +94,17 @@ class Run:
     observations: list[Observation] = field(default_factory=list)
     started: float = 0.0
     swap_committed: bool = False
+    interval: float = 0.5
+    """Seconds per epoch of the marker and of the jobs' unaligned epochs."""
+    generations: int = 2
+    """Versions of job A the run may start (a hot-swap starts the next one); sizes subject ``a``."""
+    generation: int = 1
+    """The version of job A that runs now (the last one a hot-swap committed)."""
+    lasts_at_least: float = 0.0
+    """Seconds the nemesis phase lasts at least, even when its faults are played sooner (a soak's duration)."""
+    watchers: list[Step] = field(default_factory=list)
+    """Extra loops of the main loop (a soak's sampler); each must end once ``draining`` is set."""
+    draining: bool = False
 
     # ---- plumbing ----------------------------------------------------------------------------
 
@@ -156,22 +180,21 @@ class Run:
         assert self.info is not None
         return python("aligner.connectors.runtime", "--zk", self.info.zk, "--kafka", self.info.kafka, "--root", ROOT,
                       "--job", job, "--function", "experiments.chaos.jobs:job_a", "--input", IN,
-                      "--output", A_OUT, "--worker", str(i), "--parallelism", "2", "--interval", "0.5", *extra)
+                      "--output", A_OUT, "--worker", str(i), "--parallelism", "2", "--interval", str(self.interval),
+                      *extra)
 
     def start_chain(self) -> None:
         info = self.info
         assert info is not None
         with Ledger.connect(info.zk, ROOT) as led:
-            for name, parts in ((IN, 4), (A_OUT, 4), (B_OUT, 4), (F_OUT, 2)):
+            for name, parts in ((IN, 4), (A_OUT, a_partitions(self.generations)), (B_OUT, 4), (F_OUT, 2)):
                 create_subject(led, info.kafka, name, parts)
         home = str(self.outdir / "home")
         self.add("producer", python("experiments.chaos.producer", "--kafka", info.kafka, "--topic", IN,
                                     "--rate", str(self.rate), "--out", str(self.outdir / "producer.json")),
                  supervised=False)
-        self.add("marker", self.cli("markers", IN, "--interval", "0.5"))
-        for i in range(2):
-            self.add(f"A-{i}", self.worker_argv(JOB_A, i, ["--output-partitions", "0,1"]),
-                     {"CHAOS_WORKER": str(i), "CHAOS_VERSION": "1"})
+        self.add("marker", self.cli("markers", IN, "--interval", str(self.interval)))
+        self.start_generation(1)
         self.add("spark", python("experiments.chaos.spark_job", "--zk", info.zk, "--kafka", info.kafka, "--root",
                                  ROOT, "--source", A_OUT, "--target", B_OUT, "--sink", SINK_B,
                                  "--checkpoint", str(self.outdir / "spark-checkpoint")))
@@ -180,12 +203,27 @@ class Run:
         self.add("faust", python("experiments.faust_job", "worker", "-l", "warn", "--without-web"),
                  {"ALIGNER_ZK": info.zk, "ALIGNER_KAFKA": info.kafka, "ALIGNER_ROOT": ROOT, "ALIGNER_HOME": home,
                   "FAUST_JOB_ID": JOB_F, "FAUST_JOB_INPUT": A_OUT, "FAUST_JOB_OUTPUT": F_OUT,
-                  "FAUST_JOB_INTERVAL": "0.5"})
+                  "FAUST_JOB_INTERVAL": str(self.interval)})
+
+    def start_generation(self, g: int) -> None:
+        """Start job A's version ``g`` (following version ``g - 1`` after the first) on fresh partitions of ``a``."""
+        first = PARTS_PER_GENERATION * (g - 1)
+        parts = ",".join(str(p) for p in range(first, first + PARTS_PER_GENERATION))
+        follows = ["--version", str(g), "--follows", job_a_name(g - 1)] if g > 1 else []
+        for i in range(2):
+            argv = self.worker_argv(job_a_name(g), i, [*follows, "--output-partitions", parts])
+            self.add(f"{job_a_name(g)}-{i}", argv, {"CHAOS_WORKER": str(i), "CHAOS_VERSION": str(g)})
+            if g > 1:
+                self.event("start", f"{job_a_name(g)}-{i}", 0.0)
+
+    def newest_generation(self) -> int:
+        """The newest version of job A started (a hot-swap under way runs it beside the current one)."""
+        return max(g for g in range(1, self.generations + 1) if f"{job_a_name(g)}-0" in self.procs)
 
     def workers(self) -> list[Proc]:
-        """The job A workers of the version that runs now (A2 once it exists)."""
-        v2 = [self.procs[n] for n in ("A2-0", "A2-1") if n in self.procs]
-        return v2 or [self.procs["A-0"], self.procs["A-1"]]
+        """The job A workers of the newest version started (the one that finishes the run)."""
+        g = self.newest_generation()
+        return [self.procs[f"{job_a_name(g)}-{i}"] for i in range(2)]
 
     # ---- the coordinator's lane ----------------------------------------------------------------
 
@@ -237,35 +275,38 @@ class Run:
             if op.kind == "hotswap":
                 yield from self.hotswap()
             elif op.kind == "align":
-                job, subject = (JOB_A, IN) if op.target == "A" else (JOB_F, A_OUT)
+                job, subject = (job_a_name(self.generation), IN) if op.target == "A" else (JOB_F, A_OUT)
                 yield from self.command(f"align {op.target}", "align", job, "--subject", subject)
             elif op.kind == "abort":
-                yield from self.command(f"abort {op.target}", "abort", JOB_A if op.target == "A" else JOB_F)
+                job = job_a_name(self.generation) if op.target == "A" else JOB_F
+                yield from self.command(f"abort {op.target}", "abort", job)
 
     def hotswap(self) -> Step:
-        """Align A (unless it is), start A2 beside it, wait until A2 follows, swap; retried until done."""
+        """Align the running version of A (unless it is), start the next one beside it, wait until it follows,
+        swap; retried until done. A run's first swap is A -> A2, a soak's next ones A2 -> A3 and so on."""
+        old, new = job_a_name(self.generation), job_a_name(self.generation + 1)
+        if self.generation + 1 > self.generations:
+            self.say(f"  [yellow]hot-swap skipped: the run sized subject a for {self.generations} versions of A[/]")
+            return
         for attempt in range(5):
-            if not (yield from self.aligned(JOB_A, IN)):
-                yield from self.command("align A (for the swap)", "align", JOB_A, "--subject", IN)
-            if "A2-0" not in self.procs:
-                for i in range(2):
-                    self.add(f"A2-{i}", self.worker_argv(JOB_A2, i, ["--version", "2", "--follows", JOB_A,
-                                                                     "--output-partitions", "2,3"]),
-                             {"CHAOS_WORKER": str(i), "CHAOS_VERSION": "2"})
-                    self.event("start", f"A2-{i}", 0.0)
-                yield from self._v2_follows()
-            if (yield from self.command("hotswap A -> A2", "hotswap", "--old", JOB_A, "--new", JOB_A2,
+            if not (yield from self.aligned(old, IN)):
+                yield from self.command(f"align {old} (for the swap)", "align", old, "--subject", IN)
+            if f"{new}-0" not in self.procs:
+                self.start_generation(self.generation + 1)
+                yield from self._v2_follows(new)
+            if (yield from self.command(f"hotswap {old} -> {new}", "hotswap", "--old", old, "--new", new,
                                         "--subject", A_OUT)):
                 self.swap_committed = True
+                self.generation += 1
                 return
             self.say(f"  hot-swap attempt {attempt + 1} failed; again")
 
-    def _v2_follows(self) -> Generator[None, None, bool]:
+    def _v2_follows(self, new: str) -> Generator[None, None, bool]:
         assert self.led is not None
         led = self.led
 
         def follows() -> bool:
-            c = JobLedger(led).consumers(JOB_A2, IN)
+            c = JobLedger(led).consumers(new, IN)
             return len(c) == 2 and all(n.job_epoch is not None for n in c.values())
 
         deadline = time.time() + 180
@@ -285,6 +326,7 @@ class Run:
             yield from wait_until(self.started + f.at)
             self.say(f"{self.rel():7.1f}s  {f.kind} {f.target}{f' for {f.duration:.1f}s' if f.duration else ''}")
             yield from self.perform(f, rng)
+        yield from wait_until(self.started + self.lasts_at_least)
 
     def pause(self, pid: int | None, group: bool, seconds: float) -> Step:
         if pid is None:
@@ -303,7 +345,7 @@ class Run:
         ev = self.event(f.kind, f.target, f.duration)
         if f.kind == "kill-coordinator" and (self.coordinator is None or not self.coordinator.alive()):
             # No operation under way: start one (idempotent: align the running version of A) to kill.
-            job = JOB_A2 if "A2-0" in self.procs else JOB_A
+            job = job_a_name(self.newest_generation())
             self.coordinator = self.add(f"coord-x{len(self.events)}",
                                         self.cli("align", job, "--subject", IN, "--timeout", "240", "--json"))
             self.coordinator.long_running = False
@@ -443,9 +485,7 @@ def _play(run: Run, drain_timeout: float) -> dict[str, Any]:
     healing = False
     run.started = time.time()
     run.start_chain()
-    loops: list[Step] = [run.restarter(lambda: healing), run.nemesis()]
-    lane = run.lane(run.ops)
-    loops.append(lane)
+    loops: list[Step] = [run.restarter(lambda: healing), run.nemesis(), run.lane(run.ops), *run.watchers]
     done: set[int] = set()
 
     def tick() -> None:
@@ -463,6 +503,7 @@ def _play(run: Run, drain_timeout: float) -> dict[str, Any]:
     nemesis_end = run.rel()
     run.say(f"{run.rel():7.1f}s  nemesis over: healing, finishing the input, draining")
     healing = True
+    run.draining = True
     run.heal()
     if not run.swap_committed:
         loops.append(run.hotswap())
@@ -503,7 +544,8 @@ def _play(run: Run, drain_timeout: float) -> dict[str, Any]:
     run.say(f"{drained:7.1f}s  drained; checking every subject by epoch")
     from experiments.chaos.checker import check
 
-    result = check(run.led, run.info.kafka, produced, NAMES, faust=run.faust)
+    jobs_a = [job_a_name(g) for g in range(1, run.newest_generation() + 1)]
+    result = check(run.led, run.info.kafka, produced, NAMES, faust=run.faust, jobs_a=jobs_a)
     return {"check": result, "nemesis_end": nemesis_end, "drained": drained, "checked": run.rel()}
 
 

@@ -1,0 +1,161 @@
+"""``python -m experiments.soak``: the chaos chain for ``--minutes`` (``SOAK_MINUTES``), sampled, with a verdict.
+
+Exit 0 when it passed, 1 with one line saying why it failed (stall, anomaly, growth), 130 when stopped by a
+signal (the first SIGTERM or SIGINT stops it and everything it started within 10 s).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from experiments.chaos import nemesis
+from experiments.chaos.nemesis import Fault
+from experiments.chaos.run import Interrupted, Run, execute, job_a_name
+from experiments.common import RESULTS
+from experiments.soak.plot import plot
+from experiments.soak.verdict import figures, verdict
+from experiments.soak.watch import Settings, Soak, Stalled
+
+console = Console(highlight=False)
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+
+def soak_ops(seed: int, duration: float, swap_every: float, faust: bool) -> list[Fault]:
+    """The coordinator's lane: align A early, hot-swap job A every ``swap_every`` s (A -> A2 -> A3 ...; the
+    hook for parallelism changes is :meth:`Run.start_generation`), align F early and abort/re-align it once
+    per swap period at random. No swap in the last minute: the drain's own swap covers a run without any."""
+    rng = random.Random(f"{seed}/soak-ops")
+    ops = [Fault(15.0, "align", "A")]
+    swaps = [k * swap_every for k in range(1, int(duration // swap_every) + 1) if k * swap_every <= duration - 60]
+    ops += [Fault(round(at, 1), "hotswap", f"{job_a_name(k + 1)} -> {job_a_name(k + 2)}") for k, at in enumerate(swaps)]
+    if faust:
+        ops.append(Fault(25.0, "align", "F"))
+        for start in [0.0, *swaps]:
+            end = min(start + swap_every, duration - 30)
+            if end - start > 60:
+                at = rng.uniform(start + 30, end - 30)
+                ops += [Fault(round(at, 1), "abort", "F"), Fault(round(at + rng.uniform(5, 20), 1), "align", "F")]
+    return sorted(ops, key=lambda f: f.at)
+
+
+def report_of(run: Run, soak: Soak, result: dict[str, Any] | None, minutes: float, window: float,
+              check_growth: bool) -> dict[str, Any]:
+    """Everything the soak measured, its figures and its verdict (one dict, written as JSON)."""
+    done = [e for e in run.events if e["kind"] in nemesis.FAULT_WEIGHTS and "(none" not in e["target"]]
+    fig = figures(soak.samples, window)
+    reasons = verdict(soak.stalls, result, len(run.observations), fig, check_growth)
+    check = (result or {}).get("check")
+    swaps = [e["at"] + e["duration"] for e in run.events
+             if e["kind"] == "op" and e["target"].startswith("hotswap") and e.get("ok")]
+    return {
+        "seed": run.seed, "minutes": minutes, "settings": asdict(soak.settings), "interval": run.interval,
+        "rate": run.rate, "faust": run.faust, "check_growth": check_growth, "started": run.started,
+        "faults_total": len(done), "faults_by_kind": dict(Counter(e["kind"] for e in done)),
+        "swaps": swaps, "generation": run.generation, "samples": soak.samples, "frontiers": soak.frontiers,
+        "stalls": soak.stalls, "gc": soak.gcs, "figures": fig,
+        "check": None if check is None else {k: v for k, v in check.items() if k != "series"},
+        "error": (result or {}).get("error"), "observations": [asdict(o) for o in run.observations],
+        "events": run.events, "verdict": reasons, "passed": not reasons,
+        "verdict_line": "; ".join(reasons) if reasons else "passed",
+    }
+
+
+def play(run: Run, soak: Soak, drain_timeout: float) -> dict[str, Any] | None:
+    """The run's result; None when the soak stopped at a stall."""
+    try:
+        return execute(run, drain_timeout=drain_timeout)
+    except Stalled:
+        return None
+    except (KeyboardInterrupt, Interrupted):
+        raise
+    except Exception as exc:  # a broken run is reported (with what its components said), not hidden
+        console.print(f"[red]the run broke: {type(exc).__name__}: {exc}[/]")
+        return {"error": f"{type(exc).__name__}: {exc}", "check": None}
+
+
+@app.command()
+def main(
+    minutes: Annotated[float, typer.Option(envvar="SOAK_MINUTES", min=0.5, help="Length of the soak")] = 120.0,
+    seed: Annotated[int, typer.Option(help="Seed of the faults and operations")] = 2026,
+    fault_every: Annotated[float, typer.Option(min=1, help="Seconds between faults, on average")] = 30.0,
+    swap_every: Annotated[float, typer.Option(min=30, help="Seconds between hot-swaps of job A")] = 600.0,
+    sample: Annotated[float, typer.Option(min=1, help="Seconds between samples")] = 60.0,
+    poll: Annotated[float, typer.Option(min=0.5, help="Seconds between frontier polls")] = 5.0,
+    stall_after: Annotated[float, typer.Option(min=1, help="Fault-free seconds a frontier may stand still")] = 120.0,
+    stop_on_stall: Annotated[bool, typer.Option(help="End the soak at the first stall")] = True,
+    gc_every: Annotated[float | None, typer.Option(min=1, help="Seconds between `aligner gc` runs (retention)")]
+    = None,
+    keep_epochs: Annotated[int, typer.Option(min=1, help="gc: keep the last N epochs per subject")] = 100,
+    keep_seconds: Annotated[float | None, typer.Option(min=0, help="gc: also keep epochs younger than T s")] = None,
+    window: Annotated[float, typer.Option(min=0, help="Seconds of the first retention window (growth after it)")]
+    = 600.0,
+    check_growth: Annotated[bool, typer.Option(help="Fail on growth after the window (off: retention is off)")]
+    = True,
+    interval: Annotated[float, typer.Option(min=0.01, help="Seconds per epoch of the marker and the jobs")] = 0.5,
+    rate: Annotated[float, typer.Option(min=1, help="Input records per second")] = 150.0,
+    faust: Annotated[bool, typer.Option(help="Run job F on Faust")] = True,
+    drain_timeout: Annotated[float, typer.Option(min=10, help="Seconds the final drain may take")] = 900.0,
+    out: Annotated[Path, typer.Option(help="Directory of soak.json, soak.png and the run's logs")] = RESULTS / "soak",
+) -> None:
+    """Soak the chaos chain; exit 1 with one line on a stall, an anomaly or growth after the window."""
+    duration = minutes * 60
+    plan, _ = nemesis.schedule(seed, max(1, int(duration // fault_every)), duration, faust=faust)
+    plan = [f for f in plan if f.at + f.duration < duration - 5]
+    ops = soak_ops(seed, duration, swap_every, faust)
+    generations = 2 + sum(1 for op in ops if op.kind == "hotswap")
+    console.print(f"[bold]soak, seed {seed}[/]: {minutes:g} min, {len(plan)} faults, "
+                  f"{generations - 2} hot-swaps planned, samples every {sample:g}s, "
+                  f"gc {f'every {gc_every:g}s' if gc_every else 'off'}")
+    run = Run(seed, plan, ops, out / "run", rate=rate, faust=faust, say=console.print, interval=interval,
+              generations=generations, lasts_at_least=duration)
+    soak = Soak(Settings(sample, poll, stall_after, stop_on_stall, gc_every, keep_epochs, keep_seconds))
+    run.watchers = soak.loops(run)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        result = play(run, soak, drain_timeout)
+    except (KeyboardInterrupt, Interrupted):
+        report = report_of(run, soak, {"error": "interrupted", "check": None}, minutes, window, check_growth)
+        (out / "soak.json").write_text(json.dumps(report, indent=1))
+        console.print(f"[red]interrupted[/]: every process of the soak was stopped; partial report {out / 'soak.json'}")
+        sys.exit(130)
+    report = report_of(run, soak, result, minutes, window, check_growth)
+    (out / "soak.json").write_text(json.dumps(report, indent=1))
+    png = plot(report, out / "soak.png")
+    summarize(report)
+    console.print(f"report {out / 'soak.json'}, curves {png}, logs {out / 'run' / 'logs'}")
+    if not report["passed"]:
+        print(f"soak failed: {report['verdict_line']}")
+        sys.exit(1)
+    print(f"soak passed: {minutes:g} min, {report['faults_total']} faults, {len(report['swaps'])} hot-swaps, "
+          f"{report['check']['records_checked']:,} records checked, 0 anomalies, no stall")
+
+
+def summarize(report: dict[str, Any]) -> None:
+    """The curves' numbers on the console (the JSON has them all)."""
+    fig = report["figures"]
+    per_min = fig["slope_per_min"]
+    after = fig["slope_per_min_after_window"]
+
+    def num(v: float | None, scale: float = 1.0, fmt: str = ",.0f") -> str:
+        return "-" if v is None else format(v / scale, fmt)
+
+    console.print(f"znodes/min {num(per_min['znodes'])} (after the window {num(after['znodes'])}), "
+                  f"ZooKeeper data size KB/min {num(per_min['zk_data_bytes'], 1024)} "
+                  f"(after {num(after['zk_data_bytes'], 1024)}), data dir KB/min {num(per_min['zk_dir_bytes'], 1024)}")
+    console.print(f"RSS MB per 10 min after the window: {fig['rss_mb_per_10min_after_window']}")
+    console.print(f"CPU % mean: {fig['cpu_percent_mean']}; max: {fig['cpu_percent_max']}")
+    console.print(f"aligner status: {fig['status_s']}; stalls: {len(report['stalls'])}; growth: "
+                  f"{ {k: None if g is None else round(g['change'], 3) for k, g in fig['growth'].items()} }")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,106 @@
+"""The soak's figures (growth, slopes, CPU) and its verdict: a stall, an anomaly, or growth after the first
+retention window fails it, with one line saying why."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+GROWTH_LIMIT = 0.10
+"""Flat within 10 % after the first retention window (issue 23's acceptance)."""
+EDGE = 3
+"""Samples whose median stands for the start and the end of the measured span (one sample is noise)."""
+
+Sample = dict[str, Any]
+Getter = Callable[[Sample], float | None]
+
+
+def mntr_key(key: str) -> Getter:
+    return lambda s: (s["mntr"] or {}).get(key)
+
+
+def rss_of(group: str) -> Getter:
+    return lambda s: s["rss"].get(group)
+
+
+def components_rss(s: Sample) -> float:
+    """Every component of the chain together (not ZooKeeper, the broker or the soak itself)."""
+    return float(sum(v for k, v in s["rss"].items() if k not in ("zookeeper", "broker", "soak")))
+
+
+GROWTH_CHECKED: dict[str, Getter] = {
+    "znodes": mntr_key("zk_znode_count"), "zk_data_bytes": mntr_key("zk_approximate_data_size"),
+    "zookeeper_rss": rss_of("zookeeper"), "broker_rss": rss_of("broker"), "components_rss": components_rss,
+}
+REPORTED: dict[str, Getter] = {**GROWTH_CHECKED, "zk_watches": mntr_key("zk_watch_count"),
+                               "zk_dir_bytes": lambda s: s["zk_dir_bytes"]}
+
+
+def points(samples: list[Sample], get: Getter, after: float = 0.0) -> list[tuple[float, float]]:
+    out = []
+    for s in samples:
+        v = get(s)
+        if s["t"] >= after and v is not None:
+            out.append((float(s["t"]), float(v)))
+    return out
+
+
+def per_minute(pts: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope per minute; None with fewer than 3 points."""
+    if len(pts) < 3 or len({t for t, _ in pts}) < 2:
+        return None
+    slope, _ = statistics.linear_regression([t for t, _ in pts], [v for _, v in pts])
+    return slope * 60.0
+
+
+def growth(pts: list[tuple[float, float]]) -> dict[str, float] | None:
+    """Median of the first and of the last samples and the relative change; None without 2 x EDGE points."""
+    if len(pts) < 2 * EDGE:
+        return None
+    first = statistics.median(v for _, v in pts[:EDGE])
+    last = statistics.median(v for _, v in pts[-EDGE:])
+    return {"from": first, "to": last, "change": (last - first) / first if first else 0.0}
+
+
+def figures(samples: list[Sample], window: float) -> dict[str, Any]:
+    """Slopes over the whole soak and after the window, growth after it, CPU of every process group."""
+    out: dict[str, Any] = {"window_s": window, "slope_per_min": {}, "slope_per_min_after_window": {}, "growth": {}}
+    for name, get in REPORTED.items():
+        out["slope_per_min"][name] = per_minute(points(samples, get))
+        out["slope_per_min_after_window"][name] = per_minute(points(samples, get, window))
+        out["growth"][name] = growth(points(samples, get, window))
+    groups = sorted({g for s in samples for g in s["rss"]})
+    out["rss_mb_per_10min_after_window"] = {
+        g: None if (m := per_minute(points(samples, rss_of(g), window))) is None else round(m * 10 / 2**20, 2)
+        for g in groups}
+    out["cpu_percent_mean"] = {g: round(statistics.fmean(v), 1) for g in groups
+                               if (v := [s["cpu"][g] for s in samples[1:] if g in s["cpu"]])}
+    out["cpu_percent_max"] = {g: max(v) for g in groups if (v := [s["cpu"][g] for s in samples[1:] if g in s["cpu"]])}
+    times = [s["status_s"] for s in samples if s["status_s"] is not None]
+    out["status_s"] = {"median": statistics.median(times), "max": max(times)} if times else None
+    return out
+
+
+def verdict(stalls: list[dict[str, Any]], result: dict[str, Any] | None, observations: int,
+            fig: dict[str, Any], check_growth: bool) -> list[str]:
+    """Why the soak failed, most important first (empty: it passed)."""
+    reasons = [f"stall: {s['why']}" for s in stalls[:1]]
+    if result is not None and result.get("error"):
+        reasons.append(f"the run broke: {result['error']}")
+    elif result is not None and result.get("check") is not None:
+        totals = result["check"]["anomalies"]["totals"]
+        if sum(totals.values()):
+            reasons.append(f"anomalies: { {k: v for k, v in totals.items() if v} }")
+    if observations:
+        reasons.append(f"{observations} components exited unasked (see the JSON's observations)")
+    if check_growth:
+        for name in GROWTH_CHECKED:
+            g = fig["growth"].get(name)
+            if g is None:
+                reasons.append(f"growth not measured: fewer than {2 * EDGE} samples of {name} after the "
+                               f"{fig['window_s']:.0f}s window")
+            elif g["change"] > GROWTH_LIMIT:
+                reasons.append(f"growth after the first retention window: {name} {g['change']:+.0%} "
+                               f"({g['from']:,.0f} -> {g['to']:,.0f})")
+    return reasons
