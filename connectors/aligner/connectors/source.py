@@ -347,6 +347,11 @@ class SubjectSource:
             stall.report(part.pos, f"wants offsets up to {part.bound if part.bound < UNBOUNDED else 'the end'}",
                          stall_cause(answered, wait, raised))
 
+    def stalled(self) -> dict[str, tuple[float, str]]:
+        """Partitions reported stalled now: "topic[partition]" -> (seconds without progress, cause)."""
+        return {stall.name: (stall.idle(), stall.cause) for stall, _pos in self._stalls.values()
+                if stall.cause is not None}
+
     def _reopen(self) -> int:
         """Read on with a consumer that waits longer per fetch, from where every partition stands."""
         wait = self._fetching.slower()

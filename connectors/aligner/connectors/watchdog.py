@@ -38,6 +38,8 @@ class Stall:
         self.warned = False
         self.empty_polls = 0
         """Polls that returned nothing for this partition since it last moved."""
+        self.cause: str | None = None
+        """The reported stall's cause while it lasts (for status reports), else None."""
         self._gauge = STALLED.labels(component, topic, str(partition))
 
     @property
@@ -53,6 +55,7 @@ class Stall:
             log.warning("%s: %s moves again after %.0fs", self.component, self.name, self.idle())
             self.warned = False
             self._gauge.set(0)
+        self.cause = None
         self.since = self._clock()
         self.empty_polls = 0
 
@@ -65,6 +68,7 @@ class Stall:
         if idle < self.warn_after:
             return False
         self._gauge.set(idle)
+        self.cause = cause
         if self.warned:
             return False
         self.warned = True
