@@ -10,6 +10,7 @@ callbacks; real ZooKeeper and broker, no mocks.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +33,14 @@ def kazoo_watchers(ledger: Ledger) -> int:
     return sum(len(w) for w in kazoo._data_watchers.values()) + sum(len(w) for w in kazoo._child_watchers.values())
 
 
+def _all_saw(seen: dict[str, list[bytes | None]], value: bytes) -> bool:
+    return all(s and s[-1] == value for s in seen.values())
+
+
+def _more_trips(ledger: Ledger, than: int) -> bool:
+    return ledger.round_trips > than
+
+
 def wait_for(cond: Callable[[], bool], what: str, timeout: float = FIRES_WITHIN) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -44,10 +53,14 @@ def test_rearming_with_fresh_callbacks_keeps_one_watcher_and_the_last_fires(ledg
     ledger.zk.ensure_path(root)
     before = kazoo_watchers(ledger)
     events: list[threading.Event] = []
-    for _ in range(200):  # the planner's pattern: a new event and a new lambda on every pass
+
+    def pause() -> None:  # the planner's pattern: a new event and a new lambda on every pass
         woken = threading.Event()
         events.append(woken)
-        assert not ledger.watch_node(path, lambda _e, woken=woken: woken.set())
+        assert not ledger.watch_node(path, lambda _e: woken.set())
+
+    for _ in range(200):
+        pause()
     assert len(ledger.zk.kazoo._data_watchers[path]) == 1
     assert kazoo_watchers(ledger) == before + 1
     assert ledger.zk.watches.pending() == 1
@@ -108,7 +121,7 @@ def test_followers_of_one_node_share_one_recipe_and_see_every_change_in_order(le
     assert len(ledger.zk.kazoo._data_watchers[path]) == 1
     for value in (b"1", b"2", b"3"):
         ledger.zk.create(path, value) if value == b"1" else ledger.zk.set(path, value)
-        wait_for(lambda value=value: all(s and s[-1] == value for s in seen.values()), f"both followers to see {value}")
+        wait_for(functools.partial(_all_saw, seen, value), f"both followers to see {value!r}")
     for name, values in seen.items():
         assert values[0] is None and [v for v in values if v is not None] == [b"1", b"2", b"3"], (name, values)
     assert len(ledger.zk.kazoo._data_watchers[path]) == 1
@@ -154,7 +167,7 @@ def test_a_quiet_runtime_worker_holds_a_bounded_number_of_watchers(spawn, quiet_
     counts = []
     for _ in range(6):  # each wake-up reads the ledger again (the worker wakes at least once a second)
         seen = led.round_trips
-        wait_for(lambda seen=seen: led.round_trips > seen, "the worker to wake up")
+        wait_for(functools.partial(_more_trips, led, seen), "the worker to wake up")
         assert worker.thread.is_alive() and not worker.error, worker.error
         counts.append((kazoo_watchers(led), led.zk.watches.pending()))
     assert max(c for c, _ in counts) <= 20, counts

@@ -63,7 +63,7 @@ class Ledger(SparkBatchRecipes):
         security = zk_security(auth)
         reconnect = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0)
         zk = KazooClient(hosts=hosts, timeout=SESSION_TIMEOUT, connection_retry=reconnect,
-                         **security.kazoo_options())  # type: ignore[arg-type]
+                         **security.kazoo_options())
         started = zk.start_async()
         deadline = None if timeout is None else time.monotonic() + timeout
         probe_at = time.monotonic() + TLS_PROBE_AFTER

@@ -123,7 +123,7 @@ def zk_tls() -> ZkTls | None:
         if path is not None and not os.access(path, os.R_OK):
             why = "no such file" if not os.path.exists(path) else "not readable"
             raise AlignerError(f"{var}: cannot read {path} ({why})")
-    tls = ZkTls(files["ca"], files["certfile"], files["keyfile"])  # type: ignore[arg-type]
+    tls = ZkTls(files["ca"], files["certfile"], files["keyfile"])
     try:
         tls.context()
     except (ssl.SSLError, OSError) as exc:

@@ -98,14 +98,14 @@ class EpochReads(SubjectRecipes):
             if key in self._committed:
                 out.append(self._committed[key])
                 continue
-            node = nodes[e]
-            if isinstance(node, NoNodeError):
+            head = nodes[e]
+            if isinstance(head, NoNodeError):
                 self.subject(subject)  # raises UnknownSubjectError when that is the cause
                 raise self._missing(subject, e)
-            if isinstance(node, BaseException):
-                raise node
+            if isinstance(head, BaseException):
+                raise head
             contributions = {w: parse(ContributionNode, p, req.get()[0]) for w, (p, req) in pending[e].items()}
-            result = assemble(subject, node, contributions)
+            result = assemble(subject, head, contributions)
             self._committed[key] = result
             out.append(result)
         return out

@@ -236,7 +236,7 @@ def job_span(ledger: Ledger, query: str | None, batch_id: int) -> tuple[tuple[in
     if len(spans) != 1:
         raise AlignerError(f"micro-batch {batch_id} of query {query} recorded no job epochs ({sorted(spans)}): "
                            "read it with option job on the aligned source too")
-    return spans.pop(), {s: r.last for s, r in read.items()}  # type: ignore[return-value]
+    return spans.pop(), {s: r.last for s, r in read.items()}
 
 
 def commit_job_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any], batch_id: int) -> int | None:
@@ -387,7 +387,7 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
                         for _ in iterator:
                             pass
                         return SlotCommit(slot=slot, epoch=None, attempt=None, query=query)
-                    if voided:  # ... and in shadow mode: its output goes to the shadow subject instead
+                    if voided and shadow is not None:  # ... in shadow mode: its output goes to the shadow subject
                         out = _SlotWriter(replace(self.spec, conn=replace(self.spec.conn, subject=shadow)), slot, True)
                 if out is None:
                     out = _SlotWriter(self.spec, slot)
