@@ -138,7 +138,8 @@ def run(
     except ValueError:
         raise typer.BadParameter(f"{output_partitions!r} is not a list of partitions",
                                  param_hint="--output-partitions") from None
-    settings = Settings(**{k: v for k, v in {"zk": zk, "kafka": kafka, "root": root}.items() if v is not None})
+    overrides: dict[str, Any] = {k: v for k, v in {"zk": zk, "kafka": kafka, "root": root}.items() if v is not None}
+    settings = Settings(**overrides)
     spec = JobSpec(job=job, inputs=tuple(input_), output=output, parallelism=parallelism, version=version,
                    interval=interval, mode=mode,  # type: ignore[arg-type]
                    epochs_per_checkpoint=epochs_per_checkpoint, deterministic=not nondeterministic,

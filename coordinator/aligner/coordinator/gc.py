@@ -47,7 +47,7 @@ def collect(ledger: Ledger, keep_epochs: int, keep_seconds: float | None = None,
     for job in job_nodes:
         swap, _ = jobs.swap(job.job)
         swapped_out = swap is not None and swap.phase == "done" and swap.old == job.job
-        victims = retention.job_garbage(job.job, keep_epochs, swapped_out)
-        deleted = len(victims) if dry_run else retention.delete(victims)
+        garbage = retention.job_garbage(job.job, keep_epochs, swapped_out)
+        deleted = len(garbage) if dry_run else retention.delete(garbage)
         report["jobs"][job.job] = {"deleted_nodes": deleted, "swapped_out": swapped_out}
     return report

@@ -256,6 +256,11 @@ def _java() -> str:
     return java
 
 
+def _command_line(proc: subprocess.Popen[bytes]) -> str:
+    args = proc.args
+    return " ".join(map(str, args)) if isinstance(args, (list, tuple)) else str(args)
+
+
 def _alive(pid: int) -> bool:
     if pid <= 0:
         return False
@@ -409,7 +414,7 @@ class EmbeddedStack:
     def pid(self, name: str) -> int | None:
         """The live process of component ``name`` (the newest one after restarts), None when it is down."""
         marker = "ZooKeeperServerMain" if name == ZOOKEEPER else tansu_binary()
-        live = [p for p in self._procs if p.poll() is None and marker in " ".join(map(str, p.args))]
+        live = [p for p in self._procs if p.poll() is None and marker in _command_line(p)]
         return live[-1].pid if live else None
 
     def restart(self, name: str, timeout: float = 60.0) -> int:
@@ -557,7 +562,7 @@ def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False) -> tuple[S
                 actions[comp.name] = "running" if comp.up else comp.state
                 continue
             pid = _restart(info, comp.name, timeout)
-            info = replace(info, **{"zk_pid" if comp.name == ZOOKEEPER else "kafka_pid": pid})
+            info = replace(info, zk_pid=pid) if comp.name == ZOOKEEPER else replace(info, kafka_pid=pid)
             _write_state(home, info)  # at once: a failure restarting the next one keeps this pid
             actions[comp.name] = "restarted"
         return info, actions

@@ -212,10 +212,22 @@ def job_consumption(ledger: Ledger, job: str, subject: str) -> dict[str, Any]:
     numbers = [e for e in jobs.job_epoch_numbers(line)
                if first_own >= 0 and e >= first_own and (last_own is None or e <= last_own)
                and out_frontier is not None and e <= out_frontier]
+    consumed, ends, problems = _walk_job_epochs(jobs, line, numbers, subject)
     report: dict[str, Any] = {"job": job, "epoch_line": line, "job_epochs": [numbers[0], numbers[-1]] if numbers
-                              else None, "checkpoints": len(numbers), "consumed": [], "first": None, "last": None,
-                              "problems": [], "aligned_from_boundary": None}
-    problems: list[str] = []  # per checkpoint; after the summary of skipped and repeated epochs
+                              else None, "checkpoints": len(numbers), "consumed": _spans(consumed),
+                              "first": min(consumed, default=None), "last": max(consumed, default=None),
+                              "problems": [*_coverage_summary(consumed, subject), *problems],
+                              "aligned_from_boundary": None}
+    if jobs.worker_ids(job) and ends:
+        _check_worker_positions(ledger, jobs, job, subject, numbers, ends, report)
+    return report
+
+
+def _walk_job_epochs(jobs: JobLedger, line: str, numbers: list[int], subject: str
+                     ) -> tuple[list[int], list[tuple[int, int]], list[str]]:
+    """(epochs of ``subject`` consumed, in order; (job epoch, next subject epoch) per checkpoint; problems of
+    job epochs that do not follow each other on the subject's epoch boundaries)."""
+    problems: list[str] = []
     consumed: list[int] = []
     ends: list[tuple[int, int]] = []
     previous: int | None = None
@@ -241,42 +253,45 @@ def job_consumption(ledger: Ledger, job: str, subject: str) -> dict[str, Any]:
             problems.append(f"job epoch {e} covers nothing of {subject} but moves its end from {previous} to {nxt}")
         ends.append((e, nxt))
         previous, last_epoch = nxt, e
-    report["consumed"] = _spans(consumed)
-    if consumed:
-        report["first"], report["last"] = min(consumed), max(consumed)
-    counts = Counter(consumed)
-    twice = sorted(e for e, n in counts.items() if n > 1)
-    summary: list[str] = report["problems"]
+    return consumed, ends, problems
+
+
+def _coverage_summary(consumed: list[int], subject: str) -> list[str]:
+    """Epochs consumed more than once and epochs skipped, as problems (first in the report)."""
+    summary: list[str] = []
+    twice = sorted(e for e, n in Counter(consumed).items() if n > 1)
     if twice:
         summary.append(f"epochs {span_text(_spans(twice))} of {subject} consumed more than once")
     if consumed:
         gaps = sorted(set(range(min(consumed), max(consumed) + 1)) - set(consumed))
         if gaps:
             summary.append(f"epochs {span_text(_spans(gaps))} of {subject} skipped")
-    summary.extend(problems)
-    problems = summary
-    workers = jobs.worker_ids(job)
-    if workers and ends:
-        slices = _offset_bounds(ledger, subject, max(n for _e, n in ends))
-        checks = list(ends)
-        before = numbers[0] - 1 if numbers else -1
-        if before >= 0 and report["first"] is not None:  # the last checkpoint before the alignment
-            checks.insert(0, (before, report["first"]))
-        report["aligned_from_boundary"] = True if before >= 0 else None
-        for e, nxt in checks:
-            for w in workers:
-                committed = jobs.worker_epoch_or_none(job, w, e)
-                if committed is None:
-                    continue
-                loaded = committed.load_from.get(subject)
-                bad = [] if slices is None else _on_boundary(slices, committed.offsets.get(subject, {}), nxt)
-                if loaded != nxt or bad:
-                    where = f"partitions {bad}" if bad else f"next epoch {loaded}"
-                    problems.append(f"worker {w}'s checkpoint of job epoch {e} is not on the boundary before epoch "
-                                    f"{nxt} of {subject} ({where})")
-                    if e == before:
-                        report["aligned_from_boundary"] = False
-    return report
+    return summary
+
+
+def _check_worker_positions(ledger: Ledger, jobs: JobLedger, job: str, subject: str, numbers: list[int],
+                            ends: list[tuple[int, int]], report: dict[str, Any]) -> None:
+    """A worker-run job: each worker's committed positions on the subject's epoch boundaries, the last
+    checkpoint before the alignment included (problems and ``aligned_from_boundary`` go to ``report``)."""
+    slices = _offset_bounds(ledger, subject, max(n for _e, n in ends))
+    checks = list(ends)
+    before = numbers[0] - 1 if numbers else -1
+    if before >= 0 and report["first"] is not None:  # the last checkpoint before the alignment
+        checks.insert(0, (before, report["first"]))
+    report["aligned_from_boundary"] = True if before >= 0 else None
+    for e, nxt in checks:
+        for w in jobs.worker_ids(job):
+            committed = jobs.worker_epoch_or_none(job, w, e)
+            if committed is None:
+                continue
+            loaded = committed.load_from.get(subject)
+            bad = [] if slices is None else _on_boundary(slices, committed.offsets.get(subject, {}), nxt)
+            if loaded != nxt or bad:
+                where = f"partitions {bad}" if bad else f"next epoch {loaded}"
+                report["problems"].append(f"worker {w}'s checkpoint of job epoch {e} is not on the boundary before "
+                                          f"epoch {nxt} of {subject} ({where})")
+                if e == before:
+                    report["aligned_from_boundary"] = False
 
 
 def _spans(epochs: Sequence[int]) -> list[list[int]]:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from aligner.coordinator.cli.common import JsonFlag, Name, emit, out
 from aligner.coordinator.cli.connect import kafka, ledger, stop_on_signals
 from aligner.errors import StoppedError
+
+if TYPE_CHECKING:
+    from aligner.models import Range
 
 app = typer.Typer()
 
@@ -36,10 +39,10 @@ def markers(
 
         start_http_server(metrics_port)  # a port in use is an OSError: one line, exit 1
 
-    def show(epoch: int, ranges: dict) -> None:
-        data = {"epoch": epoch, "ranges": {str(p): [r.start, r.end] for p, r in ranges.items()}}
-        if not emit(data, as_json):
-            out.print(f"epoch {epoch}: " + " ".join(f"{p}:[{s},{e})" for p, (s, e) in data["ranges"].items()))
+    def show(epoch: int, ranges: dict[int, Range]) -> None:
+        spans = {str(p): [r.start, r.end] for p, r in ranges.items()}
+        if not emit({"epoch": epoch, "ranges": spans}, as_json):
+            out.print(f"epoch {epoch}: " + " ".join(f"{p}:[{s},{e})" for p, (s, e) in spans.items()))
 
     logging.getLogger("aligner").setLevel(logging.WARNING)  # a long-running component reports outages
     try:
