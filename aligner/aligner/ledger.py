@@ -36,7 +36,8 @@ from aligner.recipes.claims import Claim, Lease
 from aligner.recipes.commits import Contribution, PendingEpoch
 from aligner.recipes.spark import SparkBatchRecipes
 from aligner.settings import zk_security
-from aligner.zk import RetryingClient, tls_mismatch
+from aligner.zk import RetryingClient
+from aligner.zk_tls import tls_mismatch
 
 SESSION_TIMEOUT = 10.0
 """Seconds of silence after which ZooKeeper expires a session (fencing keeps a late worker harmless)."""
