@@ -105,6 +105,8 @@ class Run:
     watchers: list[Step] = field(default_factory=list)
     """Extra loops of the main loop (a soak's sampler); each must end once ``draining`` is set."""
     draining: bool = False
+    retained: bool = False
+    """Epochs were collected (a soak's ``aligner gc``): the checker checks the retained window."""
 
     # ---- plumbing ----------------------------------------------------------------------------
 
@@ -520,10 +522,24 @@ def _play(run: Run, drain_timeout: float) -> dict[str, Any]:
             tick()
 
     until(lambda: len(done) == len(loops) - 1, "the coordinator's last operations")
+    produced = _drain(run, until)
+    drained = run.rel()
+    run.say(f"{drained:7.1f}s  drained; checking every subject by epoch")
+    from experiments.chaos.checker import check
+
+    assert run.led is not None and run.info is not None
+    jobs_a = [job_a_name(g) for g in range(1, run.newest_generation() + 1)]
+    result = check(run.led, run.info.kafka, produced, NAMES, faust=run.faust, jobs_a=jobs_a, retained=run.retained)
+    return {"check": result, "nemesis_end": nemesis_end, "drained": drained, "checked": run.rel()}
+
+
+def _drain(run: Run, until: Callable[[Callable[[], bool], str], None]) -> dict[str, Any]:
+    """Stop the producer, finish the input, and wait until every job finished its output; returns what the
+    producer sent and had acknowledged."""
     producer = run.procs["producer"]
     producer.signal(signal.SIGTERM)
     until(lambda: not producer.alive(), "the producer's flush")
-    produced = json.loads((run.outdir / "producer.json").read_text())
+    produced: dict[str, Any] = json.loads((run.outdir / "producer.json").read_text())
     run.say(f"{run.rel():7.1f}s  producer: sent {produced['sent']}, acked {len(produced['acked'])}")
     marker = run.procs["marker"]
     marker.supervised = False
@@ -540,13 +556,7 @@ def _play(run: Run, drain_timeout: float) -> dict[str, Any]:
         run.procs["faust"].supervised = False
         run.procs["faust"].terminate(30)
     until(lambda: run.procs["spark"].returncode() == 0, "the Spark query reading every epoch of a")
-    drained = run.rel()
-    run.say(f"{drained:7.1f}s  drained; checking every subject by epoch")
-    from experiments.chaos.checker import check
-
-    jobs_a = [job_a_name(g) for g in range(1, run.newest_generation() + 1)]
-    result = check(run.led, run.info.kafka, produced, NAMES, faust=run.faust, jobs_a=jobs_a)
-    return {"check": result, "nemesis_end": nemesis_end, "drained": drained, "checked": run.rel()}
+    return produced
 
 
 def _finish_input(led: Ledger, kafka: str) -> int | None:

@@ -10,7 +10,7 @@ import json
 import random
 import sys
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -47,12 +47,24 @@ def soak_ops(seed: int, duration: float, swap_every: float, faust: bool) -> list
     return sorted(ops, key=lambda f: f.at)
 
 
+def plan_run(seed: int, minutes: float, fault_every: float, swap_every: float, faust: bool, outdir: Path) -> Run:
+    """The chaos run of a soak: the nemesis's faults over the whole duration and the soak's operations; room
+    for a version of job A per hot-swap, and one more for the drain's swap when none was planned."""
+    duration = minutes * 60
+    plan, _ = nemesis.schedule(seed, max(1, int(duration // fault_every)), duration, faust=faust)
+    plan = [f for f in plan if f.at + f.duration < duration - 5]
+    ops = soak_ops(seed, duration, swap_every, faust)
+    generations = 2 + sum(1 for op in ops if op.kind == "hotswap")
+    return Run(seed, plan, ops, outdir, faust=faust, say=console.print, generations=generations,
+               lasts_at_least=duration)
+
+
 def report_of(run: Run, soak: Soak, result: dict[str, Any] | None, minutes: float, window: float,
               check_growth: bool) -> dict[str, Any]:
     """Everything the soak measured, its figures and its verdict (one dict, written as JSON)."""
     done = [e for e in run.events if e["kind"] in nemesis.FAULT_WEIGHTS and "(none" not in e["target"]]
     fig = figures(soak.samples, window)
-    reasons = verdict(soak.stalls, result, len(run.observations), fig, check_growth)
+    reasons = verdict(soak.stalls, result, len(run.observations), fig, check_growth, soak.gcs)
     check = (result or {}).get("check")
     swaps = [e["at"] + e["duration"] for e in run.events
              if e["kind"] == "op" and e["target"].startswith("hotswap") and e.get("ok")]
@@ -96,6 +108,9 @@ def main(
     = None,
     keep_epochs: Annotated[int, typer.Option(min=1, help="gc: keep the last N epochs per subject")] = 100,
     keep_seconds: Annotated[float | None, typer.Option(min=0, help="gc: also keep epochs younger than T s")] = None,
+    gc_subject: Annotated[list[str] | None, typer.Option(help="gc only these subjects (default: in, a, b, f; a job's "
+                                                              "state changelog must keep its epochs for restores)")]
+    = None,
     window: Annotated[float, typer.Option(min=0, help="Seconds of the first retention window (growth after it)")]
     = 600.0,
     check_growth: Annotated[bool, typer.Option(help="Fail on growth after the window (off: retention is off)")]
@@ -107,17 +122,13 @@ def main(
     out: Annotated[Path, typer.Option(help="Directory of soak.json, soak.png and the run's logs")] = RESULTS / "soak",
 ) -> None:
     """Soak the chaos chain; exit 1 with one line on a stall, an anomaly or growth after the window."""
-    duration = minutes * 60
-    plan, _ = nemesis.schedule(seed, max(1, int(duration // fault_every)), duration, faust=faust)
-    plan = [f for f in plan if f.at + f.duration < duration - 5]
-    ops = soak_ops(seed, duration, swap_every, faust)
-    generations = 2 + sum(1 for op in ops if op.kind == "hotswap")
-    console.print(f"[bold]soak, seed {seed}[/]: {minutes:g} min, {len(plan)} faults, "
-                  f"{generations - 2} hot-swaps planned, samples every {sample:g}s, "
+    run = plan_run(seed, minutes, fault_every, swap_every, faust, out / "run")
+    run.rate, run.interval = rate, interval
+    console.print(f"[bold]soak, seed {seed}[/]: {minutes:g} min, {len(run.faults)} faults, "
+                  f"{run.generations - 2} hot-swaps planned, samples every {sample:g}s, "
                   f"gc {f'every {gc_every:g}s' if gc_every else 'off'}")
-    run = Run(seed, plan, ops, out / "run", rate=rate, faust=faust, say=console.print, interval=interval,
-              generations=generations, lasts_at_least=duration)
-    soak = Soak(Settings(sample, poll, stall_after, stop_on_stall, gc_every, keep_epochs, keep_seconds))
+    settings = Settings(sample, poll, stall_after, stop_on_stall, gc_every, keep_epochs, keep_seconds)
+    soak = Soak(settings if not gc_subject else replace(settings, gc_subjects=gc_subject))
     run.watchers = soak.loops(run)
     out.mkdir(parents=True, exist_ok=True)
     try:

@@ -27,6 +27,15 @@ def _series(samples: list[dict[str, Any]], key: str, group: str, scale: float = 
     return [s[key][group] / scale if group in s[key] else float("nan") for s in samples]
 
 
+def _marks(axes: Any, report: dict[str, Any]) -> None:
+    """Stalls (red) and committed hot-swaps (dotted) on every panel."""
+    for ax in axes:
+        for stall in report["stalls"]:
+            ax.axvline(stall["at"] / 60, color="red", lw=1.2)
+        for swap in report["swaps"]:
+            ax.axvline(swap / 60, color="gray", ls=":", lw=0.8)
+
+
 def plot(report: dict[str, Any], path: Path) -> Path:
     import matplotlib
 
@@ -65,11 +74,7 @@ def plot(report: dict[str, Any], path: Path) -> Path:
         front.step([p[0] for p in pts], [p[1] for p in pts], where="post", label=subject)
     front.set_ylabel("frontier (last committed epoch)")
     front.legend(fontsize=8)
-    for ax in axes.flat:
-        for stall in report["stalls"]:
-            ax.axvline(stall["at"] / 60, color="red", lw=1.2)
-        for swap in report["swaps"]:
-            ax.axvline(swap / 60, color="gray", ls=":", lw=0.8)
+    _marks(axes.flat, report)
     for ax in axes[-1]:
         ax.set_xlabel("minutes since start")
     fig.suptitle(f"soak seed {report['seed']}, {report['minutes']:g} min: {report['verdict_line']}", fontsize=10)

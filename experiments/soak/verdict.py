@@ -83,9 +83,14 @@ def figures(samples: list[Sample], window: float) -> dict[str, Any]:
 
 
 def verdict(stalls: list[dict[str, Any]], result: dict[str, Any] | None, observations: int,
-            fig: dict[str, Any], check_growth: bool) -> list[str]:
+            fig: dict[str, Any], check_growth: bool, gcs: list[dict[str, Any]] | None = None) -> list[str]:
     """Why the soak failed, most important first (empty: it passed)."""
     reasons = [f"stall: {s['why']}" for s in stalls[:1]]
+    failed = [g for g in gcs or [] if g["rc"] != 0]
+    if failed:  # retention that stops working is growth to come
+        why = (failed[0].get("stderr") or "").strip().splitlines()
+        reasons.append(f"aligner gc failed {len(failed)} of {len(gcs or [])} runs (first at {failed[0]['at']:.0f}s: "
+                       f"{why[-1] if why else 'exit ' + str(failed[0]['rc'])})")
     if result is not None and result.get("error"):
         reasons.append(f"the run broke: {result['error']}")
     elif result is not None and result.get("check") is not None:

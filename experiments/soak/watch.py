@@ -42,6 +42,9 @@ class Settings:
     """Seconds between ``aligner gc`` runs (None: no retention)."""
     keep_epochs: int = 100
     keep_seconds: float | None = None
+    gc_subjects: list[str] = field(default_factory=lambda: [IN, A_OUT, B_OUT, F_OUT])
+    """Subjects gc collects: the chain's, not the jobs' state changelogs (``A.state``, ``F.state``), whose
+    epochs from 0 a restarted worker replays (gc'd, it fails with EpochCollectedError: issue 23, item 2)."""
 
 
 @dataclass
@@ -179,8 +182,9 @@ class Soak:
         """``aligner gc`` every ``settings.gc_every`` seconds: the retention the coordinator does not do yet."""
         s = self.settings
         args = ["gc", "--keep-epochs", str(s.keep_epochs), "--json"]
+        args += [a for x in s.gc_subjects for a in ("--subject", x)]
         if s.keep_seconds is not None:
-            args[3:3] = ["--keep-seconds", str(s.keep_seconds)]
+            args += ["--keep-seconds", str(s.keep_seconds)]
         assert s.gc_every is not None
         while not run.draining:
             yield from idle(run, s.gc_every)
@@ -196,6 +200,7 @@ class Soak:
             except ValueError:
                 entry["stderr"] = done["stderr"][-500:]
             self.gcs.append(entry)
+            run.retained = run.retained or done["rc"] == 0
             if done["rc"] != 0:
                 run.say(f"  [yellow]gc failed (exit {done['rc']}): {done['stderr'].strip()[-200:]}[/]")
 
