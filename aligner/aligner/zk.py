@@ -61,10 +61,6 @@ class Transaction:
         self._client = client
         self.ops: list[Op] = list(ops)
 
-    def add(self, *ops: Op) -> Transaction:
-        self.ops.extend(ops)
-        return self
-
     def create(self, path: str, value: bytes = b"") -> None:
         self.ops.append(Create(path, value))
 
