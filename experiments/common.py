@@ -4,6 +4,7 @@ records the read benchmarks write, the raw read baseline, and a timer on a Ledge
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,8 @@ from aligner.connectors.kafka import consumer_config
 from aligner.connectors.sink import SinkProducer
 from aligner.ledger import Ledger
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(os.environ.get("ALIGNER_RESULTS") or Path(__file__).resolve().parent / "results")
+"""Where results go; ALIGNER_RESULTS moves them (the benchmarks' smoke test writes to a temporary folder)."""
 
 PRODUCER_SETTINGS = {
     "linger.ms": 5,

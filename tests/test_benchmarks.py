@@ -1,0 +1,43 @@
+"""Every benchmark the README cites runs at HEAD: a smoke run of each at tiny sizes (seconds, no timing
+assertion), so a benchmark cannot rot unnoticed. Results go to a temporary folder (ALIGNER_RESULTS)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SMOKE = {
+    "bench_sink": ["--rounds", "1", "--records", "20000"],
+    "bench_zk_ops": ["--epochs", "2", "--records", "2", "--kazoo-ops", "20"],
+    "bench_reader": ["--records", "20000", "--rounds", "1"],
+    "bench_pipeline": ["--records", "20000", "--rounds", "1"],
+    "bench_state": ["--keys", "2000", "--epochs", "2", "--rounds", "1"],
+    "bench_latency": ["--epochs", "20", "--rounds", "1", "--warmup", "1", "--rate", "200"],
+    "bench_spark_read": ["--records", "20000", "--rounds", "1"],
+    "bench_spark_hop": ["--minutes", "0.3"],
+    "bench_spark_swap": ["--swaps", "1", "--steady", "5"],
+}
+"""Each benchmark of the README's table with arguments that make it run for seconds, not minutes."""
+
+
+@pytest.mark.parametrize("name", sorted(SMOKE))
+def test_benchmark_runs_at_head(name: str, tmp_path: Path) -> None:
+    if name.startswith("bench_spark"):
+        pytest.importorskip("pyspark")
+    env = {**os.environ, "ALIGNER_RESULTS": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    try:
+        done = subprocess.run([sys.executable, "-m", f"experiments.{name}", *SMOKE[name]], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=540)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{name} did not finish a smoke run in 9 minutes: {str(exc.stdout or '')[-2000:]}")
+    assert done.returncode == 0, f"{name} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    result = tmp_path / f"{name}.json"
+    assert result.exists(), f"{name} wrote no results to {tmp_path}"
+    assert json.loads(result.read_text()), f"{name} wrote empty results"
