@@ -10,7 +10,7 @@ import json
 import random
 import sys
 from collections import Counter
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -130,24 +130,48 @@ def main(
     settings = Settings(sample, poll, stall_after, stop_on_stall, gc_every, keep_epochs, keep_seconds)
     soak = Soak(settings if not gc_subject else replace(settings, gc_subjects=gc_subject))
     run.watchers = soak.loops(run)
-    out.mkdir(parents=True, exist_ok=True)
+    reporter = Reporter(run, soak, out, minutes, window, check_growth)
+    soak.on_sample = reporter.running
     try:
         result = play(run, soak, drain_timeout)
     except (KeyboardInterrupt, Interrupted):
-        report = report_of(run, soak, {"error": "interrupted", "check": None}, minutes, window, check_growth)
-        (out / "soak.json").write_text(json.dumps(report, indent=1))
+        reporter.write({"error": "interrupted", "check": None})
         console.print(f"[red]interrupted[/]: every process of the soak was stopped; partial report {out / 'soak.json'}")
         sys.exit(130)
-    report = report_of(run, soak, result, minutes, window, check_growth)
-    (out / "soak.json").write_text(json.dumps(report, indent=1))
+    conclude(reporter.write(result), out)
+
+
+@dataclass
+class Reporter:
+    """Writes ``soak.json``: after each sample (a soak killed outright still leaves its curves) and at the end."""
+
+    run: Run
+    soak: Soak
+    out: Path
+    minutes: float
+    window: float
+    check_growth: bool
+
+    def write(self, result: dict[str, Any] | None) -> dict[str, Any]:
+        report = report_of(self.run, self.soak, result, self.minutes, self.window, self.check_growth)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "soak.json").write_text(json.dumps(report, indent=1))
+        return report
+
+    def running(self) -> None:
+        self.write({"error": "running", "check": None})
+
+
+def conclude(report: dict[str, Any], out: Path) -> None:
+    """Draw the curves, print their numbers and the verdict's one line; exit 1 when the soak failed."""
     png = plot(report, out / "soak.png")
     summarize(report)
     console.print(f"report {out / 'soak.json'}, curves {png}, logs {out / 'run' / 'logs'}")
     if not report["passed"]:
         print(f"soak failed: {report['verdict_line']}")
         sys.exit(1)
-    print(f"soak passed: {minutes:g} min, {report['faults_total']} faults, {len(report['swaps'])} hot-swaps, "
-          f"{report['check']['records_checked']:,} records checked, 0 anomalies, no stall")
+    print(f"soak passed: {report['minutes']:g} min, {report['faults_total']} faults, {len(report['swaps'])} "
+          f"hot-swaps, {report['check']['records_checked']:,} records checked, 0 anomalies, no stall")
 
 
 def summarize(report: dict[str, Any]) -> None:

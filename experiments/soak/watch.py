@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -93,6 +94,8 @@ class Soak:
     stalls: list[dict[str, Any]] = field(default_factory=list)
     gcs: list[dict[str, Any]] = field(default_factory=list)
     frozen: dict[str, Frozen] = field(default_factory=dict)
+    on_sample: Callable[[], None] | None = None
+    """Called after each sample (the soak rewrites its report: a soak killed outright still leaves one)."""
 
     def loops(self, run: Run) -> list[Step]:
         out = [self.poller(run), self.sampler(run)]
@@ -153,6 +156,8 @@ class Soak:
             if sample is not None:
                 sample["frontiers"] = self.frontiers[-1][1] if self.frontiers else {}
                 self.samples.append(sample)
+                if self.on_sample is not None:
+                    self.on_sample()
             if run.draining:
                 return
             next_at += self.settings.sample
