@@ -125,6 +125,7 @@ def test_growth_is_judged_after_the_window_only() -> None:
     assert len(reasons) == 1 and reasons[0].startswith("growth after the first retention window: znodes")
     assert verdict([], None, 0, growing, check_growth=False) == []
     assert verdict([], None, 0, figures(warm[:12], window=10), check_growth=True)[0].startswith("growth not measured")
-    gcs: list[dict[str, Any]] = [{"at": 20.0, "rc": 0}, {"at": 40.0, "rc": 1, "stderr": "aligner: error: job 'A' does not read 'in'\n"}]
+    gcs: list[dict[str, Any]] = [{"at": 20.0, "rc": 0},
+                                 {"at": 40.0, "rc": 1, "stderr": "aligner: error: job 'A' does not read 'in'\n"}]
     assert verdict([], None, 0, flat, check_growth=False, gcs=gcs) == [
         "aligner gc failed 1 of 2 runs (first at 40s: aligner: error: job 'A' does not read 'in')"]
