@@ -14,14 +14,14 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from aligner.errors import EpochNotCommittedError, FencedError, LineageError, UnknownJobError
+from aligner.errors import EpochNotCommittedError, LineageError, UnknownJobError
 from aligner.jobs import JobLedger
-from aligner.layout import epoch_name, split_writer
+from aligner.layout import split_writer
 from aligner.ledger import Ledger
 from aligner.lineage_models import SparkSinkEpochNode, SparkSourceBatchNode
-from aligner.models import Node, now_ms, parse
+from aligner.models import now_ms, parse
 
 SOURCE_BATCHES_KEPT = 100_000
 """Source batch nodes kept per query; older ones are deleted as new batches are recorded."""
@@ -185,25 +185,25 @@ class SparkLineageLedger:
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
 
-    # ---- paths --------------------------------------------------------------------------------
+    # ---- paths (declared in aligner.layout) ----------------------------------------------------
 
     def progress_path(self, subject: str, sink: str) -> str:
-        return f"{self.ledger.layout.sink(subject, sink)}/spark"
+        return self.ledger.layout.spark_progress(subject, sink)
 
     def sink_epochs_path(self, subject: str, sink: str) -> str:
-        return f"{self.progress_path(subject, sink)}/epochs"
+        return self.ledger.layout.spark_sink_epochs(subject, sink)
 
     def sink_epoch_path(self, subject: str, sink: str, epoch: int) -> str:
-        return f"{self.sink_epochs_path(subject, sink)}/{epoch_name(epoch)}"
+        return self.ledger.layout.spark_sink_epoch(subject, sink, epoch)
 
     def query_batches_path(self, query: str) -> str:
-        return f"{self.ledger.layout.root}/spark/queries/{query}/batches"
+        return self.ledger.layout.query_batches(query)
 
     def batch_path(self, query: str, batch: int) -> str:
-        return f"{self.query_batches_path(query)}/{batch:012d}"
+        return self.ledger.layout.query_batch(query, batch)
 
     def source_batch_path(self, query: str, batch: int, subject: str) -> str:
-        return f"{self.batch_path(query, batch)}/{subject}"
+        return self.ledger.layout.source_batch(query, batch, subject)
 
     # ---- source batches -----------------------------------------------------------------------
 
@@ -238,7 +238,7 @@ class SparkLineageLedger:
     def queries(self) -> list[str]:
         """Ids of the streaming queries that recorded micro-batches."""
         try:
-            return sorted(self.ledger.zk.get_children(f"{self.ledger.layout.root}/spark/queries"))
+            return sorted(self.ledger.zk.get_children(self.ledger.layout.spark_queries))
         except NoNodeError:
             return []
 
@@ -249,25 +249,6 @@ class SparkLineageLedger:
         except NoNodeError:
             return None
         return max((int(n) for n in names), default=None)
-
-    def write_progress(self, node: Node, subject: str, sink: str, version: int) -> None:
-        """Record a sink's progress without an epoch commit (a batch whose output was voided before its
-        producers' first epoch): created with its epochs folder the first time, else compare-and-set."""
-        path = self.progress_path(subject, sink)
-        try:
-            if version < 0:
-                t = self.ledger.zk.transaction()
-                t.create(path, node.dump())
-                t.create(self.sink_epochs_path(subject, sink), b"")
-                results = t.commit()
-                failed = [r for r in results if isinstance(r, Exception)]
-                if failed:
-                    raise failed[0]
-            else:
-                self.ledger.zk.set(path, node.dump(), version=version)
-        except (BadVersionError, NodeExistsError) as exc:
-            raise FencedError(f"the progress of sink {sink!r} on {subject!r} changed concurrently "
-                              f"({type(exc).__name__}); nothing was recorded") from exc
 
     # ---- sink epochs --------------------------------------------------------------------------
 
