@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer, TopicPartition
 
 from aligner.connectors import kafka as kafka_module
 from aligner.connectors.kafka import QUIET, FetchingConsumer, fetched_end_offsets
@@ -200,6 +200,31 @@ class CaughtUp:
             fc.close()
 
 
+class ReaderThread:
+    """An EpochReader reading one epoch on a thread; ``done_at`` is when it finished (monotonic)."""
+
+    def __init__(self, ledger: Ledger, bootstrap: str, subject: str, epoch: int) -> None:
+        self.reader = EpochReader(ledger, bootstrap, stall_timeout=3.0)
+        self.got: list[int] = []
+        self.done_at: float | None = None
+        self.error: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, args=(subject, epoch), daemon=True, name="reader")
+        self.thread.start()
+
+    def _run(self, subject: str, epoch: int) -> None:
+        try:
+            for r in self.reader.read(subject, epoch, epoch):
+                self.got.append(json.loads(r.value or b"{}")["n"])
+            self.done_at = time.monotonic()
+        except BaseException as exc:
+            self.error.append(exc)
+
+    def close(self) -> None:
+        self.thread.join(LIVE)  # a read has no stop flag: it ends once the broker serves it
+        assert not self.thread.is_alive(), "the reader did not finish"
+        self.reader.close()
+
+
 class Paced:
     """Records numbered from ``first`` into partition 0 at ~100/s (linger 5 ms, idempotent) until closed."""
 
@@ -233,9 +258,9 @@ class Paced:
 
 
 @pytest.fixture
-def owned() -> Iterator[list[MarkerThread | CaughtUp | Paced]]:
+def owned() -> Iterator[list[MarkerThread | CaughtUp | Paced | ReaderThread]]:
     """Threads of a test, closed in reverse order on every path."""
-    things: list[MarkerThread | CaughtUp | Paced] = []
+    things: list[MarkerThread | CaughtUp | Paced | ReaderThread] = []
     try:
         yield things
     finally:
@@ -249,7 +274,12 @@ def owned() -> Iterator[list[MarkerThread | CaughtUp | Paced]]:
 
 
 def test_chain_moves_again_after_a_broker_pause_on_a_partition_past_30k_batches(
-        slow_stack: StackInfo, slow_ledger: Ledger, owned: list[MarkerThread | CaughtUp | Paced]) -> None:
+        slow_stack: StackInfo, slow_ledger: Ledger, big: tuple[str, int],
+        owned: list[MarkerThread | CaughtUp | Paced | ReaderThread], caplog: pytest.LogCaptureFixture) -> None:
+    """A marker, caught-up consumers and a producer on a partition past 30k batches; the broker paused
+    for 10 s, and a reader of a 60k-batch partition started during the pause. The marker commits an
+    epoch with new records and the reader finishes within 30 s of the pause's end, with no false
+    DataLossError; then every record of the paused partition is read back exactly once."""
     subject = f"in-{uuid.uuid4().hex[:8]}"
     kafka = slow_stack.kafka
     create_subject(slow_ledger, kafka, subject, 1)
@@ -264,13 +294,21 @@ def test_chain_moves_again_after_a_broker_pause_on_a_partition_past_30k_batches(
 
     os.kill(slow_stack.kafka_pid, signal.SIGSTOP)
     try:
-        time.sleep(PAUSE)  # the outage itself is the test's input, not a wait for progress
+        with caplog.at_level(logging.WARNING, logger="aligner.watchdog"):
+            reader = ReaderThread(slow_ledger, kafka, *big)
+            owned.append(reader)
+            time.sleep(PAUSE)  # the outage itself is the test's input, not a wait for progress
     finally:
         os.kill(slow_stack.kafka_pid, signal.SIGCONT)
     resumed, before = time.monotonic(), marker.covered()
     wait_for(lambda: marker.covered() > before, LIVE, "the marker to commit an epoch with new records", interval=0.1)
     moved = next(t for t, end in marker.marks if end > before) - resumed
     assert moved <= MOVE_WITHIN, f"the marker moved again {moved:.1f}s after the pause ended"
+    wait_for(lambda: reader.done_at is not None or bool(reader.error), LIVE, "the reader to finish", interval=0.1)
+    assert not reader.error, reader.error
+    assert reader.done_at is not None and reader.done_at - resumed <= MOVE_WITHIN
+    assert len(reader.got) == BIG and sorted(reader.got) == list(range(BIG))
+    print(f"after the pause: marker moved in {moved:.1f}s, the reader finished in {reader.done_at - resumed:.1f}s")
 
     sent = producer.close()
     wait_for(lambda: marker.covered() >= sent, LIVE, f"the marker to cover all {sent} records", interval=0.1)
@@ -281,9 +319,23 @@ def test_chain_moves_again_after_a_broker_pause_on_a_partition_past_30k_batches(
     assert len(got) == sent and sorted(got) == list(range(sent)), "every record once, nothing else"
 
 
-def test_empty_fetch_errors_are_no_data_loss(slow_stack: StackInfo) -> None:
-    """Only an out-of-range answer means the log lost offsets; the reader treats nothing else so."""
-    from aligner.connectors.reader import _DATA_LOST
+def test_stall_warns_once_names_the_partition_and_clears(caplog: pytest.LogCaptureFixture) -> None:
+    from aligner.connectors.watchdog import STALLED, Stall
 
-    assert KafkaError.OFFSET_OUT_OF_RANGE in _DATA_LOST and KafkaError._AUTO_OFFSET_RESET in _DATA_LOST
-    assert KafkaError._TIMED_OUT not in _DATA_LOST and KafkaError._TRANSPORT not in _DATA_LOST
+    now = [100.0]
+    stall = Stall("marker of in", "in", 1, warn_after=10.0, clock=lambda: now[0])
+    gauge = STALLED.labels("marker of in", "in", "1")
+    with caplog.at_level(logging.WARNING, logger="aligner.watchdog"):
+        now[0] += 9.0
+        assert not stall.report(5, "its end offset", "slow") and gauge._value.get() == 0
+        now[0] += 2.0
+        assert stall.report(5, "its end offset", "fetches take 0.3 s") and gauge._value.get() == 11.0
+        now[0] += 5.0
+        assert not stall.report(5, "its end offset", "fetches take 0.3 s") and gauge._value.get() == 16.0
+        assert stall.cause == "fetches take 0.3 s"
+        stall.moved()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "in[1]" in lines[0] and "offset 5" in lines[0] and "fetches take 0.3 s" in lines[0]
+    assert "in[1] moves again after 16s" in lines[1]
+    assert gauge._value.get() == 0 and stall.cause is None and stall.idle() == 0

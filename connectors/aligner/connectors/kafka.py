@@ -146,15 +146,33 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 3
 
 def end_offsets(
     bootstrap: str, topic: str, partitions: Sequence[int], committed_only: bool = True,
-    timeout: float = 30.0, earliest: bool = False,
+    timeout: float = 30.0, earliest: bool = False, client: AdminClient | None = None,
+    stop: threading.Event | None = None,
 ) -> dict[int, int]:
-    """Latest (last stable, for committed_only) or earliest offset of each partition."""
-    client = admin(bootstrap)
+    """Latest (last stable, for committed_only) or earliest offset of each partition.
+
+    ``client`` reuses an admin client (a fresh one per call connects and asks for metadata first, which
+    a busy broker may not answer in time); ``stop`` ends the wait with StoppedError. TimeoutError after
+    ``timeout`` seconds without an answer."""
+    client = client or admin(bootstrap)
     spec = OffsetSpec.earliest() if earliest else OffsetSpec.latest()
     request = {TopicPartition(topic, p): spec for p in partitions}
     level = IsolationLevel.READ_COMMITTED if committed_only else IsolationLevel.READ_UNCOMMITTED
     futures = client.list_offsets(request, isolation_level=level, request_timeout=timeout)
-    return {tp.partition: fut.result(timeout).offset for tp, fut in futures.items()}
+    deadline = time.monotonic() + timeout
+    out: dict[int, int] = {}
+    for tp, fut in futures.items():
+        while True:
+            try:
+                slice_ = 0.5 if stop is not None else max(0.0, deadline - time.monotonic())
+                out[tp.partition] = fut.result(slice_).offset
+                break
+            except TimeoutError:
+                if stop is not None and stop.is_set():
+                    raise StoppedError(f"stopped while asking for the offsets of {topic}") from None
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"no answer to ListOffsets for {topic} within {timeout:.0f}s") from None
+    return out
 
 
 def transactional_id(subject: str, sink: str, producer: str) -> str:
@@ -249,6 +267,14 @@ class FetchingConsumer:
         self.wait_ms = max(configured, _learned.get(bootstrap, 0))
         self.consumer = Consumer(consumer_config(bootstrap, self.extra, self.wait_ms))
         self.reopened = 0
+        self._admin: AdminClient | None = None
+
+    @property
+    def admin(self) -> AdminClient:
+        """An admin client kept for offset look-ups beside the consumer."""
+        if self._admin is None:
+            self._admin = admin(self.bootstrap)
+        return self._admin
 
     def slower(self) -> int:
         """Replace the consumer by one with a longer wait (the same at the cap: fresh connections);
@@ -332,9 +358,10 @@ def fetched_end_offsets(fc: FetchingConsumer, topic: str, partitions: Sequence[i
     once it reaches the high watermark of the fetch that brought the records, or partition EOF.
     A partition whose answer is not past ``known`` (its end from an earlier call) got no new batch.
     Waits as long as it takes (a stalled fetch is reported and the wait raised, never given up on);
-    ``stop`` ends the wait with StoppedError. Broker outages raise from the ListOffsets call.
+    ``stop`` ends the wait with StoppedError. An outage longer than 30 s raises TimeoutError from the
+    ListOffsets call.
     """
-    listed = end_offsets(bootstrap, topic, partitions, committed_only=True, timeout=3.0)
+    listed = end_offsets(bootstrap, topic, partitions, committed_only=True, timeout=30.0, client=fc.admin, stop=stop)
     ends = {p: known[p] for p in partitions if known is not None and p in known and listed[p] <= known[p]}
     ends.update({p: 0 for p in partitions if listed[p] <= 0})
     todo = [p for p in partitions if p not in ends]

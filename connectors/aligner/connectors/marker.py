@@ -43,7 +43,8 @@ class EpochMarker:
 
         def start() -> dict[int, int]:
             if self.from_beginning:
-                return end_offsets(self.bootstrap, self.topic, self.partitions, earliest=True)
+                return end_offsets(self.bootstrap, self.topic, self.partitions, earliest=True,
+                                   client=self._consumer.admin)
             return self._ends()
 
         self._lease = self.ledger.claim(self.subject, self.name, "0", self.partitions, start)
@@ -91,7 +92,8 @@ class EpochMarker:
                 break
             except TRANSIENT as exc:
                 failures += 1
-                log.warning("marker of %s: epoch failed (%s); retrying", self.subject, " ".join(str(exc).split()))
+                log.warning("marker of %s: epoch failed (%s); retrying", self.subject,
+                            " ".join(str(exc).split()) or type(exc).__name__)
                 stop.wait(min(0.2 * 2 ** min(failures, 5), 5.0))
                 continue
             failures = 0
