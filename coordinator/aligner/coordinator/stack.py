@@ -347,6 +347,8 @@ def _write_zoo_cfg(workdir: Path, port: int, tls: TlsFiles | None = None) -> Pat
         f"{listen}"
         "admin.enableServer=false\n"
         "4lw.commands.whitelist=ruok,srvr,mntr\n"
+        "autopurge.snapRetainCount=3\n"  # snapshots and logs pruned hourly: the data dir stays bounded
+        "autopurge.purgeInterval=1\n"
         "maxClientCnxns=0\n"
         "minSessionTimeout=1000\n"
         "forceSync=no\n"
