@@ -5,27 +5,26 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from aligner.coordinator.hotswap import HotSwap
-from aligner.coordinator.stack import wait_for
 from aligner.ledger import Ledger
-from aligner.models import ContributionNode, JobNode, SwapNode
+from aligner.models import ContributionNode, JobNode, Phase, SwapNode
+from aligner.swap import Next
+from aligner.swap import commit as machine_commit
 
 
 def precommit_acked(swapper: HotSwap, o: JobNode, n: JobNode, live: float,
                     on_wait: Callable[[], None] | None = None) -> tuple[SwapNode, int]:
-    """Pre-commit a swap epoch S and wait until both versions acknowledged it; when one saw S too late
-    (a busy machine: it had passed S already), choose a later S, as ``HotSwap.run`` does."""
-    swap, version = swapper._precommit(o, n, None, -1, None)
-    acks = ["waiting"]
+    """Run the hot-swap up to its commit: S pre-committed and acknowledged by both versions (a later S
+    when one saw it too late, as on a busy machine); returns the swap node and its version."""
+    swap = swapper.run(o.job, n.job, o.output, timeout=live, until=Next.COMMIT,
+                       progress=(lambda _what, _info: on_wait()) if on_wait is not None else None)
+    current, version = swapper.jobs.swap(o.job)
+    assert current == swap and swap.phase is Phase.PRECOMMIT
+    return swap, version
 
-    def settled() -> bool:
-        acks.append(swapper._acks(o, n, swap))
-        return acks[-1] != "waiting"
 
-    while True:
-        wait_for(settled, live, f"both versions to acknowledge S={swap.epoch}", on_wait=on_wait)
-        if acks[-1] == "all":
-            return swap, version
-        swap, version = swapper._precommit(o, n, swap, version, None)
+def committed(swap: SwapNode) -> SwapNode:
+    """The commit the coordinator would write next (then a test kills it)."""
+    return machine_commit(swap)
 
 
 def assert_s_before_s_plus_1(ledger: Ledger, target: str, swap_epoch: int) -> float:

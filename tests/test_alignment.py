@@ -305,6 +305,10 @@ def test_worker_restarted_while_aligning_ends_its_first_aligned_epoch_on_k(stack
     assert node.offsets[raw] == _ends(ledger, raw, span.last, [0, 1]), f"job epoch {j} covers {span.first}..{span.last}"
 
 
+AHEAD = 20
+"""How far in the input's future a test's hand-sent Align puts k (the generator commits ~10 epochs/s)."""
+
+
 def test_split_alignment_is_aborted_and_aligned_again(stack, ledger, subject_name, spawn):
     """One consumer started J under an Align the other rejected as late, and the other took a later
     Align: the job is split. ``Coordinator.align`` aborts (nothing lost) and aligns it again."""
@@ -326,11 +330,13 @@ def test_split_alignment_is_aborted_and_aligned_again(stack, ledger, subject_nam
     for _ in range(3):
         w1.step(stop)  # w1 runs ahead: it will have started J when the Align comes
     j = w0.sink.next_epoch + 1
-    _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.frontier(raw) or 0) + 2, job_epoch=j))
+    # k well in the future (AHEAD input epochs, ~2 s of input): w0 takes the Align whenever its watch
+    # delivers it within that time, rather than racing the generator to k (w1 rejects it for J alone).
+    _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.frontier(raw) or 0) + AHEAD, job_epoch=j))
     wait_for(lambda: (w0.step(stop), w1.step(stop)) and state(w0) is State.ALIGNED, LIVE, "w0 to start J")
     assert state(w1) is State.READY  # rejected: too late
     later = max(w0.sink.next_epoch, w1.sink.next_epoch) + 3
-    _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.frontier(raw) or 0) + 2,
+    _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.frontier(raw) or 0) + AHEAD,
                                        job_epoch=later))
     wait_for(lambda: w1.step(stop) and state(w1) is State.ALIGNING, LIVE, "w1 to take the later Align")
     with pytest.raises(AlignmentSplitError):

@@ -18,7 +18,7 @@ from aligner.errors import AlignerError
 from tests.conftest import run_cli
 from tests.jobs import count_v1, count_v2, tag_v1, tag_v2, tag_v3
 from tests.streams import assert_exactly_once, read_all
-from tests.swaps import assert_s_before_s_plus_1, precommit_acked
+from tests.swaps import assert_s_before_s_plus_1, committed, precommit_acked
 
 LIVE = 180
 """Liveness bound (seconds) on waits for progress: generous, for a busy machine; never a speed check."""
@@ -68,8 +68,8 @@ def _verify(ledger, stack, target, gen, swap_epoch):
 def test_hotswap_under_continuous_input_is_exactly_once(stack, ledger, subject_name, spawn):
     target, more, gen, old, new, v1, v2 = _setup(stack, ledger, spawn, subject_name)
     swapper = HotSwap(ledger)
-    wait_for(lambda: swapper._committed(new.job, new.inputs) >= 0, LIVE, "v2 following")
-    before = max(swapper._committed(old.job, old.inputs), swapper._committed(new.job, new.inputs))
+    wait_for(lambda: swapper.committed(new.job, new.inputs) >= 0, LIVE, "v2 following")
+    before = max(swapper.committed(old.job, old.inputs), swapper.committed(new.job, new.inputs))
     swap = swapper.run(old.job, new.job, target, timeout=LIVE)
     assert swap.phase == "done"
     # S is a future epoch: after everything either job had committed when the swap was accepted. How
@@ -231,7 +231,7 @@ def test_job_killed_at_a_swap_step_still_swaps_exactly_once(stack, root, ledger,
              and jobs.consumers(n.job, raw), LIVE, "v2 following", on_wait=healthy)
     swap, version = precommit_acked(swapper, o, n, LIVE, on_wait=healthy)
     if step == "commit":
-        swap = swap.model_copy(update={"phase": "commit"})
+        swap = committed(swap)
         jobs.write_swap(swap, version)
     procs[who].kill()
     procs[who] = spawn.worker("aligner.connectors.runtime", *args[who])
@@ -305,9 +305,9 @@ def test_coordinator_lost_after_commit_is_resumed_by_the_next(stack, ledger, sub
     target, more, gen, old, new, v1, v2 = _setup(stack, ledger, spawn, subject_name)
     swapper = HotSwap(ledger)
     o, n = swapper.check(old.job, new.job, target)
-    wait_for(lambda: swapper._committed(new.job, new.inputs) >= 0, LIVE, "v2 following")
+    wait_for(lambda: swapper.committed(new.job, new.inputs) >= 0, LIVE, "v2 following")
     swap, version = precommit_acked(swapper, o, n, LIVE)
-    swapper.jobs.write_swap(swap.model_copy(update={"phase": "commit"}), version)  # ... and the coordinator dies
+    swapper.jobs.write_swap(committed(swap), version)  # ... and the coordinator dies
     resumed = spawn.worker("aligner.coordinator", "hotswap", "--old", old.job, "--new", new.job, "--subject", target,
                            "--json", env=cli_env)
     assert resumed.wait(LIVE) == 0, resumed.stderr

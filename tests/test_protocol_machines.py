@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aligner import coverage, swap
+from aligner import coverage, decision, swap
 from aligner.alignment import Command, ConsumerAlignment, Receipt, State, aggregate
 from aligner.errors import AlignerError, AlignmentSplitError, IllegalTransition
-from aligner.models import Span, SwapNode
+from aligner.models import AlignmentDecision, Span, SwapNode
 
 CATCH_UP = Command(seq=1, kind="catch_up")
 
@@ -195,3 +197,88 @@ def test_two_phase_transitions():
         swap.finish(again)
     with pytest.raises(IllegalTransition):
         swap.precommit(swap.commit(again), "a", "b", "t", 30)
+
+
+# ---- the coordinator's hot-swap step -----------------------------------------------------------
+
+@pytest.mark.parametrize(("seen", "expected"), [
+    (swap.Observed(None, old_aligned=False, new_follows=False), swap.Next.ALIGN),
+    (swap.Observed(None, old_aligned=True, new_follows=False), swap.Next.AWAIT_FOLLOWER),
+    (swap.Observed(None, old_aligned=True, new_follows=True), swap.Next.PRECOMMIT),
+    (swap.Observed(_swap("aborted"), old_aligned=True, new_follows=True), swap.Next.PRECOMMIT),
+    (swap.Observed(_swap("precommit"), acks=swap.Acks.WAITING), swap.Next.AWAIT_ACKS),
+    (swap.Observed(_swap("precommit"), acks=swap.Acks.LATE), swap.Next.PRECOMMIT),
+    (swap.Observed(_swap("precommit"), acks=swap.Acks.ALL), swap.Next.COMMIT),
+    (swap.Observed(_swap("commit"), target_frontier=10), swap.Next.AWAIT_TARGET),
+    (swap.Observed(_swap("commit"), target_frontier=11), swap.Next.FINISH),
+    (swap.Observed(_swap("done")), swap.Next.DONE),
+])
+def test_the_coordinators_swap_step(seen, expected):
+    assert swap.coordinate(seen) is expected
+    assert swap.needs(seen.swap) <= {"old_aligned", "new_follows", "acks", "target_frontier"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(acks=st.lists(st.sampled_from(list(swap.Acks)), min_size=1, max_size=8), frontier=st.integers(0, 30))
+def test_the_coordinators_swap_loop_ends_done_once_acked(acks, frontier):
+    """Observe -> step -> persist from nothing: S is pre-committed again after each late acknowledgement,
+    committed once all acknowledged, finished once the target is past S."""
+    node = None
+    for i in range(50):
+        seen = swap.Observed(node, old_aligned=True, new_follows=True,
+                             acks=acks[min(i, len(acks) - 1)] if i < len(acks) else swap.Acks.ALL,
+                             target_frontier=frontier + 20)
+        step = swap.coordinate(seen)
+        if step is swap.Next.DONE:
+            break
+        if step is swap.Next.PRECOMMIT:
+            node = swap.precommit(node, "a", "b", "t", swap.choose(frontier, 2, None))
+        elif step is swap.Next.COMMIT:
+            node = swap.commit(node)
+        elif step is swap.Next.FINISH:
+            node = swap.finish(node)
+    assert node is not None and node.phase == "done"
+
+
+# ---- the coordinator's alignment step ----------------------------------------------------------
+
+def _decision(phase: str, subjects: tuple[str, ...] = ("x",)) -> AlignmentDecision:
+    return AlignmentDecision(job="j", subjects=subjects, phase=phase, seq=3)
+
+
+@pytest.mark.parametrize(("seen", "expected"), [
+    (decision.Observed(None, ("x",), from_start=False), decision.Next.START),
+    (decision.Observed(None, ("x",), from_start=True), decision.Next.FROM_START),
+    (decision.Observed(_decision("aligned"), ("x",), sources_aligned=True), decision.Next.DONE),
+    (decision.Observed(_decision("aligned"), ("x",), sources_aligned=False, from_start=False), decision.Next.START),
+    (decision.Observed(_decision("catching_up", ("y",)), ("x",), from_start=False), decision.Next.START),
+    (decision.Observed(_decision("aborting"), ("x",)), decision.Next.BLOCKED),
+    (decision.Observed(_decision("catching_up"), ("x",), ready=False), decision.Next.AWAIT_READY),
+    (decision.Observed(_decision("catching_up"), ("x",), ready=True, from_start=False), decision.Next.CHOOSE),
+    (decision.Observed(_decision("catching_up"), ("x",), ready=True, from_start=True), decision.Next.FROM_START),
+    (decision.Observed(_decision("aligning"), ("x",)), decision.Next.AWAIT_ALIGNED),
+    (decision.Observed(_decision("aligning"), ("x",), settled=decision.Settled.REJECTED), decision.Next.CHOOSE),
+    (decision.Observed(_decision("aligning"), ("x",), settled=decision.Settled.ALIGNED),
+     decision.Next.RECORD_ALIGNED),
+])
+def test_the_coordinators_alignment_step(seen, expected):
+    assert decision.step(seen) is expected
+    needed = decision.needs(seen.decision, seen.subjects)
+    for name in ("sources_aligned", "from_start", "ready", "settled"):  # the step reads only what it needs
+        if name not in needed:
+            assert decision.step(replace(seen, **{name: None})) is expected
+
+
+# ---- the coverage step -------------------------------------------------------------------------
+
+def test_coverage_step_uses_a_record_follows_the_old_version_or_decides():
+    recorded = coverage.Coverage(covered={"x": Span(first=3, last=3)}, next={"x": 4})
+    assert coverage.step(recorded, True, None, 1, {}, {}) == coverage.Step(coverage.Next.DECIDED, recorded)
+    assert coverage.step(None, True, None, 1, {}, {}).next is coverage.Next.FOLLOW
+    assert coverage.step(None, False, {"x": 4}, 2, {"x": 4}, {"x": None}).next is coverage.Next.WAIT
+    decided = coverage.step(None, False, {"x": 4}, 2, {"x": 5}, {"x": None})
+    assert decided.next is coverage.Next.DECIDE and decided.coverage.next == {"x": 6}
+    with pytest.raises(AlignerError):
+        coverage.step(None, False, None, 1, {}, {})
+    assert coverage.catch_up_per({"x": 4, "y": 0}, {"x": 9, "y": None}, None) == 6
+    assert coverage.catch_up_per({"x": 4}, {"x": 9}, 2) == 2

@@ -31,7 +31,7 @@ from aligner.jobs import JobLedger
 from tests.helpers import Worker, faust_worker
 from tests.jobs import tag_v1
 from tests.streams import assert_exactly_once, read_all
-from tests.swaps import assert_s_before_s_plus_1, precommit_acked
+from tests.swaps import assert_s_before_s_plus_1, committed, precommit_acked
 
 pytest.importorskip("pyspark")
 
@@ -162,7 +162,7 @@ def test_spark_query_hotswap_survives_kills_exactly_once(stack, root, ledger, su
     swap, version = precommit_acked(swapper, o, n, LIVE, healthy)
     mark(f"S = {swap.epoch} acknowledged")
     if step == "commit":
-        swap = swap.model_copy(update={"phase": "commit"})
+        swap = committed(swap)
         jobs.write_swap(swap, version)
     drivers = [queries[who] for who in killed if who != "coordinator"]
     for q in drivers:

@@ -14,13 +14,14 @@ and waits at S+1 until the outcome is final, so neither version acts on S+1 befo
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import StrEnum
 
 from aligner.errors import AlignerError, IllegalTransition
 from aligner.models import Phase, SwapNode, now_ms
 
-__all__ = ["Acks", "Gate", "Phase", "abort", "acks", "awaits_target", "choose", "commit", "finish", "gate",
-           "precommit"]
+__all__ = ["WAITS", "Acks", "Gate", "Next", "Observed", "Phase", "abort", "acks", "awaits_target", "choose", "commit",
+           "coordinate", "finish", "gate", "needs", "precommit"]
 
 
 class Gate(StrEnum):
@@ -106,3 +107,58 @@ def abort(swap: SwapNode) -> SwapNode:
     if swap.phase in (Phase.COMMIT, Phase.DONE):
         raise AlignerError(f"the hot-swap of {swap.old!r} at epoch {swap.epoch} is committed; it cannot be aborted")
     return _to(swap, Phase.ABORTED)
+
+
+class Next(StrEnum):
+    """The coordinator's next step of a hot-swap, from what it observed (:func:`coordinate`)."""
+
+    ALIGN = "align"
+    """The old version is not aligned: align it first."""
+    AWAIT_FOLLOWER = "await_follower"
+    """Every worker of the new version must follow the old one's epochs before S is chosen."""
+    PRECOMMIT = "precommit"
+    """Choose S (a later one after a late acknowledgement) and record the pre-commit."""
+    AWAIT_ACKS = "await_acks"
+    COMMIT = "commit"
+    AWAIT_TARGET = "await_target"
+    """Committed: the new version writes S+1 at the target."""
+    FINISH = "finish"
+    DONE = "done"
+
+
+WAITS = frozenset({Next.AWAIT_FOLLOWER, Next.AWAIT_ACKS, Next.AWAIT_TARGET})
+"""Steps that wait for the jobs (woken by watches) rather than act."""
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What the coordinator read: the swap node, and what its phase needs (None: not read)."""
+
+    swap: SwapNode | None
+    old_aligned: bool | None = None
+    new_follows: bool | None = None
+    acks: Acks | None = None
+    target_frontier: int | None = None
+
+
+def needs(swap: SwapNode | None) -> frozenset[str]:
+    """Which observations the next step depends on, so the coordinator reads only those."""
+    if swap is None or swap.phase == Phase.ABORTED:
+        return frozenset({"old_aligned", "new_follows"})
+    return frozenset({"acks"} if swap.phase == Phase.PRECOMMIT else {"target_frontier"}
+                     if swap.phase == Phase.COMMIT else ())
+
+
+def coordinate(seen: Observed) -> Next:
+    """The hot-swap's next step: the two-phase commit as the coordinator drives it."""
+    swap = seen.swap
+    if swap is None or swap.phase == Phase.ABORTED:
+        if not seen.old_aligned:
+            return Next.ALIGN
+        return Next.PRECOMMIT if seen.new_follows else Next.AWAIT_FOLLOWER
+    if swap.phase == Phase.PRECOMMIT:
+        return {Acks.ALL: Next.COMMIT, Acks.LATE: Next.PRECOMMIT}.get(seen.acks or Acks.WAITING, Next.AWAIT_ACKS)
+    if swap.phase == Phase.COMMIT:
+        return Next.FINISH if seen.target_frontier is not None and seen.target_frontier > swap.epoch \
+            else Next.AWAIT_TARGET
+    return Next.DONE

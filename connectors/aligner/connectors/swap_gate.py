@@ -7,6 +7,7 @@ swap of itself for a newer version (its own node). Both arrive through ZooKeeper
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
@@ -17,6 +18,8 @@ from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import Phase, SwapNode
 from aligner.zk import StoppedError
+
+log = logging.getLogger("aligner.swap")
 
 
 class SwapGate:
@@ -76,9 +79,17 @@ class SwapGate:
         return self.follows is not None and epoch_step.old_decides(self.incoming, epoch)
 
     def await_target(self, output: str, epoch: int | None, stop: threading.Event) -> None:
-        """Before the new version's S+1 commits: S committed at the target (by the old version)."""
-        if epoch is None:
-            return
-        while not self.ledger.wait_committed(output, epoch, timeout=1.0, stop=stop):
-            if stop.is_set():
-                raise StoppedError(f"{self.job}: stopped while waiting for epoch {epoch} of {output!r}")
+        if epoch is not None:
+            await_target(self.ledger, self.job, output, epoch, stop)
+
+
+def await_target(ledger: Ledger, job: str, output: str, epoch: int, stop: threading.Event | None = None) -> None:
+    """The new version's S+1 commits only after S is committed at the target (by the old version)."""
+    logged = False
+    while not ledger.wait_committed(output, epoch, timeout=1.0, stop=stop):
+        if ledger.stopping() or (stop is not None and stop.is_set()):
+            raise StoppedError(f"job {job!r}: stopped while waiting for epoch {epoch} of {output!r}")
+        if not logged:
+            log.info("job %s: waiting for %s epoch %d (the old version's last) before writing %d", job, output,
+                     epoch, epoch + 1)
+            logged = True

@@ -14,12 +14,14 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from aligner import decision as machine
 from aligner.alignment import Command, ConsumerAlignment, State
 from aligner.coordinator.waiting import Waiter
+from aligner.decision import Next, Settled
 from aligner.errors import AlignerError, AlignmentSplitError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
-from aligner.models import AlignmentDecision, now_ms
+from aligner.models import AlignmentDecision, DecisionPhase, now_ms
 
 log = logging.getLogger("aligner.coordinator")
 
@@ -135,39 +137,68 @@ class Coordinator:
 
     def _align(self, job: str, subjects: Sequence[str] | None, at_epoch: int | None, timeout: float | None,
                progress: Progress | None) -> AlignmentDecision:
-        subjects = self._subjects(job, subjects)
+        """One loop: observe the decision, let :func:`aligner.decision.step` choose, persist or wait."""
+        chosen = self._subjects(job, subjects)
+        while True:
+            seen, version = self.observe(job, chosen)
+            step = machine.step(seen)
+            decision = seen.decision
+            if step is Next.DONE:
+                assert decision is not None
+                return decision
+            if step is Next.BLOCKED:
+                raise AlignerError(f"job {job!r} is being aborted; run `aligner abort {job}` to finish it first")
+            if step is Next.AWAIT_READY or step is Next.AWAIT_ALIGNED:
+                assert decision is not None
+                self._send_decision(job, chosen, decision)
+                self._await(step, job, chosen, decision, timeout, progress)
+            elif step is Next.FROM_START:
+                seq = decision.seq if machine.current(decision, chosen) else self._next_seq(job, chosen)  # type: ignore[union-attr]
+                return self._record_from_start(job, chosen, seq, version)
+            elif step is Next.START:
+                self.jobs.decide(AlignmentDecision(job=job, subjects=chosen, phase=DecisionPhase.CATCHING_UP,
+                                                   seq=self._next_seq(job, chosen)), version)
+            elif step is Next.CHOOSE:
+                assert decision is not None
+                self._choose(job, chosen, decision, version, at_epoch)
+            else:  # RECORD_ALIGNED
+                assert decision is not None
+                decision = decision.model_copy(update={"phase": DecisionPhase.ALIGNED, "updated_at": now_ms()})
+                self.jobs.decide(decision, version)
+                return decision
+
+    def observe(self, job: str, subjects: tuple[str, ...]) -> tuple[machine.Observed, int]:
+        """Read the decision node and what its phase's next step depends on (and the node's version)."""
         decision, version = self.jobs.decision(job)
-        if decision is None or decision.phase in ("aligned", "aborted") or decision.subjects != subjects:
-            already = decision is not None and decision.phase == "aligned" and decision.subjects == subjects
-            if already and all(self.jobs.source_state(job, s).state is State.ALIGNED for s in subjects):
-                return decision  # type: ignore[return-value]
-            seq = max(self.jobs.command(job, s)[0].seq for s in subjects) + 1
-            if self._aligned_from_start(job, subjects):
-                return self._record_from_start(job, subjects, seq, version)
-            decision = AlignmentDecision(job=job, subjects=subjects, phase="catching_up", seq=seq)
-            version = self.jobs.decide(decision, version)
-        if decision.phase == "aborting":
-            raise AlignerError(f"job {job!r} is being aborted; run `aligner abort {job}` to finish it first")
-        while decision.phase != "aligned":
-            if decision.phase == "catching_up":
-                self._send(job, subjects, Command(seq=decision.seq, kind="catch_up"))
-                self._wait("catching up", lambda: all(
-                    self.jobs.source_state(job, s).state in (State.READY, State.ALIGNING, State.ALIGNED)
-                    for s in subjects), timeout, progress, job, subjects)
-                if self._aligned_from_start(job, subjects):  # a Spark query that started meanwhile
-                    return self._record_from_start(job, subjects, decision.seq, version)
-                decision, version = self._choose(job, subjects, decision, version, at_epoch)
-            elif decision.phase == "aligning":
-                cmd = Command(seq=decision.seq, kind="align", job_epoch=decision.job_epoch)
-                for s in subjects:
-                    self._send(job, [s], cmd.model_copy(update={"subject_epoch": decision.subject_epochs[s]}))
-                outcome = self._await_aligned(job, subjects, decision, timeout, progress)
-                if outcome == "rejected":
-                    decision, version = self._choose(job, subjects, decision, version, at_epoch)
-                    continue
-                decision = decision.model_copy(update={"phase": "aligned", "updated_at": now_ms()})
-                version = self.jobs.decide(decision, version)
-        return decision
+        need = machine.needs(decision, subjects)
+        return machine.Observed(
+            decision=decision, subjects=subjects,
+            sources_aligned=all(self.jobs.source_state(job, s).state is State.ALIGNED for s in subjects)
+            if "sources_aligned" in need else None,
+            from_start=self._aligned_from_start(job, subjects) if "from_start" in need else None,
+            ready=all(self.jobs.source_state(job, s).state in (State.READY, State.ALIGNING, State.ALIGNED)
+                      for s in subjects) if "ready" in need else None,
+            settled=self._settled(job, subjects, decision) if "settled" in need and decision is not None else None,
+        ), version
+
+    def _next_seq(self, job: str, subjects: Sequence[str]) -> int:
+        return max(self.jobs.command(job, s)[0].seq for s in subjects) + 1
+
+    def _send_decision(self, job: str, subjects: Sequence[str], decision: AlignmentDecision) -> None:
+        """The command the decision's phase implies, to every source that lacks it."""
+        if decision.phase == DecisionPhase.CATCHING_UP:
+            self._send(job, subjects, Command(seq=decision.seq, kind="catch_up"))
+            return
+        cmd = Command(seq=decision.seq, kind="align", job_epoch=decision.job_epoch)
+        for s in subjects:
+            self._send(job, [s], cmd.model_copy(update={"subject_epoch": decision.subject_epochs[s]}))
+
+    def _await(self, step: Next, job: str, subjects: tuple[str, ...], decision: AlignmentDecision,
+               timeout: float | None, progress: Progress | None) -> None:
+        """Wait (woken by the consumers' reports) until the next step is another one."""
+        what = "catching up" if step is Next.AWAIT_READY else f"alignment at job epoch {decision.job_epoch}"
+        self._wait(what, lambda: machine.step(self.observe(job, subjects)[0]) is not step, timeout, progress,
+                   job, subjects)
 
     def _aligned_from_start(self, job: str, subjects: Sequence[str]) -> bool:
         """Every source aligned with no alignment point: the job is aligned by construction (a Spark
@@ -183,7 +214,7 @@ class Coordinator:
         first = self.jobs.job_epoch(line, numbers[0]) if numbers else None
         starts = {} if first is None else {s: (span.first if span is not None else first.next[s])
                                            for s, span in first.covered.items() if s in subjects}
-        decision = AlignmentDecision(job=job, subjects=tuple(subjects), phase="aligned", seq=seq,
+        decision = AlignmentDecision(job=job, subjects=tuple(subjects), phase=DecisionPhase.ALIGNED, seq=seq,
                                      job_epoch=first.epoch if first is not None else None, subject_epochs=starts)
         self.jobs.decide(decision, version)
         return decision
@@ -201,37 +232,30 @@ class Coordinator:
         sink_epochs = self.ledger.epoch_numbers(self.jobs.job(job).output)
         base = max([*committed, sink_epochs[-1] if sink_epochs else 0])
         decision = decision.model_copy(update={
-            "phase": "aligning", "seq": decision.seq + 1, "subject_epochs": epochs,
+            "phase": DecisionPhase.ALIGNING, "seq": decision.seq + 1, "subject_epochs": epochs,
             "job_epoch": base + self.margin, "updated_at": now_ms()})
         return decision, self.jobs.decide(decision, version)
 
-    def _await_aligned(self, job: str, subjects: Sequence[str], decision: AlignmentDecision,
-                       timeout: float | None, progress: Progress | None) -> str:
-        outcome: list[str] = []
-
-        def settled() -> bool:
-            if any(c.rejected_seq == decision.seq for s in subjects for c in self.jobs.consumers(job, s).values()):
-                outcome.append("rejected")
-            elif all(st.state is State.ALIGNED and st.job_epoch == decision.job_epoch
-                     for st in (self.jobs.source_state(job, s) for s in subjects)):
-                outcome.append("aligned")
-            return bool(outcome)
-
-        self._wait(f"alignment at job epoch {decision.job_epoch}", settled, timeout, progress, job, subjects)
-        return outcome[0]
+    def _settled(self, job: str, subjects: Sequence[str], decision: AlignmentDecision) -> Settled | None:
+        if any(c.rejected_seq == decision.seq for s in subjects for c in self.jobs.consumers(job, s).values()):
+            return Settled.REJECTED
+        if all(st.state is State.ALIGNED and st.job_epoch == decision.job_epoch
+               for st in (self.jobs.source_state(job, s) for s in subjects)):
+            return Settled.ALIGNED
+        return None
 
     def abort(self, job: str, timeout: float | None = None, progress: Progress | None = None) -> AlignmentDecision:
         """Return every source of the job to Unaligned, from any state, and clean up the decision."""
         subjects = self._subjects(job, None)
         decision, version = self.jobs.decision(job)
-        if decision is None or decision.phase != "aborting":
-            seq = max(self.jobs.command(job, s)[0].seq for s in subjects) + 1
-            decision = AlignmentDecision(job=job, subjects=subjects, phase="aborting", seq=seq)
+        if decision is None or decision.phase != DecisionPhase.ABORTING:
+            decision = AlignmentDecision(job=job, subjects=subjects, phase=DecisionPhase.ABORTING,
+                                         seq=self._next_seq(job, subjects))
             version = self.jobs.decide(decision, version)
         self._send(job, subjects, Command(seq=decision.seq, kind="abort"))
         self._wait("aborting", lambda: all(
             c.alignment.state is State.UNALIGNED and c.alignment.applied_seq >= decision.seq
             for s in subjects for c in self.jobs.consumers(job, s).values()), timeout, progress, job, subjects)
-        decision = decision.model_copy(update={"phase": "aborted", "updated_at": now_ms()})
+        decision = decision.model_copy(update={"phase": DecisionPhase.ABORTED, "updated_at": now_ms()})
         self.jobs.decide(decision, version)
         return decision

@@ -21,7 +21,7 @@ from aligner.errors import AlignerError, AlignmentSplitError, HotSwapRefused
 from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Ledger
-from aligner.models import JobNode, SwapNode
+from aligner.models import JobNode, Phase, SwapNode
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -50,7 +50,7 @@ class HotSwap:
             problems.append(f"{new} must run as the new version of {old} (JobSpec(follows={old!r}))")
         if o.follows is not None:
             handover, _ = self.jobs.swap(o.follows)
-            if handover is None or handover.phase != "done":
+            if handover is None or handover.phase != Phase.DONE:
                 problems.append(f"{old} is still the new version of {o.follows}: swap {o.follows} -> {old} first")
         doc, _ = self.ledger.writers(target)
         others = sorted({split_writer(w)[0] for w, e in doc.writers.items() if e.finished_after is None}
@@ -67,74 +67,85 @@ class HotSwap:
         except AlignmentSplitError:
             return False  # the coordinator's align repairs a split alignment
 
-    def _committed(self, job: str, subjects: tuple[str, ...]) -> int:
+    def _follows(self, n: JobNode) -> bool:
+        """Every worker of the new version follows the old one's epochs (has committed one)."""
+        consumers = self.jobs.consumers(n.job, n.inputs[0])
+        return len(consumers) == n.parallelism and all(
+            c.alignment.state is State.ALIGNED and c.job_epoch is not None
+            for s in n.inputs for c in self.jobs.consumers(n.job, s).values())
+
+    def committed(self, job: str, subjects: tuple[str, ...]) -> int:
+        """The furthest job epoch any worker of ``job`` committed (-1: none yet)."""
         epochs = [c.job_epoch for s in subjects for c in self.jobs.consumers(job, s).values()
                   if c.job_epoch is not None]
         return max(epochs, default=-1)
 
-    def _wait(self, what: str, cond: Callable[[], bool], timeout: float | None, progress: Progress | None,
-              info: Callable[[], dict[str, Any]]) -> None:
-        def show() -> None:
-            if progress:
-                progress(what, info())
-
-        self.waiter.until(cond, f"hot-swap: {what}", timeout, show)
-
     def status(self, old: str) -> dict[str, Any]:
         swap, _ = self.jobs.swap(old)
-        return {} if swap is None else swap.model_dump()
+        return {} if swap is None else swap.model_dump(mode="json")
+
+    # ---- observe -> step -> persist ---------------------------------------------------------------
+
+    def observe(self, o: JobNode, n: JobNode) -> tuple[machine.Observed, int]:
+        """Read the swap node and what its phase's next step depends on (and the node's version)."""
+        swap, version = self.jobs.swap(o.job)
+        need = machine.needs(swap)
+        return machine.Observed(
+            swap=swap,
+            old_aligned=self._aligned(o.job, o.inputs) if "old_aligned" in need else None,
+            new_follows=self._follows(n) if "new_follows" in need else None,
+            acks=self._acks(o, n, swap) if "acks" in need and swap is not None else None,
+            target_frontier=self.ledger.frontier(o.output) if "target_frontier" in need else None,
+        ), version
 
     def run(self, old: str, new: str, target: str, at_epoch: int | None = None, timeout: float | None = None,
-            progress: Progress | None = None) -> SwapNode:
-        """Swap ``old`` for ``new`` at the target; waits as long as the jobs take unless ``timeout``."""
+            progress: Progress | None = None, until: machine.Next = machine.Next.DONE) -> SwapNode:
+        """Swap ``old`` for ``new`` at the target; waits as long as the jobs take unless ``timeout``.
+
+        One loop: observe the ledger, let :func:`aligner.swap.coordinate` choose the step, persist or
+        wait. ``until``: return the swap node as soon as that is the next step (a test's kill point)."""
         o, n = self.check(old, new, target)
         for job in (o, n):
             self.coordinator.watch_job(job.job, job.inputs)
         self.waiter.watch_swap(old)
-        swap, version = self.jobs.swap(old)
-        if swap is not None and swap.phase == "done":
-            return swap
-        if swap is None or swap.phase == "aborted":
-            if not self._aligned(old, o.inputs):
+        while True:
+            seen, version = self.observe(o, n)
+            step = machine.coordinate(seen)
+            if step is until or step is machine.Next.DONE:
+                if seen.swap is None:
+                    raise AlignerError(f"hot-swap of {old!r}: nothing recorded before its step {step}")
+                return seen.swap
+            if step in machine.WAITS:
+                self._await(step, o, n, seen, timeout, progress)
+            elif step is machine.Next.ALIGN:
                 self.coordinator.align(old, timeout=timeout, progress=progress)
-            self._wait("the new version to follow", lambda: all(
-                c.alignment.state is State.ALIGNED and c.job_epoch is not None
-                for s in n.inputs for c in self.jobs.consumers(new, s).values()
-            ) and len(self.jobs.consumers(new, n.inputs[0])) == n.parallelism, timeout, progress,
-                lambda: {"new": new})
-            swap, version = self._precommit(o, n, swap, version, at_epoch)
-        info = lambda: self.status(old)  # noqa: E731
-        while swap.phase == "precommit":
-            acks = self._await_acks(o, n, swap, timeout, progress, info)
-            if acks is machine.Acks.LATE:  # a worker passed S before it saw S: choose a later S
-                swap, version = self._precommit(o, n, swap, version, at_epoch)
-                continue
-            version = self.jobs.write_swap(swap := machine.commit(swap), version)
-        if swap.phase == "commit":
-            self._wait(f"{target} epoch {swap.epoch + 1} from {new}",
-                       lambda: self.ledger.frontier(target) is not None and self.ledger.frontier(target) > swap.epoch,
-                       timeout, progress, info)
-            self.jobs.write_swap(swap := machine.finish(swap), version)
-        return swap
+            else:
+                self.jobs.write_swap(self._persist(step, o, n, seen.swap, at_epoch), version)
 
-    def _precommit(self, o: JobNode, n: JobNode, swap: SwapNode | None, version: int,
-                   at_epoch: int | None) -> tuple[SwapNode, int]:
-        now = max(self._committed(o.job, o.inputs), self._committed(n.job, n.inputs),
-                  self.ledger.frontier(o.output) or 0)
-        node = machine.precommit(swap, o.job, n.job, o.output, machine.choose(now, self.margin, at_epoch))
-        return node, self.jobs.write_swap(node, version)
+    def _persist(self, step: machine.Next, o: JobNode, n: JobNode, swap: SwapNode | None,
+                 at_epoch: int | None) -> SwapNode:
+        """The node a step writes: a (new) pre-commit, the commit, or done."""
+        if step is machine.Next.PRECOMMIT:
+            now = max(self.committed(o.job, o.inputs), self.committed(n.job, n.inputs),
+                      self.ledger.frontier(o.output) or 0)
+            return machine.precommit(swap, o.job, n.job, o.output, machine.choose(now, self.margin, at_epoch))
+        assert swap is not None
+        return machine.commit(swap) if step is machine.Next.COMMIT else machine.finish(swap)
 
-    def _await_acks(self, o: JobNode, n: JobNode, swap: SwapNode, timeout: float | None,
-                    progress: Progress | None, info: Callable[[], dict[str, Any]]) -> machine.Acks:
-        """Wait until every worker of both jobs acknowledged S in time, or one saw it too late."""
-        seen: list[machine.Acks] = []
+    def _await(self, step: machine.Next, o: JobNode, n: JobNode, seen: machine.Observed, timeout: float | None,
+               progress: Progress | None) -> None:
+        """Wait (woken by watches) until the next step is another one."""
+        swap = seen.swap
+        what = {machine.Next.AWAIT_FOLLOWER: "the new version to follow",
+                machine.Next.AWAIT_ACKS: f"both jobs to acknowledge S={swap.epoch if swap else '?'}",
+                machine.Next.AWAIT_TARGET: f"{o.output} epoch {swap.epoch + 1 if swap else '?'} from {n.job}"}[step]
 
-        def settled() -> bool:
-            seen.append(self._acks(o, n, swap))
-            return seen[-1] is not machine.Acks.WAITING
+        def show() -> None:
+            if progress:
+                progress(what, {"new": n.job} if step is machine.Next.AWAIT_FOLLOWER else self.status(o.job))
 
-        self._wait(f"both jobs to acknowledge S={swap.epoch}", settled, timeout, progress, info)
-        return seen[-1]
+        self.waiter.until(lambda: machine.coordinate(self.observe(o, n)[0]) is not step, f"hot-swap: {what}",
+                          timeout, show)
 
     def _acks(self, o: JobNode, n: JobNode, swap: SwapNode) -> machine.Acks:
         seen = []

@@ -186,7 +186,7 @@ class AlignedJob:
             return {"job": self.spec.job, "running": False}
         return {"job": self.spec.job, "worker": w.worker, "running": not self.finished.is_set(),
                 "committed_epoch": w.sink.lease.node.committed_epoch, "aligned": w.aligned,
-                "follows": self.spec.follows, "swap": w.swap.model_dump() if w.swap is not None else None,
+                "follows": self.spec.follows, "swap": w.swap.model_dump(mode="json") if w.swap is not None else None,
                 "modes": {s: w.mode_of(s) for s in self.spec.inputs}, "records_in": w.records_in,
                 "records_out": w.records_out, "waiting_since": w.waiting_since}
 

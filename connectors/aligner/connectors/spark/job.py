@@ -39,14 +39,17 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from aligner import coverage
+from aligner import coverage, epoch_step
 from aligner.alignment import ConsumerAlignment, State
-from aligner.errors import AlignedOptionError, AlignerError, UnknownJobError, UnknownSubjectError
+from aligner.connectors.subjects import ensure_shadow
+from aligner.connectors.swap_gate import await_target
+from aligner.coverage import Next
+from aligner.epoch_step import Act, Seen
+from aligner.errors import AlignedOptionError, AlignerError, UnknownJobError
 from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Lease, Ledger
 from aligner.models import ConsumerNode, JobEpochNode, JobNode, SwapNode
-from aligner.swap import Gate, Phase, awaits_target, gate
 
 log = logging.getLogger("aligner.spark.job")
 
@@ -101,14 +104,9 @@ def shadow_slots(ledger: Ledger, kafka: str, node: JobNode, epoch: int) -> list[
     """The producers of the job's shadow subject (shaped like its output, created the first time),
     brought to ``epoch``: the shadow's epoch E holds what the batch of job epoch E voided."""
     from aligner.connectors.spark.writer import open_slots
-    from aligner.connectors.subjects import create_subject
 
     assert node.shadow is not None
-    try:
-        ledger.subject(node.shadow)
-    except UnknownSubjectError:
-        out = ledger.subject(node.output)
-        create_subject(ledger, kafka, node.shadow, out.partitions, value_format=out.value_format)
+    ensure_shadow(ledger, kafka, node.shadow, node.output)
     parts = output_partitions(ledger, node)
     leases = open_slots(ledger, kafka, node.shadow, node.job, len(parts), parts, not_before=epoch)
     return [ledger.close_empty(lease, epoch) for lease in leases]
@@ -129,14 +127,12 @@ def batch_writes(node: JobNode, swap: SwapNode | None, first_job: int) -> bool:
 
     The old version plans only batches it writes; a new version writes once the swap committed and
     only from S+1 (the planner never lets one batch run across S)."""
-    if node.follows is None:
-        return True
-    return gate(swap, first_job, new_version=True) is Gate.WRITE
+    return epoch_step.writes(swap, first_job, node.follows is not None)
 
 
 def awaits(node: JobNode, swap: SwapNode | None, epoch: int) -> bool:
     """The new version's sink waits for S at the target before committing S+1."""
-    return awaits_target(swap, epoch, node.follows is not None)
+    return epoch_step.step(epoch, swap, None, node.follows is not None).await_target is not None
 
 
 def start_of(node: JobEpochNode) -> dict[str, int]:
@@ -180,7 +176,8 @@ class JobPlanner:
         self.epochs_of = self.jobs.epoch_line(job)
         """Whose job epoch nodes the query uses: its first version's (every version covers the same input
         with the same job epochs)."""
-        self._reported: tuple[int, int] | None = None
+        self._reported: Seen | None = None
+        self._read_seen = False
         self._shadow_done = False
 
     # ---- planning -------------------------------------------------------------------------------
@@ -189,49 +186,57 @@ class JobPlanner:
         """The next batch from ``start``: (end vector, first job epoch, last job epoch), or None for no
         batch now (nothing committed yet, or the swap gate holds it).
 
-        A new version is gated first by the swap that hands it the target (follow and void until S,
-        then write), and once it writes, like a first version, by a swap of itself for a newer one
-        (write until S', then finish): so a query can be upgraded again and again."""
-        if self.new_version:
-            first = job if job is not None else self._first_followed(start)
-            if first is None:
-                self._pause(subjects=start)
-                return None
-            incoming = swap_in(self.ledger, self.node)
-            if incoming is not None and incoming.phase != Phase.DONE:
-                self._acknowledge(first, incoming)
-            outcome = gate(incoming, first, new_version=True)
-            if outcome is Gate.WAIT:
-                self._pause(swap_path=True)
-                return None
-            if outcome is not Gate.WRITE:
-                return self._plan_void(start, job, first, incoming, cap)
-            if self.node.shadow is not None and not self._shadow_done:
-                self._finish_shadow()
-            job = first
-        return self._plan_written(start, job, cap)
-
-    def _plan_written(self, start: dict[str, int], job: int | None, cap: int | None) -> Planned | None:
-        """A batch that writes its job epoch, gated by a swap of this version for a newer one."""
-        leases = sink_slots(self.ledger, self.kafka, self.node)
-        if job is None:
-            job = max(lease.next_epoch for lease in leases)  # the query's first job epoch is its sink's first epoch
-        outgoing = swap_out(self.ledger, self.node)
-        self._acknowledge(job, outgoing)
-        outcome = gate(outgoing, job, new_version=False)
-        if outcome is Gate.WAIT:
+        The epoch step (:func:`aligner.epoch_step.step`) decides from both swaps: a new version follows
+        and voids until S, then writes; a version that writes is gated by a swap of itself for a newer
+        one (write until S', then finish), so a query can be upgraded again and again."""
+        first = self._first(start, job)
+        if first is None:
+            return None
+        decided = epoch_step.step(first, swap_in(self.ledger, self.node) if self.new_version else None,
+                                  swap_out(self.ledger, self.node), self.new_version, self._seen())
+        if decided.ack is not None:
+            report(self.ledger, self.node, swap_seen=decided.ack)
+            self._reported = decided.ack
+        if decided.act is Act.WAIT:
             self._pause(swap_path=True)
             return None
-        if outcome is Gate.STOP:
-            assert outgoing is not None
-            self._finish(leases, outgoing)
+        if decided.act is Act.VOID:
+            return self._plan_void(start, job, first, decided.swap, cap)
+        if self.node.shadow is not None and not self._shadow_done:
+            self._finish_shadow()
+        leases = sink_slots(self.ledger, self.kafka, self.node)
+        if decided.act is Act.FINISH:
+            assert decided.swap is not None
+            self._finish(leases, decided.swap)
             return None
-        decided = self._decide(job, start, cap)
-        if decided is None:
+        covered = self._decide(first, start, cap)
+        if covered is None:
             return None
         if not self.new_version:  # a new version's voided batches closed its producers up to S already
-            self._ready(leases, job)
-        return dict(decided.next), job, job
+            self._ready(leases, first)
+        return dict(covered.next), first, first
+
+    def _first(self, start: dict[str, int], job: int | None) -> int | None:
+        """The batch's first job epoch: the checkpoint's; a new version's first batch, the old version's
+        first job epoch from ``start``; a first version's first batch, its sink's first epoch."""
+        if job is not None:
+            return job
+        if not self.new_version:
+            return max(lease.next_epoch for lease in sink_slots(self.ledger, self.kafka, self.node))
+        first = self._first_followed(start)
+        if first is None:
+            self._pause(subjects=start)
+        return first
+
+    def _seen(self) -> Seen | None:
+        """The acknowledgement reported so far: read once (a restarted planner's stands), then kept. The
+        first read also reports the query's consumer nodes (aligned from its first batch) if missing."""
+        if not self._read_seen:
+            current = self.jobs.consumers(self.node.job, self.node.inputs[0]).get(0)
+            self._reported = current.swap_seen if current is not None else None
+            report(self.ledger, self.node, swap_seen=self._reported)
+            self._read_seen = True
+        return self._reported
 
     def _plan_void(self, start: dict[str, int], job: int | None, first: int, swap: SwapNode | None,
                    cap: int | None) -> Planned | None:
@@ -245,7 +250,7 @@ class JobPlanner:
             self._check_start(node, start)
             if self.node.shadow is not None:
                 cap = 1  # after the catch-up batch, one job epoch per batch: the shadow compares epoch by epoch
-        limit = swap.epoch if swap is not None and swap.phase != Phase.ABORTED else None
+        limit = epoch_step.void_limit(swap)
         last = first
         while (limit is None or last + 1 <= limit) and (cap is None or last + 1 - first < cap):
             following = self.jobs.job_epoch(self.epochs_of, last + 1)
@@ -283,13 +288,13 @@ class JobPlanner:
             self._check_start(existing, start)
             return existing
         frontier = {s: self.ledger.frontier(s) for s in start}
-        available = max((f - start[s] + 1 for s, f in frontier.items() if f is not None), default=0)
-        per = min(cap, available) if cap is not None else available
-        decided = coverage.decide(start, per, frontier, {s: None for s in start}) if per > 0 else None
-        if decided is None:
+        per = coverage.catch_up_per(start, frontier, cap)
+        decided = coverage.step(None, False, start, per, frontier, {s: None for s in start}) if per > 0 else None
+        if decided is None or decided.next is not Next.DECIDE:
             self._pause(subjects=start)
             return None
-        return self.jobs.fix_job_epoch(self.epochs_of, job, decided.covered, decided.next)
+        assert decided.coverage is not None
+        return self.jobs.fix_job_epoch(self.epochs_of, job, decided.coverage.covered, decided.coverage.next)
 
     def _check_start(self, node: JobEpochNode, start: dict[str, int]) -> None:
         if start_of(node) != start:
@@ -319,22 +324,7 @@ class JobPlanner:
             self.ledger.finish(lease)
         log.info("job %s: swapped out after epoch %d; its sink finished", self.node.job, swap.epoch)
 
-    # ---- the swap's acknowledgement and waits ---------------------------------------------------
-
-    def _acknowledge(self, job: int, swap: SwapNode | None) -> None:
-        """Acknowledge S at the start of job epoch ``job``, once per S: an earlier acknowledgement of
-        the same S (before this planner restarted) stands, as the gate held since."""
-        live = swap is not None and swap.phase != Phase.ABORTED
-        if self._reported is not None and (not live or self._reported[0] == swap.epoch):  # type: ignore[union-attr]
-            return
-        current = self.jobs.consumers(self.node.job, self.node.inputs[0]).get(0)
-        seen = current.swap_seen if current is not None else None
-        if live:
-            assert swap is not None
-            if seen is None or seen[0] != swap.epoch:
-                seen = (swap.epoch, job)
-        report(self.ledger, self.node, swap_seen=seen)
-        self._reported = seen if live else (-1, -1)
+    # ---- waits ----------------------------------------------------------------------------------
 
     def _pause(self, subjects: Mapping[str, int] | None = None, swap_path: bool = False,
                path: str | None = None) -> None:
@@ -398,8 +388,4 @@ def stop_query(query: Any, grace: float = STOP_GRACE) -> None:
 
 def wait_target(ledger: Ledger, node: JobNode, swap: SwapNode) -> None:
     """The new version's S+1 commits only after the old version committed S at the target."""
-    while not ledger.wait_committed(node.output, swap.epoch, timeout=1.0):
-        if ledger.stopping():
-            raise AlignerError(f"job {node.job!r}: stopped while waiting for epoch {swap.epoch} of {node.output!r}")
-        log.info("job %s: waiting for %s epoch %d (the old version's last) before writing %d", node.job,
-                 node.output, swap.epoch, swap.epoch + 1)
+    await_target(ledger, node.job, node.output, swap.epoch)
