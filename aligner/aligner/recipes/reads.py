@@ -110,6 +110,13 @@ class EpochReads(SubjectRecipes):
             out.append(result)
         return out
 
+    def epoch_time(self, subject: str, epoch: int) -> int | None:
+        """When the epoch's node was last written (ZooKeeper's mtime, ms since the epoch): the time
+        retention ages it by, with no field of its own; None when it is gone."""
+        self._trip("read")
+        stat = self.zk.exists(self.layout.epoch(subject, epoch))
+        return None if stat is None else int(stat.mtime)
+
     def frontier(self, subject: str) -> int | None:
         """The last committed epoch (every earlier one is committed too: producers commit in order)."""
         for epoch in reversed(self.epoch_numbers(subject)):

@@ -1,53 +1,151 @@
-"""`aligner gc`: drop ZooKeeper state that no reader, restart or lineage query can still need.
+"""Retention: drop ZooKeeper state that no reader, restart, swap or lineage query can still need.
 
-Retention: keep the last N committed epochs of every subject (or those younger than T seconds),
-but never an epoch a job's consumer has not consumed yet. The retention floor is written before
-anything is deleted, so reading a collected epoch is a clear out-of-retention error. A job
-swapped out by a hot-swap loses its worker and source state; its aligned job epochs stay for
-lineage (the new version follows them) and are pruned like the rest. This module is the policy;
-``aligner.retention`` does the deletes.
+One policy (:class:`aligner.retention_policy.RetentionPolicy`: keep 24 h and at least 1,000 epochs
+per subject by default), applied by the leading coordinator every interval (``aligner retention``)
+and by hand (``aligner gc``, whose flags override its bounds). Per subject the floor is the policy's,
+lowered to what is still needed: every job consumer's position, a swap in flight (nothing of its
+target from S on), a shadow lane and its target (kept together for ``aligner verify``). The floor is
+written before anything is deleted, so reading a collected epoch is a clear out-of-retention error.
+Below it go the epochs, the Spark sinks' lineage records and the producer nodes of finished writers;
+Spark queries' micro-batch records whose epochs are all gone; worker records but the last N; job
+epochs below the output's floor but the last N; and what a job swapped out leaves (worker, source
+and decision state, once its sink finished). A changelog subject is never collected (its restore
+replays it from its first epoch). This module chooses; ``aligner.retention`` deletes.
 """
 
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
+from aligner.errors import AlignerError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
+from aligner.models import JobNode, SwapNode
 from aligner.retention import Retention
+from aligner.retention_policy import RetentionPolicy, collectable, needed_floor, retention_floor, victims
+
+_SETTLED = ("done", "aborted")
 
 
-def collect(ledger: Ledger, keep_epochs: int, keep_seconds: float | None = None,
-            subjects: list[str] | None = None, dry_run: bool = False) -> dict[str, Any]:
-    jobs = JobLedger(ledger)
-    retention = Retention(ledger)
-    job_nodes = [jobs.job(j) for j in jobs.job_names()]
-    report: dict[str, Any] = {"subjects": {}, "jobs": {}}
+class Needs:
+    """What the jobs still need, read once per pass: per subject the lowest epoch some reader needs."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.jobs = JobLedger(ledger)
+        self.nodes: list[JobNode] = [self.jobs.job(j) for j in self.jobs.job_names()]
+        self.swaps: dict[str, SwapNode] = {}
+        for node in self.nodes:
+            swap, _ = self.jobs.swap(node.job)
+            if swap is not None:
+                self.swaps[node.job] = swap
+        self.floors: dict[str, list[int]] = {}
+        for node in self.nodes:
+            if not self.swapped_out(node.job):
+                self._consumers(node)
+        self._swaps_and_shadows()
+
+    def swapped_out(self, job: str) -> bool:
+        swap = self.swaps.get(job)
+        return swap is not None and swap.phase == "done" and swap.old == job
+
+    def _need(self, subject: str, epoch: int) -> None:
+        self.floors.setdefault(subject, []).append(epoch)
+
+    def _consumers(self, node: JobNode) -> None:
+        for subject in node.inputs:
+            try:
+                consumers = self.jobs.consumers(node.job, subject)
+            except AlignerError:  # no consumer state (yet, or any more): it needs nothing of this input
+                continue
+            for c in consumers.values():
+                self._need(subject, needed_floor(c.subject_epoch))
+
+    def _swaps_and_shadows(self) -> None:
+        for swap in self.swaps.values():
+            if swap.phase not in _SETTLED:
+                self._need(swap.target, swap.epoch)
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """(shadow, target) lanes ``aligner verify`` compares: their floors move together."""
+        out = []
+        for node in self.nodes:
+            old = next((n for n in self.nodes if n.job == node.follows), None)
+            if node.shadow and old is not None and not self.swapped_out(old.job):
+                out.append((node.shadow, old.output))
+        return out
+
+    def of(self, subject: str) -> list[int]:
+        return self.floors.get(subject, [])
+
+    def finished_sink(self, ledger: Ledger, job: str, target: str) -> bool:
+        """Whether the swapped-out ``job``'s producers on ``target`` all finished (it writes no more)."""
+        try:
+            doc, _ = ledger.writers(target)
+        except AlignerError:
+            return True
+        mine = [e for w, e in doc.writers.items() if w.split(":", 1)[0] == job]
+        return all(e.finished_after is not None for e in mine)
+
+
+def subject_floors(ledger: Ledger, policy: RetentionPolicy, needs: Needs, subjects: list[str]) -> dict[str, int]:
+    """Each collectable subject's new floor under ``policy`` and ``needs`` (shadow lanes tied together)."""
     now_ms = time.time() * 1000
-    for subject in subjects or ledger.subject_names():
+    floors: dict[str, int] = {}
+    for subject in subjects:
+        if not collectable(subject):
+            continue
         frontier = ledger.frontier(subject)
         numbers = ledger.epoch_numbers(subject)
-        if frontier is None or not numbers:
-            continue
-        floor = frontier - keep_epochs + 1
-        for job in job_nodes:
-            if subject in job.inputs:
-                for c in jobs.consumers(job.job, subject).values():
-                    floor = min(floor, (c.subject_epoch if c.subject_epoch is not None else -1) + 1)
-        if keep_seconds is not None:
-            while floor - 1 >= numbers[0] and ledger.is_committed(subject, floor - 1) and \
-                    ledger.committed(subject, floor - 1).committed_at > now_ms - keep_seconds * 1000:
-                floor -= 1
-        floor = max(floor, ledger.first_retained(subject))
-        victims = [e for e in numbers if e < floor]
-        report["subjects"][subject] = {"first_retained": floor, "deleted_epochs": len(victims)}
-        if not dry_run and victims:
-            retention.collect_subject(subject, floor, victims)
-    for job in job_nodes:
-        swap, _ = jobs.swap(job.job)
-        swapped_out = swap is not None and swap.phase == "done" and swap.old == job.job
-        garbage = retention.job_garbage(job.job, keep_epochs, swapped_out)
-        deleted = len(garbage) if dry_run else retention.delete(garbage)
-        report["jobs"][job.job] = {"deleted_nodes": deleted, "swapped_out": swapped_out}
+        floors[subject] = retention_floor(numbers, frontier, partial(ledger.epoch_time, subject), now_ms, policy,
+                                          needs.of(subject), ledger.first_retained(subject))
+    for shadow, target in needs.pairs():
+        if shadow in floors and target in floors:
+            low = min(floors[shadow], floors[target])
+            floors[shadow] = max(low, ledger.first_retained(shadow))
+            floors[target] = max(low, ledger.first_retained(target))
+    return floors
+
+
+def collect(ledger: Ledger, keep_epochs: int | None = None, keep_seconds: float | None = None,
+            subjects: list[str] | None = None, dry_run: bool = False,
+            policy: RetentionPolicy | None = None) -> dict[str, Any]:
+    """One retention pass; ``keep_epochs``/``keep_seconds`` override the policy's bounds (``aligner gc``)."""
+    policy = (policy or RetentionPolicy()).with_bounds(keep_epochs, keep_seconds)
+    retention, needs = Retention(ledger), Needs(ledger)
+    report: dict[str, Any] = {"subjects": {}, "jobs": {}, "deleted_nodes": 0, "spark_batches": 0,
+                              "enabled": policy.enabled}
+    if not policy.enabled:
+        return report
+    names = subjects or ledger.subject_names()
+    for subject, floor in subject_floors(ledger, policy, needs, names).items():
+        numbers = ledger.epoch_numbers(subject)
+        gone = victims(numbers, floor)
+        report["subjects"][subject] = {"first_retained": floor, "deleted_epochs": len(gone)}
+        if not dry_run:
+            report["deleted_nodes"] += retention.collect_subject(subject, floor, gone)
+            report["deleted_nodes"] += retention.delete(retention.dead_producers(subject, floor), depth=0)
+    report["jobs"] = _collect_jobs(ledger, retention, needs, policy, dry_run)
+    report["deleted_nodes"] += 0 if dry_run else sum(j["deleted_nodes"] for j in report["jobs"].values())
+    if not dry_run and subjects is None:
+        kept = {s: ledger.first_retained(s) for s in ledger.subject_names()}
+        report["spark_batches"] = retention.delete(retention.query_batch_garbage(kept), depth=1)
+        report["deleted_nodes"] += report["spark_batches"]
     return report
+
+
+def _collect_jobs(ledger: Ledger, retention: Retention, needs: Needs, policy: RetentionPolicy,
+                  dry_run: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    followed = {n.follows for n in needs.nodes if n.follows and not needs.swapped_out(n.follows)}
+    for node in needs.nodes:
+        swapped_out = needs.swapped_out(node.job)
+        if swapped_out and not needs.finished_sink(ledger, node.job, needs.swaps[node.job].target):
+            swapped_out = False  # its sink has not finished yet: its state stays until it has
+        keep_from = None if node.job in followed else ledger.first_retained(node.output)
+        garbage = retention.job_garbage(node.job, policy.min_epochs, swapped_out,
+                                        keep_from=keep_from if keep_from is not None else -1)
+        deleted = len(garbage) if dry_run else retention.delete(garbage)
+        out[node.job] = {"deleted_nodes": deleted, "swapped_out": needs.swapped_out(node.job)}
+    return out
