@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from aligner.errors import AlignerError
 
 CHANGELOG_SUFFIX = ".state"
 """A job's changelog subject (``{job}.state``): its restore replays it from its writer's first epoch, so
@@ -40,6 +42,18 @@ class RetentionPolicy(BaseSettings):
             return self
         hours = None if seconds is None else seconds / 3600
         return self.model_copy(update={"min_epochs": min_epochs or self.min_epochs, "hours": hours, "enabled": True})
+
+
+def policy_from_env(**overrides: object) -> RetentionPolicy:
+    """The policy of ``ALIGNER_RETENTION_*`` with ``overrides`` (None values ignored); a bad value is one
+    clear :class:`AlignerError` naming the variable."""
+    try:
+        policy = RetentionPolicy()
+        return policy.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = "ALIGNER_RETENTION_" + str(first["loc"][0]).upper() if first["loc"] else "ALIGNER_RETENTION_*"
+        raise AlignerError(f"{name}: {first['msg']}") from None
 
 
 def collectable(subject: str) -> bool:

@@ -24,7 +24,14 @@ from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import JobNode, SwapNode
 from aligner.retention import Retention
-from aligner.retention_policy import RetentionPolicy, collectable, needed_floor, retention_floor, victims
+from aligner.retention_policy import (
+    RetentionPolicy,
+    collectable,
+    needed_floor,
+    policy_from_env,
+    retention_floor,
+    victims,
+)
 
 _SETTLED = ("done", "aborted")
 
@@ -112,7 +119,7 @@ def collect(ledger: Ledger, keep_epochs: int | None = None, keep_seconds: float 
             subjects: list[str] | None = None, dry_run: bool = False,
             policy: RetentionPolicy | None = None) -> dict[str, Any]:
     """One retention pass; ``keep_epochs``/``keep_seconds`` override the policy's bounds (``aligner gc``)."""
-    policy = (policy or RetentionPolicy()).with_bounds(keep_epochs, keep_seconds)
+    policy = (policy or policy_from_env()).with_bounds(keep_epochs, keep_seconds)
     retention, needs = Retention(ledger), Needs(ledger)
     report: dict[str, Any] = {"subjects": {}, "jobs": {}, "deleted_nodes": 0, "spark_batches": 0,
                               "enabled": policy.enabled}

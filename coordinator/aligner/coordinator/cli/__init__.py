@@ -19,7 +19,19 @@ from typing import Annotated, NoReturn
 import typer
 from typer._click import exceptions as click_errors  # typer vendors click: its exceptions are these
 
-from aligner.coordinator.cli import acl, alignment, epochs, exporter, gc, hotswap, lineage, markers, stack, subjects
+from aligner.coordinator.cli import (
+    acl,
+    alignment,
+    epochs,
+    exporter,
+    gc,
+    hotswap,
+    lineage,
+    markers,
+    retention,
+    stack,
+    subjects,
+)
 from aligner.coordinator.cli.connect import configure
 from aligner.coordinator.cli.errors import describe, one_line
 
@@ -30,6 +42,7 @@ for commands in (epochs, markers, exporter, alignment, lineage, hotswap, gc):
 app.add_typer(stack.app, name="stack")
 app.add_typer(subjects.app, name="subjects")
 app.add_typer(acl.app, name="acl")
+app.add_typer(retention.app, name="retention")
 
 
 @app.callback()

@@ -1,0 +1,136 @@
+"""The leading coordinator applies retention by itself, so ZooKeeper state is bounded by policy, not uptime.
+
+``aligner retention run`` contends for coordinator leadership (kazoo's Election recipe on the ledger's
+election node, the same one ``aligner align``/``hotswap`` hold); a second instance waits as a standby and
+takes over when the leader's session goes. The leader runs one :func:`aligner.coordinator.gc.collect`
+pass every interval, logs one line per pass and exports Prometheus metrics. Before each pass it checks
+it still leads (a session that expired lost the lock node), so two instances never collect at once.
+ZooKeeper outages are ridden out by the ledger's retrying session; the stop flag ends every wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from kazoo.exceptions import KazooException, LockTimeout
+from prometheus_client import Counter, Gauge
+
+from aligner.errors import AlignerError, StoppedError
+from aligner.jobs import JobLedger
+from aligner.ledger import Ledger
+from aligner.retention_policy import RetentionPolicy
+
+log = logging.getLogger("aligner.coordinator.retention")
+
+LEADER = Gauge("aligner_retention_leader", "1 while this process leads and applies retention")
+PASSES = Counter("aligner_retention_passes_total", "Retention passes run by this process", ["outcome"])
+DELETED_EPOCHS = Counter("aligner_retention_deleted_epochs_total", "Subject epochs retention removed")
+DELETED_NODES = Counter("aligner_retention_deleted_nodes_total", "ZooKeeper nodes retention removed")
+PASS_SECONDS = Gauge("aligner_retention_pass_seconds", "Duration of the last retention pass")
+LAST_PASS = Gauge("aligner_retention_last_pass_timestamp_seconds", "When the last retention pass ended")
+FIRST_RETAINED = Gauge("aligner_retention_first_retained_epoch", "A subject's first retained epoch", ["subject"])
+
+_CONTEND = 0.5
+"""Seconds a standby waits on the election lock before looking at its stop flag again."""
+
+
+def summary(report: dict[str, Any], seconds: float) -> str:
+    """One line per pass: what it removed."""
+    subjects = report["subjects"]
+    epochs = sum(r["deleted_epochs"] for r in subjects.values())
+    touched = sorted(f"{s}<{r['first_retained']}" for s, r in subjects.items() if r["deleted_epochs"])
+    swapped = sorted(j for j, r in report["jobs"].items() if r["swapped_out"] and r["deleted_nodes"])
+    return (f"retention pass: removed {epochs} epochs of {len(touched)} subjects, {report['deleted_nodes']} nodes "
+            f"({report['spark_batches']} Spark batch records) in {seconds:.2f}s"
+            + (f"; floors {', '.join(touched)}" if touched else "")
+            + (f"; swapped-out jobs cleared: {', '.join(swapped)}" if swapped else ""))
+
+
+class RetentionLoop:
+    """Lead, then collect every ``every`` seconds until ``stop``; a standby until it leads."""
+
+    def __init__(self, ledger: Ledger, policy: RetentionPolicy, every: float, stop: threading.Event,
+                 say: Callable[[str], object] = log.info, identifier: str | None = None) -> None:
+        self.ledger = ledger
+        self.policy = policy
+        self.every = every
+        self.stop = stop
+        self.say = say
+        self.me = identifier or uuid.uuid4().hex
+        self.passes = 0
+        ledger.stop_on(stop)
+
+    def run(self) -> None:
+        """Contend, lead, and contend again after losing leadership, until the stop flag is set."""
+        election = JobLedger(self.ledger).election(self.me)
+        waiting_said = False
+        while not self.stop.is_set():
+            try:
+                acquired = election.lock.acquire(timeout=_CONTEND)
+            except LockTimeout:
+                acquired = False
+            except KazooException as exc:  # ZooKeeper down: contend again once it is back
+                log.warning("retention: election unavailable (%s); retrying", type(exc).__name__)
+                self.stop.wait(1.0)
+                continue
+            if not acquired:
+                if not waiting_said:
+                    self.say(f"retention: standby ({self.me}); another coordinator leads")
+                    waiting_said = True
+                continue
+            try:
+                self.say(f"retention: leading ({self.me}), a pass every {self.every:g}s")
+                self._lead(election)
+            finally:
+                LEADER.set(0)
+                waiting_said = False
+                with contextlib.suppress(KazooException, StoppedError):
+                    election.lock.release()
+
+    def leads(self, election: Any) -> bool:
+        """Whether our lock node is still the first in line (a session that expired lost it)."""
+        try:
+            contenders = election.contenders()
+        except KazooException:
+            return False
+        return bool(contenders) and contenders[0] == self.me
+
+    def _lead(self, election: Any) -> None:
+        while not self.stop.is_set():
+            if not self.leads(election):
+                self.say("retention: lost leadership; contending again")
+                return
+            LEADER.set(1)
+            self.once()
+            self.stop.wait(self.every)
+
+    def once(self) -> dict[str, Any] | None:
+        """One pass; a failure is logged and the next interval tries again."""
+        from aligner.coordinator.gc import collect
+
+        began = time.monotonic()
+        try:
+            report = collect(self.ledger, policy=self.policy)
+        except StoppedError:
+            return None
+        except (AlignerError, KazooException) as exc:
+            PASSES.labels("failed").inc()
+            self.say(f"retention pass failed: {exc}")
+            return None
+        took = time.monotonic() - began
+        self.passes += 1
+        PASSES.labels("ok").inc()
+        PASS_SECONDS.set(took)
+        LAST_PASS.set(time.time())
+        DELETED_EPOCHS.inc(sum(r["deleted_epochs"] for r in report["subjects"].values()))
+        DELETED_NODES.inc(report["deleted_nodes"])
+        for subject, r in report["subjects"].items():
+            FIRST_RETAINED.labels(subject).set(r["first_retained"])
+        self.say(summary(report, took))
+        return report
