@@ -1,0 +1,236 @@
+"""Retention by policy (issue 23 item 2): the pure policy's properties, a policy pass on the real stack, and
+the long-running ``aligner retention run`` collecting a running chain by itself under leader election."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aligner.coordinator.gc import collect
+from aligner.coordinator.stack import wait_for
+from aligner.jobs import JobLedger
+from aligner.ledger import Ledger
+from aligner.lineage import SparkLineageLedger
+from aligner.lineage_models import SparkSinkEpochNode, SparkSourceBatchNode
+from aligner.models import ConsumerNode, JobNode, Range, SubjectNode
+from aligner.retention_policy import RetentionPolicy, first_young, retention_floor, victims
+from tests.conftest import run_cli
+
+LIVE = 180
+"""Liveness bound (seconds) on waits for progress: generous, for a busy machine; never a speed check."""
+STOPS_WITHIN = 5.0
+"""SIGTERM stops a long-running component within this many seconds (house rule)."""
+
+# ---- (a) the pure policy -------------------------------------------------------------------------------
+
+
+@st.composite
+def ledgers(draw: st.DrawFn) -> dict:
+    n = draw(st.integers(0, 80))
+    start = draw(st.integers(0, 20))
+    numbers = list(range(start, start + n))
+    frontier = draw(st.one_of(st.none(), st.integers(start - 1, start + n - 1))) if n else None
+    gaps = draw(st.lists(st.integers(0, 5_000), min_size=n, max_size=n))
+    times, t = {}, 1_000_000
+    for e, gap in zip(numbers, gaps, strict=True):
+        t += gap
+        times[e] = t
+    policy = RetentionPolicy(enabled=draw(st.booleans()), min_epochs=draw(st.integers(1, 40)),
+                             hours=draw(st.one_of(st.none(), st.floats(0, 0.05))))
+    return {"numbers": numbers, "frontier": None if frontier is not None and frontier < start else frontier,
+            "times": times, "now": t + draw(st.integers(0, 100_000)), "policy": policy,
+            "needed": draw(st.lists(st.integers(0, start + n + 5), max_size=4)),
+            "previous": draw(st.integers(0, start + n + 1))}
+
+
+def _floor(c: dict) -> int:
+    return retention_floor(c["numbers"], c["frontier"], c["times"].get, c["now"], c["policy"], c["needed"],
+                           c["previous"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(ledgers())
+def test_policy_never_deletes_what_a_consumer_needs_and_keeps_min_epochs(c):
+    floor = _floor(c)
+    gone = victims(c["numbers"], floor)
+    assert floor >= c["previous"], "the floor never goes down"
+    if not c["policy"].enabled or c["frontier"] is None:
+        assert floor == c["previous"]
+        return
+    done = [e for e in c["numbers"] if e <= c["frontier"]]
+    # Anything collected now that a consumer needs was already out of retention (below the old floor).
+    for need in c["needed"]:
+        assert all(e < c["previous"] for e in gone if e >= need)
+    # Uncommitted epochs stay; at least min_epochs committed ones stay (unless an older floor said otherwise).
+    assert all(e <= c["frontier"] or e < c["previous"] for e in gone)
+    want = done[-c["policy"].min_epochs:]
+    if want and c["previous"] <= want[0]:
+        assert all(e not in gone for e in want)
+    # An epoch younger than the time bound stays.
+    if c["policy"].keep_ms is not None:
+        young = [e for e in done if c["times"][e] >= c["now"] - c["policy"].keep_ms]
+        assert all(e not in gone for e in young if e >= c["previous"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(ledgers(), st.integers(0, 50), st.integers(0, 200_000))
+def test_floors_only_rise_as_time_passes_and_consumers_move(c, moved, later):
+    first = _floor(c)
+    again = _floor({**c, "previous": first, "now": c["now"] + later,
+                    "needed": [n + moved for n in c["needed"]]})
+    assert again >= first
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 1_000), max_size=60), st.integers(0, 70_000))
+def test_first_young_is_the_linear_answer_on_rising_times(gaps, since):
+    times, t = [], 0
+    for g in gaps:
+        t += g
+        times.append(t)
+    done = list(range(len(times)))
+    expected = next((i for i, at in enumerate(times) if at >= since), len(times))
+    assert first_young(done, lambda e: times[e], since) == expected
+
+
+def test_gc_flags_override_the_policy_bounds():
+    base = RetentionPolicy(hours=24, min_epochs=1000)
+    assert base.with_bounds(None, None) == base
+    assert base.with_bounds(2, None).model_dump() == {"enabled": True, "hours": None, "min_epochs": 2}
+    assert base.with_bounds(None, 3600).model_dump() == {"enabled": True, "hours": 1.0, "min_epochs": 1000}
+
+
+# ---- (b) a policy pass on the real stack ----------------------------------------------------------------
+
+
+def _write_epochs(ledger: Ledger, subject: str, sink: str, partition: int, count: int) -> object:
+    """``count`` empty epochs of one producer through the ledger's commit path (a sink's two round trips)."""
+    lease = ledger.claim(subject, sink, "0", [partition], lambda: {partition: 0})
+    writers = None
+    for _ in range(count):
+        epoch = lease.next_epoch
+        writers = ledger.ensure_epoch(subject, epoch, writers)
+        lease = ledger.commit(lease, epoch, lease.node.incarnation, {partition: Range(start=0, end=0)})
+    return lease
+
+
+def test_policy_pass_keeps_min_epochs_and_what_a_consumer_needs(stack, ledger, cli_env, subject_name):
+    from aligner.connectors.subjects import create_subject
+
+    raw, out = subject_name, f"{subject_name}-out"
+    create_subject(ledger, stack.kafka, raw, 2)
+    ledger.register_subject(SubjectNode(name=out, topic=out, partitions=1))
+    early = _write_epochs(ledger, raw, "early", 0, 100)
+    ledger.finish(early)  # a writer that finished long ago: its producer node goes with its epochs
+    _write_epochs(ledger, raw, "gen", 1, 2400)
+    assert ledger.frontier(raw) == 2499
+    jobs = JobLedger(ledger)
+    jobs.register(JobNode(job=f"{raw}-j", inputs=(raw,), output=out, parallelism=1))
+    jobs.report(f"{raw}-j", raw, 0, ConsumerNode(subject_epoch=700))  # a consumer holding an old floor
+    lineage = SparkLineageLedger(ledger)
+    lay = ledger.layout
+    for e in (5, 700, 701, 2000):
+        ledger.zk.create(lay.spark_sink_epoch(raw, "gen", e), SparkSinkEpochNode(query="q", batch=e, epoch=e).dump(),
+                         makepath=True)
+    for b, (first, last) in enumerate([(0, 10), (11, 700), (701, 2000), (2001, 2499)]):
+        lineage.record_source_batch(SparkSourceBatchNode(query="q", batch=b, subject=raw, first=first, last=last))
+
+    young = collect(ledger, policy=RetentionPolicy())  # the default policy: 24 h, all of these are young
+    assert young["subjects"][raw] == {"first_retained": 0, "deleted_epochs": 0}
+
+    report = collect(ledger, policy=RetentionPolicy(hours=0, min_epochs=1000))
+    assert report["subjects"][raw] == {"first_retained": 701, "deleted_epochs": 701}
+    assert ledger.first_retained(raw) == 701 and ledger.epoch_numbers(raw) == list(range(701, 2500))
+    assert lineage.sink_epoch_numbers(raw, "gen") == [701, 2000]
+    assert sorted(int(b) for b in ledger.zk.get_children(lay.query_batches("q"))) == [2, 3]
+    assert not ledger.zk.exists(lay.producer(raw, "early", "0")) and ledger.zk.exists(lay.producer(raw, "gen", "0"))
+    r = run_cli(cli_env, "read", raw, "--epoch", "5")
+    assert r.returncode == 1 and "out of retention" in r.stderr and "earliest retained epoch is 701" in r.stderr
+
+    jobs.report(f"{raw}-j", raw, 0, ConsumerNode(subject_epoch=2400))  # it moved on: the count bound rules
+    again = collect(ledger, policy=RetentionPolicy(hours=0, min_epochs=1000))
+    assert again["subjects"][raw]["first_retained"] == 1500 and ledger.epoch_numbers(raw)[0] == 1500
+    assert ledger.committed(raw, 1500).epoch == 1500  # the first retained epoch reads as ever
+
+
+def test_retention_switched_off_removes_nothing(ledger, subject_name):
+    ledger.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
+    _write_epochs(ledger, subject_name, "gen", 0, 30)
+    report = collect(ledger, policy=RetentionPolicy(enabled=False, hours=0, min_epochs=1))
+    assert report["subjects"] == {} and ledger.epoch_numbers(subject_name) == list(range(30))
+
+
+def test_a_changelog_subject_is_never_collected(ledger, subject_name):
+    changelog = f"{subject_name}.state"
+    ledger.register_subject(SubjectNode(name=changelog, topic=changelog, partitions=1))
+    _write_epochs(ledger, changelog, "job", 0, 30)
+    collect(ledger, policy=RetentionPolicy(hours=0, min_epochs=1))
+    assert ledger.epoch_numbers(changelog) == list(range(30)) and ledger.first_retained(changelog) == 0
+
+
+# ---- (c) the long-running command ------------------------------------------------------------------------
+
+
+def _retention_env(cli_env: dict[str, str], min_epochs: int) -> dict[str, str]:
+    return {**cli_env, "ALIGNER_RETENTION_HOURS": "0", "ALIGNER_RETENTION_MIN_EPOCHS": str(min_epochs)}
+
+
+def _sigterm(worker) -> float:
+    """SIGTERM the worker; the seconds it took to exit (it must exit 0)."""
+    began = time.monotonic()
+    worker.proc.send_signal(signal.SIGTERM)
+    code = worker.proc.wait(30)
+    took = time.monotonic() - began
+    assert code == 0, worker.stderr
+    return took
+
+
+def test_retention_run_collects_a_running_chain_and_stops_on_sigterm(stack, ledger, cli_env, subject_name, spawn):
+    from aligner.connectors.runtime import JobSpec
+    from aligner.connectors.subjects import create_subject
+    from tests.jobs import tag_v1
+
+    raw, out = subject_name, f"{subject_name}-out"
+    for name in (raw, out):
+        create_subject(ledger, stack.kafka, name, 2)
+    running = threading.Event()
+    spawn.generator(raw, epochs=100_000, per_epoch=4, pace=0.02, until=running)
+    spawn.job(JobSpec(job=f"{raw}-a", inputs=(raw,), output=out, interval=0.1), tag_v1)
+    wait_for(lambda: (ledger.frontier(out) or 0) >= 40, LIVE, "the chain to commit 40 output epochs")
+    keeper = spawn.worker("aligner.coordinator", "retention", "run", "--every", "0.5",
+                          env=_retention_env(cli_env, 20))
+    wait_for(lambda: ledger.first_retained(raw) > 0 and ledger.first_retained(out) > 0, LIVE,
+             "retention to collect both subjects by itself", interval=0.2)
+    moved_from = ledger.frontier(out) or 0
+    wait_for(lambda: (ledger.frontier(out) or 0) >= moved_from + 10 and ledger.first_retained(out) > moved_from - 20,
+             LIVE, "the chain to go on and retention to follow it", interval=0.2)
+    consumed = JobLedger(ledger).consumers(f"{raw}-a", raw)[0].subject_epoch or 0
+    assert ledger.first_retained(raw) <= consumed + 1, "an epoch the job had not consumed was collected"
+    assert "retention pass: removed" in keeper.stderr
+    assert _sigterm(keeper) < STOPS_WITHIN
+    running.set()
+
+
+def test_only_the_leader_collects_and_a_standby_takes_over(stack, ledger, cli_env, subject_name, spawn):
+    ledger.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
+    env = _retention_env(cli_env, 10)
+    first = spawn.worker("aligner.coordinator", "retention", "run", "--every", "0.3", env=env)
+    wait_for(lambda: "retention: leading" in first.stderr, LIVE, "the first instance to lead", on_wait=first.healthy)
+    second = spawn.worker("aligner.coordinator", "retention", "run", "--every", "0.3", env=env)
+    wait_for(lambda: "retention: standby" in second.stderr, LIVE, "the second to wait", on_wait=second.healthy)
+    lease = _write_epochs(ledger, subject_name, "gen", 0, 50)
+    wait_for(lambda: ledger.first_retained(subject_name) == 40, LIVE, "the leader to collect", interval=0.1)
+    assert "retention pass" not in second.stderr and "retention pass: removed 40 epochs" in first.stderr
+    assert _sigterm(first) < STOPS_WITHIN
+    wait_for(lambda: "retention: leading" in second.stderr, LIVE, "the standby to take over", on_wait=second.healthy)
+    writers = None
+    for _ in range(20):
+        epoch = lease.next_epoch
+        writers = ledger.ensure_epoch(subject_name, epoch, writers)
+        lease = ledger.commit(lease, epoch, lease.node.incarnation, {0: Range(start=0, end=0)})
+    wait_for(lambda: ledger.first_retained(subject_name) == 60, LIVE, "the new leader to collect", interval=0.1)
+    assert _sigterm(second) < STOPS_WITHIN
