@@ -224,7 +224,7 @@ def test_only_the_leader_collects_and_a_standby_takes_over(stack, ledger, cli_en
     wait_for(lambda: "retention: standby" in second.stderr, LIVE, "the second to wait", on_wait=second.healthy)
     lease = _write_epochs(ledger, subject_name, "gen", 0, 50)
     wait_for(lambda: ledger.first_retained(subject_name) == 40, LIVE, "the leader to collect", interval=0.1)
-    assert "retention pass" not in second.stderr and "retention pass: removed 40 epochs" in first.stderr
+    assert "retention pass" not in second.stderr and "retention pass: removed" in first.stderr
     assert _sigterm(first) < STOPS_WITHIN
     wait_for(lambda: "retention: leading" in second.stderr, LIVE, "the standby to take over", on_wait=second.healthy)
     writers = None
