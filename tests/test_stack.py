@@ -152,3 +152,26 @@ def test_a_dead_zookeeper_is_reported_and_restarted_with_its_data(home_env: dict
     assert not _alive(pids["zk"]) and not _alive(pids["kafka"]) and not Path(info["workdir"]).exists()
     nothing = run_cli(env, "stack", "down")
     assert nothing.returncode == 0 and "nothing removed" in nothing.stdout
+
+
+def test_embedded_zookeeper_purges_its_data_dir_and_answers_mntr(stack) -> None:
+    """Issue 23 item 2: snapshots and transaction logs are purged hourly (3 kept), and ``mntr`` (which the
+    soak samples for znode counts and data size) is whitelisted."""
+    import socket
+
+    cfg = (Path(stack.workdir) / "zoo.cfg").read_text().splitlines()
+    assert "autopurge.snapRetainCount=3" in cfg and "autopurge.purgeInterval=1" in cfg
+    host, port = stack.zk.rsplit(",", 1)[0].rsplit(":", 1)
+    figures: dict[str, str] = {}
+
+    def mntr() -> bool:  # "not currently serving requests" until the server has loaded its database
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"mntr")
+            reply = b""
+            while chunk := s.recv(65536):
+                reply += chunk
+        figures.update(line.split("\t", 1) for line in reply.decode().splitlines() if "\t" in line)
+        return "zk_znode_count" in figures
+
+    wait_for(mntr, 60, "ZooKeeper to answer mntr", interval=0.2)
+    assert int(figures["zk_znode_count"]) > 0 and "zk_approximate_data_size" in figures
