@@ -81,7 +81,7 @@ def _write_changelog(ledger, kafka: str, subject: str, partition: int, epochs: l
             epoch = p.begin()
             if i in aborted:
                 _send(p, partition, aborted[i])
-                p._kp.flush(30)  # the aborted attempt's records reach the broker
+                p.kp.flush(30)  # the aborted attempt's records reach the broker
                 p.abort()
                 assert p.begin() == epoch
             _send(p, partition, ops)

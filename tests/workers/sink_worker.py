@@ -64,7 +64,7 @@ def main() -> None:
             value = {"sink": args.sink, "producer": args.producer, "epoch": epoch, "j": j}
             producer.send(json.dumps(value).encode(), key=f"{args.producer}-{j}".encode())
         if epoch == pause_epoch and pause_point == "mid":
-            producer._kp.flush(30)  # the open transaction's records reach the broker
+            producer.kp.flush(30)  # the open transaction's records reach the broker
             park(epoch, "mid")
         producer.commit()
         say(f"committed {epoch}")
