@@ -89,4 +89,4 @@ def writes(incoming: SwapNode | None, epoch: int, new_version: bool) -> bool:
 
 def void_limit(incoming: SwapNode | None) -> int | None:
     """The last job epoch a new version may run voided before the outcome of S is known (None: any)."""
-    return incoming.epoch if live(incoming) else None
+    return incoming.epoch if incoming is not None and live(incoming) else None

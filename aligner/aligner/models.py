@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from aligner.alignment import Command, ConsumerAlignment
 from aligner.errors import MalformedNodeError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 
 Ident = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,120}$")]
 """Subject, sink, producer and job ids: safe in ZooKeeper node names and in stamps."""

@@ -160,6 +160,7 @@ class JobWorker:
     # ---- epochs -------------------------------------------------------------------------------
 
     def _process(self, records: list[SourceRecord]) -> None:
+        assert self.sink is not None
         fn, state, send = self.fn, self.state, self.sink.send
         shadow = self.spec.shadow_subject
         if self._voiding and shadow is not None:
@@ -216,6 +217,7 @@ class JobWorker:
         return True
 
     def _inputs_finished(self) -> bool:
+        assert self.source is not None
         for subject in self.spec.inputs:
             last = self.ledger.finished(subject)
             if last is None or self.source.consumed(subject) < last:

@@ -33,6 +33,7 @@ from aligner.errors import AlignerError, EpochFailedError, SubjectConflictError
 from aligner.ledger import Claim, Contribution, Lease, Ledger, PendingEpoch
 from aligner.metrics import COMMIT_SECONDS, EPOCHS_COMMITTED, LAST_EPOCH, RECORDS_SENT
 from aligner.models import Range, WritersNode
+from aligner.ops import Op
 from aligner.stamps import Stamp
 
 FaultHook = Callable[[str], None]
@@ -174,7 +175,7 @@ class SinkProducer(StampedProducer):
         self._epoch = epoch
         return epoch
 
-    def commit(self, extra: Sequence[tuple[Any, ...]] = ()) -> EpochCommit:
+    def commit(self, extra: Sequence[Op] = ()) -> EpochCommit:
         """Pre-commit in Kafka, then commit in ZooKeeper; returns the committed ranges.
 
         ``extra`` ZooKeeper ops (a job's input offsets) commit atomically with the epoch, in the

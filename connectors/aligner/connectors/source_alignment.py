@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from functools import partial
 
 from aligner.alignment import Command, ConsumerAlignment, Receipt
 from aligner.connectors.idle import Idle
@@ -34,7 +35,7 @@ class SourceAlignment:
     def follow(self) -> None:
         """Receive every source's commands (kazoo's DataWatch re-reads after a new session)."""
         for subject in self.states:
-            self.jobs.follow_command(self.job, subject, lambda cmd, s=subject: self._on_command(s, cmd))
+            self.jobs.follow_command(self.job, subject, partial(self._on_command, subject))
 
     def _on_command(self, subject: str, command: Command) -> None:
         self._commands[subject] = command
@@ -59,7 +60,7 @@ class SourceAlignment:
     def node(self, subject: str, **fields: object) -> ConsumerNode:
         """The consumer node reporting ``subject``'s alignment (``fields``: epochs, swap seen, waiting)."""
         return ConsumerNode(alignment=self.states[subject], mode=self.mode_of(subject),
-                            rejected_seq=self._rejected.get(subject, 0), **fields)  # type: ignore[arg-type]
+                            rejected_seq=self._rejected.get(subject, 0), **fields)
 
     def mode_of(self, subject: str) -> Mode:
         if self.states[subject].aligned:

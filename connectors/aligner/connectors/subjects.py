@@ -22,7 +22,7 @@ def create_subject(
 ) -> SubjectNode:
     """Create (or confirm) the topic, then register the subject; idempotent for the same shape."""
     node = SubjectNode(name=name, topic=topic or name, partitions=partitions,
-                       value_format=value_format, fields=tuple(fields))  # type: ignore[arg-type]
+                       value_format=value_format, fields=tuple(fields))
     ensure_topic(bootstrap, node.topic, partitions)
     return ledger.register_subject(node)
 

@@ -247,15 +247,17 @@ class Coordinator:
     def abort(self, job: str, timeout: float | None = None, progress: Progress | None = None) -> AlignmentDecision:
         """Return every source of the job to Unaligned, from any state, and clean up the decision."""
         subjects = self._subjects(job, None)
-        decision, version = self.jobs.decision(job)
-        if decision is None or decision.phase != DecisionPhase.ABORTING:
-            decision = AlignmentDecision(job=job, subjects=subjects, phase=DecisionPhase.ABORTING,
+        recorded, version = self.jobs.decision(job)
+        if recorded is not None and recorded.phase == DecisionPhase.ABORTING:
+            aborting = recorded
+        else:
+            aborting = AlignmentDecision(job=job, subjects=subjects, phase=DecisionPhase.ABORTING,
                                          seq=self._next_seq(job, subjects))
-            version = self.jobs.decide(decision, version)
-        self._send(job, subjects, Command(seq=decision.seq, kind="abort"))
+            version = self.jobs.decide(aborting, version)
+        self._send(job, subjects, Command(seq=aborting.seq, kind="abort"))
         self._wait("aborting", lambda: all(
-            c.alignment.state is State.UNALIGNED and c.alignment.applied_seq >= decision.seq
+            c.alignment.state is State.UNALIGNED and c.alignment.applied_seq >= aborting.seq
             for s in subjects for c in self.jobs.consumers(job, s).values()), timeout, progress, job, subjects)
-        decision = decision.model_copy(update={"phase": DecisionPhase.ABORTED, "updated_at": now_ms()})
-        self.jobs.decide(decision, version)
-        return decision
+        aborted = aborting.model_copy(update={"phase": DecisionPhase.ABORTED, "updated_at": now_ms()})
+        self.jobs.decide(aborted, version)
+        return aborted

@@ -148,7 +148,7 @@ class HotSwap:
                           timeout, show)
 
     def _acks(self, o: JobNode, n: JobNode, swap: SwapNode) -> machine.Acks:
-        seen = []
+        seen: list[tuple[int, int] | None] = []
         for job in (o, n):
             consumers = self.jobs.consumers(job.job, job.inputs[0])
             if len(consumers) < job.parallelism:
