@@ -105,6 +105,9 @@ class Run:
     watchers: list[Step] = field(default_factory=list)
     """Extra loops of the main loop (a soak's sampler); each must end once ``draining`` is set."""
     draining: bool = False
+    inherit_state: bool = False
+    """A new version of job A takes the old one's keyed state at the swap (``--inherit-state``) instead of
+    rebuilding it from its input's first epoch, which retention may have collected."""
     retained: bool = False
     """Epochs were collected (a soak's ``aligner gc``): the checker checks the retained window."""
 
@@ -212,6 +215,8 @@ class Run:
         first = PARTS_PER_GENERATION * (g - 1)
         parts = ",".join(str(p) for p in range(first, first + PARTS_PER_GENERATION))
         follows = ["--version", str(g), "--follows", job_a_name(g - 1)] if g > 1 else []
+        if g > 1 and self.inherit_state:
+            follows.append("--inherit-state")
         for i in range(2):
             argv = self.worker_argv(job_a_name(g), i, [*follows, "--output-partitions", parts])
             self.add(f"{job_a_name(g)}-{i}", argv, {"CHAOS_WORKER": str(i), "CHAOS_VERSION": str(g)})

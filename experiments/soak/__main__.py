@@ -70,7 +70,8 @@ def report_of(run: Run, soak: Soak, result: dict[str, Any] | None, minutes: floa
              if e["kind"] == "op" and e["target"].startswith("hotswap") and e.get("ok")]
     return {
         "seed": run.seed, "minutes": minutes, "settings": asdict(soak.settings), "interval": run.interval,
-        "rate": run.rate, "faust": run.faust, "check_growth": check_growth, "started": run.started,
+        "rate": run.rate, "inherit_state": run.inherit_state, "faust": run.faust, "check_growth": check_growth,
+        "started": run.started,
         "faults_total": len(done), "faults_by_kind": dict(Counter(e["kind"] for e in done)),
         "swaps": swaps, "generation": run.generation, "samples": soak.samples, "frontiers": soak.frontiers,
         "stalls": soak.stalls, "gc": soak.gcs, "figures": fig,
@@ -115,6 +116,8 @@ def main(
     = 600.0,
     check_growth: Annotated[bool, typer.Option(help="Fail on growth after the window (off: retention is off)")]
     = True,
+    inherit_state: Annotated[bool, typer.Option(help="New versions of A take the old one's state (rebuilding it "
+                                                     "from the input fails once gc collected its start)")] = True,
     interval: Annotated[float, typer.Option(min=0.01, help="Seconds per epoch of the marker and the jobs")] = 0.5,
     rate: Annotated[float, typer.Option(min=1, help="Input records per second")] = 150.0,
     faust: Annotated[bool, typer.Option(help="Run job F on Faust")] = True,
@@ -123,7 +126,7 @@ def main(
 ) -> None:
     """Soak the chaos chain; exit 1 with one line on a stall, an anomaly or growth after the window."""
     run = plan_run(seed, minutes, fault_every, swap_every, faust, out / "run")
-    run.rate, run.interval = rate, interval
+    run.rate, run.interval, run.inherit_state = rate, interval, inherit_state
     console.print(f"[bold]soak, seed {seed}[/]: {minutes:g} min, {len(run.faults)} faults, "
                   f"{run.generations - 2} hot-swaps planned, samples every {sample:g}s, "
                   f"gc {f'every {gc_every:g}s' if gc_every else 'off'}")
