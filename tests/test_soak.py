@@ -129,3 +129,36 @@ def test_growth_is_judged_after_the_window_only() -> None:
                                  {"at": 40.0, "rc": 1, "stderr": "aligner: error: job 'A' does not read 'in'\n"}]
     assert verdict([], None, 0, flat, check_growth=False, gcs=gcs) == [
         "aligner gc failed 1 of 2 runs (first at 40s: aligner: error: job 'A' does not read 'in')"]
+
+
+def test_a_frontier_frozen_while_its_input_moves_is_a_stall_unless_faults_explain_it(tmp_path: Path) -> None:
+    from experiments.chaos.run import Run
+    from experiments.soak.watch import Settings, Soak, Stalled
+
+    run = Run(1, [], [], tmp_path, say=lambda _line: None)
+    soak = Soak(Settings(stall_after=120.0))
+    run.started = time.time() - 10
+    soak.look_for_stalls(run, {"in": 5, "a": 3})
+    run.started = time.time() - 100  # 90 s later: a stood still, but not for 120 s
+    soak.look_for_stalls(run, {"in": 200, "a": 3})
+    run.events.append({"at": 100.0, "kind": "pause-zk", "target": "", "duration": 20.0})
+    run.started = time.time() - 135  # 125 s frozen, 20 of them paused by a fault: 105 s without one
+    soak.look_for_stalls(run, {"in": 250, "a": 3})
+    assert soak.stalls == []
+    run.started = time.time() - 160
+    with pytest.raises(Stalled, match="a frozen at epoch 3 since 10s"):
+        soak.look_for_stalls(run, {"in": 300, "a": 3})
+    assert [s["subject"] for s in soak.stalls] == ["a"]
+
+
+def test_a_frontier_frozen_while_its_input_is_frozen_too_is_not_its_stall(tmp_path: Path) -> None:
+    from experiments.chaos.run import Run
+    from experiments.soak.watch import Settings, Soak
+
+    run = Run(1, [], [], tmp_path, say=lambda _line: None)
+    soak = Soak(Settings(stall_after=120.0, stop_on_stall=False))
+    run.started = time.time() - 10
+    soak.look_for_stalls(run, {"a": 3, "b": 7})
+    run.started = time.time() - 300
+    soak.look_for_stalls(run, {"a": 3, "b": 7})  # b waits for a; a's own input (in) is not polled here
+    assert soak.stalls == []
