@@ -62,7 +62,7 @@ def home_env(tmp_path: Path) -> Iterator[dict[str, str]]:
 
 def _pids(env: dict[str, str]) -> dict[str, int]:
     state = json.loads((Path(env["ALIGNER_HOME"]) / "stack.json").read_text())
-    return {"zk": state["zk_pid"], "kafka": state["kafka_pid"]}
+    return {"zk": state["zk_pid"], "kafka": state["kafka_pid"], "retention": state["retention_pid"]}
 
 
 def _states(env: dict[str, str]) -> dict[str, str]:
@@ -76,7 +76,7 @@ def test_a_dead_zookeeper_is_reported_and_restarted_with_its_data(home_env: dict
     up = run_cli(env, "stack", "up", "--json")
     assert up.returncode == 0, up.stderr
     info = json.loads(up.stdout)
-    assert info["actions"] == {"zookeeper": "started", "kafka": "started"}
+    assert info["actions"] == {"zookeeper": "started", "kafka": "started", "retention": "started"}
     subject = f"s-{uuid.uuid4().hex[:8]}"
     with Ledger.connect(info["zk"], env["ALIGNER_ROOT"]) as led:
         create_subject(led, info["kafka"], subject, 1)
@@ -101,17 +101,18 @@ def test_a_dead_zookeeper_is_reported_and_restarted_with_its_data(home_env: dict
     # Nothing was stopped or removed because ZooKeeper died.
     assert _alive(info["kafka_pid"]) and _count_records(info["kafka"], subject) == 5
     assert (Path(info["workdir"]) / "zk-data").is_dir() and (Path(env["ALIGNER_HOME"]) / "stack.json").exists()
-    assert _states(env) == {"zookeeper": "down", "kafka": "up"}
+    # The retention loop rides out the outage (it waits for ZooKeeper, its metrics still answer).
+    assert _states(env) == {"zookeeper": "down", "kafka": "up", "retention": "up"}
     status = run_cli(env, "stack", "status")
     assert status.returncode == 0 and "down" in status.stdout and str(info["zk_pid"]) in status.stdout
 
     again = run_cli(env, "stack", "up", "--json")
     assert again.returncode == 0, again.stderr
     restarted = json.loads(again.stdout)
-    assert restarted["actions"] == {"zookeeper": "restarted", "kafka": "running"}
+    assert restarted["actions"] == {"zookeeper": "restarted", "kafka": "running", "retention": "running"}
     assert restarted["zk"] == info["zk"] and restarted["kafka"] == info["kafka"]  # same ports
     assert restarted["kafka_pid"] == info["kafka_pid"] and restarted["zk_pid"] != info["zk_pid"]
-    assert _states(env) == {"zookeeper": "up", "kafka": "up"}
+    assert _states(env) == {"zookeeper": "up", "kafka": "up", "retention": "up"}
     # The committed znodes came back with ZooKeeper, and the broker kept the records.
     epochs = json.loads(run_cli(env, "epochs", subject, "--json").stdout)["epochs"]
     assert [(e["epoch"], e["committed"]) for e in epochs] == [(0, True)]
@@ -127,7 +128,7 @@ def test_a_dead_zookeeper_is_reported_and_restarted_with_its_data(home_env: dict
         line = _one_line(r.stderr)
         assert r.returncode == 1 and time.monotonic() - started < 15
         assert f"cannot reach ZooKeeper at {info['zk']}" in line and f"kill -CONT {restarted['zk_pid']}" in line
-        assert _states(env) == {"zookeeper": "paused", "kafka": "up"}
+        assert _states(env) == {"zookeeper": "paused", "kafka": "up", "retention": "up"}
         assert json.loads(run_cli(env, "stack", "up", "--json").stdout)["actions"]["zookeeper"] == "paused"
     finally:
         os.kill(restarted["zk_pid"], signal.SIGCONT)
@@ -139,9 +140,16 @@ def test_a_dead_zookeeper_is_reported_and_restarted_with_its_data(home_env: dict
     line = _one_line(r.stderr)
     assert r.returncode == 1 and f"cannot reach Kafka at {info['kafka']}" in line and "aligner stack up" in line
     third = json.loads(run_cli(env, "stack", "up", "--json").stdout)
-    assert third["actions"] == {"zookeeper": "running", "kafka": "restarted"}
+    assert third["actions"] == {"zookeeper": "running", "kafka": "restarted", "retention": "running"}
     assert third["kafka"] == info["kafka"] and third["zk_pid"] == restarted["zk_pid"]
     assert json.loads(run_cli(env, "epochs", subject, "--json").stdout)["epochs"][0]["committed"]
+
+    # A dead retention loop is restarted alone, on its metrics port.
+    os.kill(info["retention_pid"], signal.SIGKILL)
+    wait_for(lambda: not _alive(info["retention_pid"]), 30, "retention to die")
+    fourth = json.loads(run_cli(env, "stack", "up", "--json").stdout)
+    assert fourth["actions"] == {"zookeeper": "running", "kafka": "running", "retention": "restarted"}
+    assert fourth["retention_port"] == info["retention_port"] and fourth["root"] == env["ALIGNER_ROOT"]
 
     pids = _pids(env)
     down = run_cli(env, "stack", "down")
@@ -149,7 +157,8 @@ def test_a_dead_zookeeper_is_reported_and_restarted_with_its_data(home_env: dict
     assert f"stopped ZooKeeper pid {pids['zk']}" in down.stdout
     assert f"stopped Kafka (Tansu) pid {pids['kafka']}" in down.stdout
     assert f"removed data dir {info['workdir']}" in down.stdout and "removed state file" in down.stdout
-    assert not _alive(pids["zk"]) and not _alive(pids["kafka"]) and not Path(info["workdir"]).exists()
+    assert f"stopped Retention (coordinator) pid {pids['retention']}" in down.stdout
+    assert not any(_alive(p) for p in pids.values()) and not Path(info["workdir"]).exists()
     nothing = run_cli(env, "stack", "down")
     assert nothing.returncode == 0 and "nothing removed" in nothing.stdout
 
@@ -175,3 +184,11 @@ def test_embedded_zookeeper_purges_its_data_dir_and_answers_mntr(stack) -> None:
 
     wait_for(mntr, 60, "ZooKeeper to answer mntr", interval=0.2)
     assert int(figures["zk_znode_count"]) > 0 and "zk_approximate_data_size" in figures
+
+
+def test_stack_up_no_retention_runs_zookeeper_and_the_broker_only(home_env: dict[str, str]) -> None:
+    up = run_cli(home_env, "stack", "up", "--no-retention", "--json")
+    assert up.returncode == 0, up.stderr
+    info = json.loads(up.stdout)
+    assert info["actions"] == {"zookeeper": "started", "kafka": "started"} and info["retention_pid"] == 0
+    assert _states(home_env) == {"zookeeper": "up", "kafka": "up"}

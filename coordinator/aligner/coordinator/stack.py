@@ -5,6 +5,9 @@ Two ways to run it:
 - :class:`EmbeddedStack`, owned by one process (tests, benchmarks): its children die with it.
 - the detached stack of ``aligner stack up|status|env|down``, which outlives the command. Its
   coordinates (addresses with their ports, pids, data directory) are kept in ``HOME/stack.json``.
+  Unless started with ``--no-retention`` it also runs ``aligner retention run`` (the coordinator's
+  retention loop on the stack's root, metrics on a free port), so a long local run keeps ZooKeeper
+  bounded by the retention policy (``ALIGNER_RETENTION_*``) without an operator.
 
 The detached stack never destroys data because one component died: reading its state never
 stops anything, ``stack up`` restarts only what is down, on its own port and data directory
@@ -29,6 +32,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -47,14 +51,14 @@ TLS_DIR = "tls"
 TLS_DAYS = 3650
 _PR_SET_PDEATHSIG = 1
 
-ZOOKEEPER, KAFKA = "zookeeper", "kafka"
-LABELS = {ZOOKEEPER: "ZooKeeper", KAFKA: "Kafka (Tansu)"}
-_CMDLINE_MARK = {ZOOKEEPER: b"ZooKeeperServerMain", KAFKA: b"tansu"}
+ZOOKEEPER, KAFKA, RETENTION = "zookeeper", "kafka", "retention"
+LABELS = {ZOOKEEPER: "ZooKeeper", KAFKA: "Kafka (Tansu)", RETENTION: "Retention (coordinator)"}
+_CMDLINE_MARK = {ZOOKEEPER: b"ZooKeeperServerMain", KAFKA: b"tansu", RETENTION: b"retention"}
 """What a component's command line contains: a pid reused by another program is not ours."""
-_LOGS = {ZOOKEEPER: "zookeeper.log", KAFKA: "tansu.log"}
+_LOGS = {ZOOKEEPER: "zookeeper.log", KAFKA: "tansu.log", RETENTION: "retention.log"}
 
-__all__ = ["KAFKA", "LABELS", "ZOOKEEPER", "Component", "EmbeddedStack", "StackError", "StackInfo", "TlsFiles",
-           "components", "free_port", "make_tls", "read_stack", "stack_down", "stack_up", "wait_for"]
+__all__ = ["KAFKA", "LABELS", "RETENTION", "ZOOKEEPER", "Component", "EmbeddedStack", "StackError", "StackInfo",
+           "TlsFiles", "components", "free_port", "make_tls", "read_stack", "stack_down", "stack_up", "wait_for"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,12 @@ class StackInfo:
     kafka_pid: int
     zk_tls: bool = False
     """ZooKeeper serves only a TLS (secure) client port; the client files are in ``workdir/tls``."""
+    root: str = "/aligner"
+    """The ZooKeeper root the stack's retention loop collects."""
+    retention_pid: int = 0
+    """The stack's ``aligner retention run`` (0: started with ``--no-retention``)."""
+    retention_port: int = 0
+    """Its Prometheus metrics port."""
 
     def tls_files(self) -> TlsFiles | None:
         return TlsFiles(Path(self.workdir) / TLS_DIR) if self.zk_tls else None
@@ -80,13 +90,18 @@ class StackInfo:
         return env
 
     def address(self, name: str) -> str:
-        return self.zk if name == ZOOKEEPER else self.kafka
+        return {ZOOKEEPER: self.zk, KAFKA: self.kafka}.get(name, f"127.0.0.1:{self.retention_port}")
 
     def port(self, name: str) -> int:
         return int(self.address(name).rsplit(":", 1)[1])
 
     def pid(self, name: str) -> int:
-        return self.zk_pid if name == ZOOKEEPER else self.kafka_pid
+        return {ZOOKEEPER: self.zk_pid, KAFKA: self.kafka_pid}.get(name, self.retention_pid)
+
+    def with_pid(self, name: str, pid: int) -> StackInfo:
+        if name == ZOOKEEPER:
+            return replace(self, zk_pid=pid)
+        return replace(self, kafka_pid=pid) if name == KAFKA else replace(self, retention_pid=pid)
 
 
 @dataclass(frozen=True)
@@ -319,11 +334,12 @@ def _kill_group(pid: int, timeout: float = 10.0) -> None:
 
 # ---- starting components ---------------------------------------------------------------------
 
-def _spawn(argv: list[str], workdir: Path, log: str, tie_to_parent: bool) -> subprocess.Popen[bytes]:
+def _spawn(argv: list[str], workdir: Path, log: str, tie_to_parent: bool,
+           env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     out = open(workdir / log, "ab")  # noqa: SIM115 - handed to the child; appended to across restarts
     try:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=_die_with_parent if tie_to_parent else os.setsid, cwd=workdir)
+                                preexec_fn=_die_with_parent if tie_to_parent else os.setsid, cwd=workdir, env=env)
     finally:
         out.close()
 
@@ -370,6 +386,20 @@ def _spawn_component(name: str, workdir: Path, port: int, tie_to_parent: bool,
         argv = [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
                 "--storage-engine", "memory://tansu/"]
     return _spawn(argv, workdir, _LOGS[name], tie_to_parent)
+
+
+def _start_retention(info: StackInfo, timeout: float) -> StackInfo:
+    """Start the stack's ``aligner retention run`` on its root (its metrics on its port, a free one the
+    first time); the environment's ALIGNER_ZK_AUTH and ALIGNER_RETENTION_* go with it."""
+    port = info.retention_port or free_port()
+    env = {**os.environ, **info.env(), "ALIGNER_ROOT": info.root}
+    argv = [sys.executable, "-m", "aligner.coordinator", "retention", "run", "--metrics-port", str(port)]
+    proc = _spawn(argv, Path(info.workdir), _LOGS[RETENTION], tie_to_parent=False, env=env)
+    wait_for(lambda: _tcp_ok(port) or proc.poll() is not None, timeout, f"retention's metrics on port {port}")
+    if proc.poll() is not None:
+        raise StackError(f"{LABELS[RETENTION]} exited at start (code {proc.returncode}); "
+                         f"see {Path(info.workdir) / _LOGS[RETENTION]}")
+    return replace(info, retention_pid=proc.pid, retention_port=port)
 
 
 def _await_ready(name: str, proc: subprocess.Popen[bytes], port: int, workdir: Path, timeout: float,
@@ -501,12 +531,14 @@ def component(info: StackInfo, name: str) -> Component:
         state = "up"
     else:
         state = "not answering"
-    data = str(workdir / "zk-data") if name == ZOOKEEPER else "in memory (lost when the broker stops)"
+    data = {ZOOKEEPER: str(workdir / "zk-data"), KAFKA: "in memory (lost when the broker stops)"}.get(
+        name, f"none (collects {info.root} by the retention policy)")
     return Component(name, LABELS[name], state, pid, info.address(name), port, data, str(workdir / _LOGS[name]))
 
 
 def components(info: StackInfo) -> list[Component]:
-    return [component(info, ZOOKEEPER), component(info, KAFKA)]
+    names = [ZOOKEEPER, KAFKA, *([RETENTION] if info.retention_pid else [])]
+    return [component(info, n) for n in names]
 
 
 def _port_free(port: int) -> OSError | None:
@@ -539,8 +571,12 @@ def _restart(info: StackInfo, name: str, timeout: float) -> int:
     return proc.pid
 
 
-def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False) -> tuple[StackInfo, dict[str, str]]:
+def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False, retention: bool = True,
+             root: str = "/aligner") -> tuple[StackInfo, dict[str, str]]:
     """Start the detached stack, or restart only its components that are down.
+
+    ``retention`` (a new stack only; a running one keeps what it was started with): also run the
+    coordinator's retention loop on ``root``.
 
     ``zk_tls`` starts a new stack with ZooKeeper on a TLS client port; a running stack keeps the mode
     it was started with (asking for TLS from a plaintext one is an error: `stack down` first).
@@ -555,19 +591,30 @@ def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False) -> tuple[S
         if info is None:
             workdir = home / "stack"
             workdir.mkdir(parents=True, exist_ok=True)  # an earlier stack's ZooKeeper data is kept, not wiped
-            info = EmbeddedStack(workdir=workdir, tie_to_parent=False, zk_tls=zk_tls).start(timeout)
+            info = replace(EmbeddedStack(workdir=workdir, tie_to_parent=False, zk_tls=zk_tls).start(timeout), root=root)
             _write_state(home, info)
-            return info, {ZOOKEEPER: "started", KAFKA: "started"}
-        actions: dict[str, str] = {}
-        for comp in components(info):
-            if comp.state != "down":
-                actions[comp.name] = "running" if comp.up else comp.state
-                continue
-            pid = _restart(info, comp.name, timeout)
-            info = replace(info, zk_pid=pid) if comp.name == ZOOKEEPER else replace(info, kafka_pid=pid)
-            _write_state(home, info)  # at once: a failure restarting the next one keeps this pid
-            actions[comp.name] = "restarted"
-        return info, actions
+            actions = {ZOOKEEPER: "started", KAFKA: "started"}
+            if retention:
+                info = _start_retention(info, timeout)
+                _write_state(home, info)
+                actions[RETENTION] = "started"
+            return info, actions
+        return _restart_down(home, info, timeout)
+
+
+def _restart_down(home: Path, info: StackInfo, timeout: float) -> tuple[StackInfo, dict[str, str]]:
+    actions: dict[str, str] = {}
+    for comp in components(info):
+        if comp.state != "down":
+            actions[comp.name] = "running" if comp.up else comp.state
+            continue
+        if comp.name == RETENTION:
+            info = _start_retention(info, timeout)
+        else:
+            info = info.with_pid(comp.name, _restart(info, comp.name, timeout))
+        _write_state(home, info)  # at once: a failure restarting the next one keeps this pid
+        actions[comp.name] = "restarted"
+    return info, actions
 
 
 def stack_down(home: Path) -> list[str]:
@@ -580,9 +627,9 @@ def stack_down(home: Path) -> list[str]:
             info = None  # a corrupt state file: nothing to stop, remove it below
         done: list[str] = []
         if info is not None:
-            for name in (KAFKA, ZOOKEEPER):
+            for name in (RETENTION, KAFKA, ZOOKEEPER):
                 pid = info.pid(name)
-                if _runs(pid, name):
+                if pid and _runs(pid, name):
                     _kill_group(pid)
                     lost = " (its topics were in memory)" if name == KAFKA else ""
                     done.append(f"stopped {LABELS[name]} pid {pid} on {info.address(name)}{lost}")
