@@ -24,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ["--minutes", "2", "--seed", "7", "--sample", "10", "--poll", "2", "--swap-every", "60", "--window", "60",
          "--no-check-growth"]
-SAMPLE_FIELDS = {"t", "mntr", "zk_dir_bytes", "rss", "cpu", "machine_busy_cores", "status_s", "status_rc",
+SAMPLE_FIELDS = {"t", "mntr", "zk_dir_bytes", "rss", "cpu", "pids", "machine_busy_cores", "status_s", "status_rc",
                  "generation", "faults", "frontiers"}
 MNTR_FIELDS = {"zk_znode_count", "zk_approximate_data_size", "zk_watch_count"}
 

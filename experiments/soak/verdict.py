@@ -46,6 +46,17 @@ def points(samples: list[Sample], get: Getter, after: float = 0.0) -> list[tuple
     return out
 
 
+def incarnation(samples: list[Sample], group: str, after: float) -> list[tuple[float, float]]:
+    """RSS points of the longest-lived process of ``group`` after ``after`` (a restart starts from scratch:
+    a slope across it says nothing about a leak)."""
+    runs: dict[int, list[tuple[float, float]]] = {}
+    for s in samples:
+        pid = s.get("pids", {}).get(group)
+        if s["t"] >= after and pid is not None and group in s["rss"]:
+            runs.setdefault(pid, []).append((float(s["t"]), float(s["rss"][group])))
+    return max(runs.values(), key=len, default=[])
+
+
 def per_minute(pts: list[tuple[float, float]]) -> float | None:
     """Least-squares slope per minute; None with fewer than 3 points."""
     if len(pts) < 3 or len({t for t, _ in pts}) < 2:
@@ -72,7 +83,7 @@ def figures(samples: list[Sample], window: float) -> dict[str, Any]:
         out["growth"][name] = growth(points(samples, get, window))
     groups = sorted({g for s in samples for g in s["rss"]})
     out["rss_mb_per_10min_after_window"] = {
-        g: None if (m := per_minute(points(samples, rss_of(g), window))) is None else round(m * 10 / 2**20, 2)
+        g: None if (m := per_minute(incarnation(samples, g, window))) is None else round(m * 10 / 2**20, 2)
         for g in groups}
     out["cpu_percent_mean"] = {g: round(statistics.fmean(v), 1) for g in groups
                                if (v := [s["cpu"][g] for s in samples[1:] if g in s["cpu"]])}

@@ -173,11 +173,12 @@ class Soak:
             if proc.alive() and proc.pid is not None:
                 key = "coordinator" if name.startswith("coord-") else name
                 groups[key] = groups.get(key, []) + tree(table, proc.pid)
+        roots = {k: pids[0] for k, pids in groups.items() if pids and k != "coordinator"}
         cpu, busy = meter.measure(groups, table, seconds)
         rss = {k: sum(table[p].rss for p in pids if p in table) for k, pids in groups.items()}
         status = run_cli(run.cli("status", "--json"), timeout=60.0)
         return {"t": t, "mntr": mntr(run.info.zk), "zk_dir_bytes": dir_bytes(Path(run.info.workdir) / "zk-data"),
-                "rss": rss, "cpu": cpu, "machine_busy_cores": busy,
+                "rss": rss, "cpu": cpu, "pids": roots, "machine_busy_cores": busy,
                 "status_s": status["seconds"] if status["rc"] == 0 else None, "status_rc": status["rc"],
                 "generation": run.generation, "faults": len(faults_active(run))}
 
