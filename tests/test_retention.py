@@ -157,6 +157,23 @@ def test_policy_pass_keeps_min_epochs_and_what_a_consumer_needs(stack, ledger, c
     assert ledger.committed(raw, 1500).epoch == 1500  # the first retained epoch reads as ever
 
 
+def test_a_job_whose_workers_have_not_reported_holds_retention(ledger, subject_name):
+    """A worker that has not started yet reads from the start of retention: nothing moves until it reports."""
+    out = f"{subject_name}-out"
+    for name in (subject_name, out):
+        ledger.register_subject(SubjectNode(name=name, topic=name, partitions=1))
+    _write_epochs(ledger, subject_name, "gen", 0, 30)
+    jobs = JobLedger(ledger)
+    jobs.register(JobNode(job=f"{subject_name}-j", inputs=(subject_name,), output=out, parallelism=2))
+    tight = RetentionPolicy(hours=0, min_epochs=5)
+    assert collect(ledger, policy=tight)["subjects"][subject_name]["deleted_epochs"] == 0
+    jobs.report(f"{subject_name}-j", subject_name, 0, ConsumerNode(subject_epoch=20))
+    assert collect(ledger, policy=tight)["subjects"][subject_name]["deleted_epochs"] == 0  # worker 1 still missing
+    jobs.report(f"{subject_name}-j", subject_name, 1, ConsumerNode(subject_epoch=22))
+    assert collect(ledger, policy=tight)["subjects"][subject_name]["first_retained"] == 21
+    assert ledger.epoch_numbers(subject_name) == list(range(21, 30))
+
+
 def test_retention_switched_off_removes_nothing(ledger, subject_name):
     ledger.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
     _write_epochs(ledger, subject_name, "gen", 0, 30)

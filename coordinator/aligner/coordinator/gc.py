@@ -40,6 +40,7 @@ class Needs:
     """What the jobs still need, read once per pass: per subject the lowest epoch some reader needs."""
 
     def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
         self.jobs = JobLedger(ledger)
         self.nodes: list[JobNode] = [self.jobs.job(j) for j in self.jobs.job_names()]
         self.swaps: dict[str, SwapNode] = {}
@@ -64,10 +65,12 @@ class Needs:
         for subject in node.inputs:
             try:
                 consumers = self.jobs.consumers(node.job, subject)
-            except AlignerError:  # no consumer state (yet, or any more): it needs nothing of this input
+            except AlignerError:  # no source state any more (cleared): it needs nothing of this input
                 continue
             for c in consumers.values():
                 self._need(subject, needed_floor(c.subject_epoch))
+            if len(consumers) < node.parallelism:  # a worker not started yet reads from the start of retention
+                self._need(subject, self.ledger.first_retained(subject))
 
     def _swaps_and_shadows(self) -> None:
         for swap in self.swaps.values():
