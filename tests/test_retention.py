@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aligner.coordinator.gc import collect
-from aligner.coordinator.stack import wait_for
+from aligner.coordinator.stack import free_port, wait_for
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.lineage import SparkLineageLedger
@@ -196,6 +196,16 @@ def _retention_env(cli_env: dict[str, str], min_epochs: int) -> dict[str, str]:
     return {**cli_env, "ALIGNER_RETENTION_HOURS": "0", "ALIGNER_RETENTION_MIN_EPOCHS": str(min_epochs)}
 
 
+def _metrics(port: int) -> dict[str, float]:
+    """The unlabelled samples the process serves on ``port``."""
+    from urllib.request import urlopen
+
+    with urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return {k: float(v) for k, v in (line.split(" ", 1) for line in text.splitlines()
+                                     if line and not line.startswith("#") and "{" not in line)}
+
+
 def _sigterm(worker) -> float:
     """SIGTERM the worker; the seconds it took to exit (it must exit 0)."""
     began = time.monotonic()
@@ -218,7 +228,8 @@ def test_retention_run_collects_a_running_chain_and_stops_on_sigterm(stack, ledg
     spawn.generator(raw, epochs=100_000, per_epoch=4, pace=0.02, until=running)
     spawn.job(JobSpec(job=f"{raw}-a", inputs=(raw,), output=out, interval=0.1), tag_v1)
     wait_for(lambda: (ledger.frontier(out) or 0) >= 40, LIVE, "the chain to commit 40 output epochs")
-    keeper = spawn.worker("aligner.coordinator", "retention", "run", "--every", "0.5",
+    port = free_port()
+    keeper = spawn.worker("aligner.coordinator", "retention", "run", "--every", "0.5", "--metrics-port", str(port),
                           env=_retention_env(cli_env, 20))
     wait_for(lambda: ledger.first_retained(raw) > 0 and ledger.first_retained(out) > 0, LIVE,
              "retention to collect both subjects by itself", interval=0.2)
@@ -228,6 +239,8 @@ def test_retention_run_collects_a_running_chain_and_stops_on_sigterm(stack, ledg
     consumed = JobLedger(ledger).consumers(f"{raw}-a", raw)[0].subject_epoch or 0
     assert ledger.first_retained(raw) <= consumed + 1, "an epoch the job had not consumed was collected"
     assert "retention pass: removed" in keeper.stderr
+    metrics = _metrics(port)
+    assert metrics["aligner_retention_leader"] == 1 and metrics["aligner_retention_deleted_epochs_total"] > 0
     assert _sigterm(keeper) < STOPS_WITHIN
     running.set()
 

@@ -39,6 +39,8 @@ class Snapshot:
     taken: float
     subjects: dict[str, tuple[int | None, float | None]] = field(default_factory=dict)
     """Subject: (last committed epoch, seconds since it committed)."""
+    retained: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Subject: (first retained epoch, epoch records held): what retention keeps bounded."""
     sources: list[dict[str, Any]] = field(default_factory=list)
     """One row per (job, input subject), as ``aligner status`` shows it."""
     swaps: list[dict[str, Any]] = field(default_factory=list)
@@ -51,6 +53,7 @@ def take(ledger: Ledger) -> Snapshot:
         last = ledger.frontier(subject)
         age = None if last is None else max(0.0, (now_ms() - ledger.committed(subject, last).committed_at) / 1000)
         snap.subjects[subject] = (last, age)
+        snap.retained[subject] = (ledger.first_retained(subject), len(ledger.epoch_numbers(subject)))
     coordinator = Coordinator(ledger)
     for job in coordinator.jobs.job_names():
         for row in coordinator.status(job)["sources"]:
@@ -104,12 +107,18 @@ def _subjects(snap: Snapshot) -> Iterator[Metric]:
     last = GaugeMetricFamily("aligner_subject_last_epoch", "Last committed epoch of a subject", labels=["subject"])
     age = GaugeMetricFamily("aligner_subject_last_commit_age_seconds",
                             "Seconds since a subject's last epoch committed", labels=["subject"])
+    first = GaugeMetricFamily("aligner_subject_first_retained_epoch",
+                              "A subject's first retained epoch (retention's floor)", labels=["subject"])
+    held = GaugeMetricFamily("aligner_subject_retained_epochs", "Epoch records a subject holds in ZooKeeper",
+                             labels=["subject"])
     for subject, (epoch, seconds) in snap.subjects.items():
         if epoch is not None and seconds is not None:
             last.add_metric([subject], epoch)
             age.add_metric([subject], seconds)
-    yield last
-    yield age
+    for subject, (floor, count) in snap.retained.items():
+        first.add_metric([subject], floor)
+        held.add_metric([subject], count)
+    yield from (last, age, first, held)
 
 
 def _sources(snap: Snapshot) -> Iterator[Metric]:
