@@ -3,15 +3,18 @@ the long-running ``aligner retention run`` collecting a running chain by itself 
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aligner.coordinator.gc import collect
-from aligner.coordinator.stack import free_port, wait_for
+from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack, StackInfo, free_port, wait_for
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.lineage import SparkLineageLedger
@@ -264,3 +267,46 @@ def test_only_the_leader_collects_and_a_standby_takes_over(stack, ledger, cli_en
         lease = ledger.commit(lease, epoch, lease.node.incarnation, {0: Range(start=0, end=0)})
     wait_for(lambda: ledger.first_retained(subject_name) == 60, LIVE, "the new leader to collect", interval=0.1)
     assert _sigterm(second) < STOPS_WITHIN
+
+
+@pytest.fixture
+def own_stack() -> Iterator[tuple[EmbeddedStack, StackInfo]]:
+    """A stack of this test's own: its ZooKeeper is killed and restarted."""
+    stack = EmbeddedStack()
+    info = stack.start()
+    try:
+        yield stack, info
+    finally:
+        stack.stop()
+
+
+def test_retention_run_rides_out_a_zookeeper_outage_and_stops_during_one(own_stack, cli_env, subject_name, spawn):
+    stack, info = own_stack
+    root = cli_env["ALIGNER_ROOT"]
+    env = {**_retention_env(cli_env, 10), "ALIGNER_ZK": info.zk, "ALIGNER_KAFKA": info.kafka}
+    with Ledger.connect(info.zk, root) as led:
+        led.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
+        keeper = spawn.worker("aligner.coordinator", "retention", "run", "--every", "0.3", env=env)
+        wait_for(lambda: "retention: leading" in keeper.stderr, LIVE, "it to lead", on_wait=keeper.healthy)
+        lease = _write_epochs(led, subject_name, "gen", 0, 30)
+        wait_for(lambda: led.first_retained(subject_name) == 20, LIVE, "a first collection", interval=0.1)
+    zk = stack.pid(ZOOKEEPER)
+    assert zk is not None
+    os.kill(zk, signal.SIGKILL)
+    wait_for(lambda: stack.pid(ZOOKEEPER) is None, 30, "ZooKeeper to die")
+    wait_for(lambda: "ZooKeeper connection lost" in keeper.stderr or "retention pass failed" in keeper.stderr
+             or "election unavailable" in keeper.stderr, LIVE, "it to see the outage", on_wait=keeper.healthy)
+    stack.restart(ZOOKEEPER)
+    with Ledger.connect(info.zk, root) as led:
+        writers = None
+        for _ in range(20):  # the same producer goes on after the outage
+            epoch = lease.next_epoch
+            writers = led.ensure_epoch(subject_name, epoch, writers)
+            lease = led.commit(lease, epoch, lease.node.incarnation, {0: Range(start=0, end=0)})
+        wait_for(lambda: led.first_retained(subject_name) == 40, LIVE, "a collection after the outage",
+                 interval=0.1, on_wait=keeper.healthy)
+    zk = stack.pid(ZOOKEEPER)
+    assert zk is not None
+    os.kill(zk, signal.SIGKILL)  # SIGTERM in the middle of an outage still stops it at once
+    wait_for(lambda: stack.pid(ZOOKEEPER) is None, 30, "ZooKeeper to die again")
+    assert _sigterm(keeper) < STOPS_WITHIN

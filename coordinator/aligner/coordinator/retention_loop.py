@@ -5,7 +5,9 @@ election node, the same one ``aligner align``/``hotswap`` hold); a second instan
 takes over when the leader's session goes. The leader runs one :func:`aligner.coordinator.gc.collect`
 pass every interval, logs one line per pass and exports Prometheus metrics. Before each pass it checks
 it still leads (a session that expired lost the lock node), so two instances never collect at once.
-ZooKeeper outages are ridden out by the ledger's retrying session; the stop flag ends every wait.
+ZooKeeper outages are ridden out by the ledger's retrying session; the stop flag ends every wait. The
+Election recipe's own calls block while ZooKeeper is away (kazoo queues them until it is back), so they
+run on a helper thread the loop waits for in slices: SIGTERM stops it within a second, outage or not.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from kazoo.exceptions import KazooException, LockTimeout
 from prometheus_client import Counter, Gauge
@@ -37,7 +39,11 @@ LAST_PASS = Gauge("aligner_retention_last_pass_timestamp_seconds", "When the las
 FIRST_RETAINED = Gauge("aligner_retention_first_retained_epoch", "A subject's first retained epoch", ["subject"])
 
 _CONTEND = 0.5
-"""Seconds a standby waits on the election lock before looking at its stop flag again."""
+"""Seconds a standby waits on the election lock before contending again."""
+_SLICE = 0.2
+"""Seconds between looks at the stop flag while an election call is in flight."""
+
+T = TypeVar("T")
 
 
 def summary(report: dict[str, Any], seconds: float) -> str:
@@ -72,7 +78,9 @@ class RetentionLoop:
         waiting_said = False
         while not self.stop.is_set():
             try:
-                acquired = election.lock.acquire(timeout=_CONTEND)
+                acquired = self._stoppable(lambda: election.lock.acquire(timeout=_CONTEND))
+            except StoppedError:
+                return
             except LockTimeout:
                 acquired = False
             except KazooException as exc:  # ZooKeeper down: contend again once it is back
@@ -91,19 +99,44 @@ class RetentionLoop:
                 LEADER.set(0)
                 waiting_said = False
                 with contextlib.suppress(KazooException, StoppedError):
-                    election.lock.release()
+                    self._stoppable(election.lock.release)
+
+    def _stoppable(self, call: Callable[[], T]) -> T:
+        """``call()`` on a helper thread, awaited in slices: the stop flag ends the wait with StoppedError
+        (the thread ends when the session is closed)."""
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["value"] = call()
+            except BaseException as exc:  # handed to the waiting thread
+                box["error"] = exc
+
+        helper = threading.Thread(target=run, daemon=True, name="retention-election")
+        helper.start()
+        while helper.is_alive():
+            helper.join(_SLICE)
+            if helper.is_alive() and self.stop.is_set():
+                raise StoppedError("stopped while waiting for the coordinators' election")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
 
     def leads(self, election: Any) -> bool:
         """Whether our lock node is still the first in line (a session that expired lost it)."""
         try:
-            contenders = election.contenders()
+            contenders = self._stoppable(election.contenders)
         except KazooException:
             return False
         return bool(contenders) and contenders[0] == self.me
 
     def _lead(self, election: Any) -> None:
         while not self.stop.is_set():
-            if not self.leads(election):
+            try:
+                still = self.leads(election)
+            except StoppedError:
+                return
+            if not still:
                 self.say("retention: lost leadership; contending again")
                 return
             LEADER.set(1)
