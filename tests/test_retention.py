@@ -310,3 +310,31 @@ def test_retention_run_rides_out_a_zookeeper_outage_and_stops_during_one(own_sta
     os.kill(zk, signal.SIGKILL)  # SIGTERM in the middle of an outage still stops it at once
     wait_for(lambda: stack.pid(ZOOKEEPER) is None, 30, "ZooKeeper to die again")
     assert _sigterm(keeper) < STOPS_WITHIN
+
+
+def test_gc_without_flags_applies_the_policy_and_retention_show_previews_it(ledger, cli_env, subject_name):
+    import json
+
+    ledger.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
+    _write_epochs(ledger, subject_name, "gen", 0, 12)
+    env = _retention_env(cli_env, 3)
+    shown = run_cli(env, "retention", "show", "--json")
+    assert shown.returncode == 0, shown.stderr
+    preview = json.loads(shown.stdout)
+    assert preview["subjects"][subject_name] == {"first_retained": 9, "deleted_epochs": 9}
+    assert preview["policy"] == {"enabled": True, "hours": 0.0, "min_epochs": 3}
+    assert ledger.epoch_numbers(subject_name) == list(range(12)), "show removes nothing"
+    default = run_cli(cli_env, "gc", "--json")  # the default policy: everything here is younger than 24 h
+    assert json.loads(default.stdout)["subjects"][subject_name]["deleted_epochs"] == 0
+    r = run_cli(env, "gc", "--json")
+    assert r.returncode == 0, r.stderr
+    assert ledger.first_retained(subject_name) == 9 and ledger.epoch_numbers(subject_name) == [9, 10, 11]
+    off = run_cli({**env, "ALIGNER_RETENTION_ENABLED": "false"}, "gc")
+    assert off.returncode == 0 and "retention is switched off" in off.stdout
+
+
+def test_a_bad_retention_setting_is_one_line(cli_env):
+    for command in (("gc",), ("retention", "show"), ("retention", "run")):
+        r = run_cli({**cli_env, "ALIGNER_RETENTION_MIN_EPOCHS": "many"}, *command)
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert r.returncode == 1 and len(lines) == 1 and "ALIGNER_RETENTION_MIN_EPOCHS" in lines[0], r.stderr
