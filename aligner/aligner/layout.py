@@ -6,7 +6,7 @@ the ACL policy (:mod:`aligner.acl_policy`) gives a node the permissions its decl
 
     {root}/subjects/{subject}                         SubjectNode
     {root}/subjects/{subject}/writers                 WritersNode (partition claims, compare-and-set)
-    {root}/subjects/{subject}/retention               first epoch ``aligner gc`` kept
+    {root}/subjects/{subject}/retention               first retained epoch (retention's floor, only rises)
     {root}/subjects/{subject}/sinks/{sink}            SinkNode
     {root}/subjects/{subject}/sinks/{sink}/producers/{producer}   ProducerNode
     {root}/subjects/{subject}/sinks/{sink}/spark      a Spark sink's progress (+ /epochs/{epoch}: its lineage)
@@ -67,7 +67,7 @@ NODES: tuple[Node, ...] = (
     Node("subjects", "subjects", "rc", "a granted sink registers its subjects (a job's changelog)"),
     Node("subjects/{subject}", "subject", "rc", "SubjectNode; made with its children in one multi-op"),
     Node("subjects/{subject}/writers", "subject", "rw", "WritersNode"),
-    Node("subjects/{subject}/retention", "subject", "", "the gc floor: admin only"),
+    Node("subjects/{subject}/retention", "subject", "", "retention's floor (aligner.retention): admin only"),
     Node("subjects/{subject}/sinks", "subject", "rc"),
     Node("subjects/{subject}/sinks/{sink}", "subject", "rc", "SinkNode"),
     Node("subjects/{subject}/sinks/{sink}/producers", "subject", "rc"),
@@ -95,7 +95,7 @@ NODES: tuple[Node, ...] = (
     Node("jobs/{job}/workers/{worker}/epochs/{epoch}", "job", "r", "WorkerEpochNode"),
     Node("spark", "jobs", "rc"),
     Node("spark/queries", "jobs", "rc"),
-    Node("spark/queries/{query}", "job", "rwcd", "a Spark query's micro-batch records (pruned by the query)"),
+    Node("spark/queries/{query}", "job", "rwcd", "a Spark query's micro-batch records (pruned by retention)"),
     Node("spark/queries/{query}/batches", "job", "rwcd"),
     Node("spark/queries/{query}/batches/{batch}", "job", "rwcd"),
     Node("spark/queries/{query}/batches/{batch}/{subject}", "job", "rwcd", "what a micro-batch read"),

@@ -81,7 +81,7 @@ class SubjectRecipes(Store):
         return numbers[-1] if numbers else -1
 
     def first_retained(self, subject: str) -> int:
-        """The oldest epoch ``aligner gc`` kept (0 when nothing was collected)."""
+        """The subject's first retained epoch, retention's floor (0 when nothing was collected)."""
         try:
             raw, _ = self.zk.get(self.layout.retention(subject))
         except NoNodeError:
