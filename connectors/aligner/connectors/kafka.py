@@ -260,10 +260,11 @@ class FetchingConsumer:
     when fetches come back empty from a broker that answers. librdkafka cannot change the wait of a
     live consumer, so the consumer is replaced; its owner assigns the new one where it stood."""
 
-    def __init__(self, bootstrap: str, extra: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, bootstrap: str, extra: Mapping[str, Any] | None = None, wait_ms: int | None = None) -> None:
+        """``wait_ms``: the first fetch wait (default: the client properties file's, else FETCH_WAIT_MS)."""
         self.bootstrap = bootstrap
         self.extra = dict(extra or {})
-        configured = int(consumer_config(bootstrap, self.extra)["fetch.wait.max.ms"])
+        configured = int(consumer_config(bootstrap, self.extra, wait_ms)["fetch.wait.max.ms"])
         self.wait_ms = max(configured, _learned.get(bootstrap, 0))
         self.consumer = Consumer(consumer_config(bootstrap, self.extra, self.wait_ms))
         self.reopened = 0

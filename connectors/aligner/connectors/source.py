@@ -38,6 +38,13 @@ from aligner.stamps import stamp_of
 
 UNBOUNDED = 1 << 62
 
+SOURCE_FETCH_WAIT_MS = 100
+"""A source's first fetch wait: shorter than readers' (FETCH_WAIT_MS), because librdkafka keeps one
+fetch per broker in flight, and the fetch a source sends as it reaches an epoch's end holds back the
+next epoch's first fetch for up to this long. Bounded sources unassign a partition at its bound, so
+caught up they send no fetches at all; an at-least-once source caught up costs the broker ~0.5 % of a
+core at 100 ms (bench_fetch). A broker too slow for it gets a longer wait from the watchdog."""
+
 _DATA_LOST = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
 """Fetch errors meaning the log no longer holds what a committed epoch names; others are transient."""
 
@@ -90,7 +97,8 @@ class SubjectSource:
             bootstrap, {"fetch.queue.backoff.ms": 5, "fetch.error.backoff.ms": 10,
                         "queued.min.messages": 20000, "max.partition.fetch.bytes": 1 << 20,
                         # at-least-once does not wait for any commit (thesis 6.3)
-                        **({"isolation.level": "read_uncommitted"} if mode == "at_least_once" else {})}
+                        **({"isolation.level": "read_uncommitted"} if mode == "at_least_once" else {})},
+            SOURCE_FETCH_WAIT_MS,
         )
         self._consumer = self._fetching.consumer
         self._stalls: dict[tuple[str, int], tuple[Stall, int | None]] = {}
