@@ -19,7 +19,7 @@ from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.lineage import SparkLineageLedger
 from aligner.lineage_models import SparkSinkEpochNode, SparkSourceBatchNode
-from aligner.models import ConsumerNode, JobNode, Range, SubjectNode
+from aligner.models import ConsumerNode, JobNode, Phase, Range, SubjectNode, SwapNode
 from aligner.retention_policy import RetentionPolicy, first_young, retention_floor, victims
 from tests.conftest import run_cli
 
@@ -175,6 +175,34 @@ def test_a_job_whose_workers_have_not_reported_holds_retention(ledger, subject_n
     jobs.report(f"{subject_name}-j", subject_name, 1, ConsumerNode(subject_epoch=22))
     assert collect(ledger, policy=tight)["subjects"][subject_name]["first_retained"] == 21
     assert ledger.epoch_numbers(subject_name) == list(range(21, 30))
+
+
+def test_a_swap_in_flight_and_a_shadow_lane_hold_their_epochs(ledger, subject_name):
+    """Nothing of a swap's target from S on goes while the swap is in flight, and a new version's shadow
+    and the target it is verified against keep the same floor until the old version is swapped out."""
+    raw, target, shadow = subject_name, f"{subject_name}-t", f"{subject_name}-v2.shadow"
+    for name in (raw, target, shadow):
+        ledger.register_subject(SubjectNode(name=name, topic=name, partitions=1))
+        _write_epochs(ledger, name, "gen", 0, 30)
+    jobs = JobLedger(ledger)
+    old, new = f"{subject_name}-v1", f"{subject_name}-v2"
+    jobs.register(JobNode(job=old, inputs=(raw,), output=target, parallelism=1))
+    jobs.register(JobNode(job=new, inputs=(raw,), output=target, parallelism=1, follows=old, shadow=shadow))
+    for job in (old, new):
+        jobs.report(job, raw, 0, ConsumerNode(subject_epoch=29))
+    tight = RetentionPolicy(hours=0, min_epochs=5)
+    swap = SwapNode(old=old, new=new, target=target, epoch=10, phase=Phase.PRECOMMIT)
+    jobs.write_swap(swap, -1)
+    shadow_floor = collect(ledger, policy=RetentionPolicy(hours=0, min_epochs=20))["subjects"][shadow]
+    assert shadow_floor["first_retained"] == 10 and ledger.first_retained(target) == 10
+    assert collect(ledger, policy=tight)["subjects"][raw]["first_retained"] == 25
+    assert ledger.first_retained(target) == 10 and ledger.first_retained(shadow) == 10
+    jobs.write_swap(swap.model_copy(update={"phase": Phase.DONE}), 0)
+    report = collect(ledger, policy=tight)
+    assert ledger.first_retained(target) == 25 and ledger.first_retained(shadow) == 25
+    assert report["jobs"][old]["swapped_out"] and not ledger.zk.exists(ledger.layout.sources(old))
+    again = collect(ledger, policy=tight)  # a second pass over a swapped-out job is uneventful
+    assert again["jobs"][old] == {"deleted_nodes": 0, "swapped_out": True}
 
 
 def test_retention_switched_off_removes_nothing(ledger, subject_name):

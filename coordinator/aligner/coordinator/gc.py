@@ -99,22 +99,29 @@ class Needs:
         return all(e.finished_after is not None for e in mine)
 
 
-def subject_floors(ledger: Ledger, policy: RetentionPolicy, needs: Needs, subjects: list[str]) -> dict[str, int]:
-    """Each collectable subject's new floor under ``policy`` and ``needs`` (shadow lanes tied together)."""
+def _frontier(ledger: Ledger, subject: str, numbers: list[int]) -> int | None:
+    """``Ledger.frontier`` on epoch numbers already listed (one getChildren per subject and pass)."""
+    return next((e for e in reversed(numbers) if ledger.is_committed(subject, e)), None)
+
+
+def subject_floors(ledger: Ledger, policy: RetentionPolicy, needs: Needs,
+                   subjects: list[str]) -> dict[str, tuple[int, list[int]]]:
+    """Each collectable subject's new floor under ``policy`` and ``needs`` (shadow lanes tied together),
+    with its epoch numbers."""
     now_ms = time.time() * 1000
-    floors: dict[str, int] = {}
+    floors: dict[str, tuple[int, list[int]]] = {}
     for subject in subjects:
         if not collectable(subject):
             continue
-        frontier = ledger.frontier(subject)
         numbers = ledger.epoch_numbers(subject)
-        floors[subject] = retention_floor(numbers, frontier, partial(ledger.epoch_time, subject), now_ms, policy,
-                                          needs.of(subject), ledger.first_retained(subject))
+        floor = retention_floor(numbers, _frontier(ledger, subject, numbers), partial(ledger.epoch_time, subject),
+                                now_ms, policy, needs.of(subject), ledger.first_retained(subject))
+        floors[subject] = floor, numbers
     for shadow, target in needs.pairs():
         if shadow in floors and target in floors:
-            low = min(floors[shadow], floors[target])
-            floors[shadow] = max(low, ledger.first_retained(shadow))
-            floors[target] = max(low, ledger.first_retained(target))
+            low = min(floors[shadow][0], floors[target][0])
+            for s in (shadow, target):
+                floors[s] = max(low, ledger.first_retained(s)), floors[s][1]
     return floors
 
 
@@ -129,8 +136,7 @@ def collect(ledger: Ledger, keep_epochs: int | None = None, keep_seconds: float 
     if not policy.enabled:
         return report
     names = subjects or ledger.subject_names()
-    for subject, floor in subject_floors(ledger, policy, needs, names).items():
-        numbers = ledger.epoch_numbers(subject)
+    for subject, (floor, numbers) in subject_floors(ledger, policy, needs, names).items():
         gone = victims(numbers, floor)
         report["subjects"][subject] = {"first_retained": floor, "deleted_epochs": len(gone)}
         if not dry_run:
