@@ -180,7 +180,7 @@ class StateStore:
 
     def __contains__(self, key: object) -> bool:
         if key in self._overlay:
-            return self._overlay[key] is not None  # type: ignore[index]
+            return self._overlay[key] is not None
         return isinstance(key, str) and self._base_get(key) is not None
 
     def items(self) -> Iterator[tuple[str, Any]]:
@@ -189,9 +189,9 @@ class StateStore:
         for key, raw in self._base_items():
             if key not in overlay:
                 yield key, json.loads(raw)
-        for key, raw in list(overlay.items()):
-            if raw is not None:
-                yield key, json.loads(raw)
+        for key, pending in list(overlay.items()):
+            if pending is not None:
+                yield key, json.loads(pending)
 
     def __len__(self) -> int:
         n = self._base_len()
@@ -395,8 +395,9 @@ class StateStore:
                             done = True
                             continue
                         raise KafkaException(err)
-                    if m.key() is not None:
-                        keys.add(m.key())
+                    raw = m.key()
+                    if raw is not None:
+                        keys.add(raw)
                 if done:
                     break
         finally:
