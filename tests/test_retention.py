@@ -19,7 +19,7 @@ from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.lineage import SparkLineageLedger
 from aligner.lineage_models import SparkSinkEpochNode, SparkSourceBatchNode
-from aligner.models import ConsumerNode, JobNode, Phase, Range, SubjectNode, SwapNode
+from aligner.models import ConsumerNode, JobNode, Phase, Range, SubjectNode, SwapNode, WorkerEpochNode
 from aligner.retention_policy import RetentionPolicy, first_young, retention_floor, victims
 from tests.conftest import run_cli
 
@@ -175,6 +175,22 @@ def test_a_job_whose_workers_have_not_reported_holds_retention(ledger, subject_n
     jobs.report(f"{subject_name}-j", subject_name, 1, ConsumerNode(subject_epoch=22))
     assert collect(ledger, policy=tight)["subjects"][subject_name]["first_retained"] == 21
     assert ledger.epoch_numbers(subject_name) == list(range(21, 30))
+
+
+def test_a_workers_restart_point_holds_its_epochs(ledger, subject_name):
+    """A consumer report may run ahead of the worker's last committed record, from which a restart loads."""
+    out = f"{subject_name}-out"
+    for name in (subject_name, out):
+        ledger.register_subject(SubjectNode(name=name, topic=name, partitions=1))
+    _write_epochs(ledger, subject_name, "gen", 0, 30)
+    jobs, job = JobLedger(ledger), f"{subject_name}-j"
+    jobs.register(JobNode(job=job, inputs=(subject_name,), output=out, parallelism=1))
+    jobs.report(job, subject_name, 0, ConsumerNode(subject_epoch=25))
+    jobs.ensure_worker_path(job, 0)
+    ledger.multi(jobs.worker_epoch_op(job, 0, WorkerEpochNode(epoch=3, mode="aligned", offsets={},
+                                                              load_from={subject_name: 12})))
+    assert collect(ledger, policy=RetentionPolicy(hours=0, min_epochs=2))["subjects"][subject_name] == {
+        "first_retained": 12, "deleted_epochs": 12}
 
 
 def test_a_swap_in_flight_and_a_shadow_lane_hold_their_epochs(ledger, subject_name):

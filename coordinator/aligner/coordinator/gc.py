@@ -71,6 +71,16 @@ class Needs:
                 self._need(subject, needed_floor(c.subject_epoch))
             if len(consumers) < node.parallelism:  # a worker not started yet reads from the start of retention
                 self._need(subject, self.ledger.first_retained(subject))
+        self._restarts(node)
+
+    def _restarts(self, node: JobNode) -> None:
+        """A worker restarts from its last committed worker epoch: the epochs it would load again stay
+        (its consumer report may run ahead of that record)."""
+        for worker in self.jobs.worker_ids(node.job):
+            numbers = self.jobs.worker_epoch_numbers(node.job, worker)
+            last = self.jobs.worker_epoch_or_none(node.job, worker, numbers[-1]) if numbers else None
+            for subject, first in (last.load_from.items() if last is not None else ()):
+                self._need(subject, first)
 
     def _swaps_and_shadows(self) -> None:
         for swap in self.swaps.values():
