@@ -62,6 +62,7 @@ from aligner.connectors.spark.common import (
 )
 from aligner.connectors.spark.job import JobPlanner
 from aligner.errors import AlignerError
+from aligner.ledger import Ledger
 
 
 def _epoch_of(offset: dict) -> int:
@@ -107,7 +108,7 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._planner
 
     @property
-    def _ledger(self):  # type: ignore[no-untyped-def]
+    def _ledger(self) -> Ledger:
         return ledger_for(self.conn.zk, self.conn.root)
 
     @property
@@ -146,7 +147,7 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.per_batch is None:
             return ReadAllAvailable()
-        return ReadMaxFiles(self.per_batch)  # type: ignore[arg-type]
+        return ReadMaxFiles(self.per_batch)
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._next_uncommitted()
@@ -167,8 +168,8 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             planned = self.planner.plan(firsts, _job_of(start), cap)
             if planned is None:
                 return start
-            end, first, last = planned
-            return self._offset(end, last + 1, first)
+            vector, first, last = planned
+            return self._offset(vector, last + 1, first)
         target = self._target if self._target is not None else self._next_uncommitted()
         ends = {}
         for s, first in firsts.items():
