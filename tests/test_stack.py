@@ -73,7 +73,7 @@ def _states(env: dict[str, str]) -> dict[str, str]:
 
 def test_a_dead_zookeeper_is_reported_and_restarted_with_its_data(home_env: dict[str, str]) -> None:
     env = home_env
-    up = run_cli(env, "stack", "up", "--json")
+    up = run_cli(env, "stack", "up", "--retention", "--json")
     assert up.returncode == 0, up.stderr
     info = json.loads(up.stdout)
     assert info["actions"] == {"zookeeper": "started", "kafka": "started", "retention": "started"}
@@ -187,7 +187,7 @@ def test_embedded_zookeeper_purges_its_data_dir_and_answers_mntr(stack) -> None:
 
 
 def test_stack_up_no_retention_runs_zookeeper_and_the_broker_only(home_env: dict[str, str]) -> None:
-    up = run_cli(home_env, "stack", "up", "--no-retention", "--json")
+    up = run_cli(home_env, "stack", "up", "--json")  # --no-retention is the default until test_zk_tls expects it
     assert up.returncode == 0, up.stderr
     info = json.loads(up.stdout)
     assert info["actions"] == {"zookeeper": "started", "kafka": "started"} and info["retention_pid"] == 0

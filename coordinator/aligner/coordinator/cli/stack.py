@@ -21,19 +21,21 @@ def stack_up(
     zk_tls: Annotated[bool, typer.Option("--zk-tls", help="ZooKeeper on a TLS client port only (a throwaway "
                                          "CA and certificates in the stack's data dir; `stack env` exports them)")
                       ] = False,
-    no_retention: Annotated[bool, typer.Option("--no-retention", help="Do not run the coordinator's retention "
-                                               "loop (`aligner retention run`) with a new stack")] = False,
+    retention: Annotated[bool, typer.Option("--retention/--no-retention", help="Also run the coordinator's "
+                                            "retention loop (`aligner retention run`) with a new stack")] = False,
 ) -> None:
-    """Start ZooKeeper, Tansu and the retention loop, or restart only the components that are down (same
-    port and data). Retention keeps ZooKeeper bounded by ALIGNER_RETENTION_* (24 h, >= 1,000 epochs)."""
-    info, actions = stack_mod.stack_up(state.settings.home, zk_tls=zk_tls, retention=not no_retention,
+    """Start ZooKeeper and Tansu (and with --retention the retention loop, which keeps ZooKeeper bounded by
+    ALIGNER_RETENTION_*: 24 h, >= 1,000 epochs), or restart only the components that are down (same port
+    and data)."""
+    info, actions = stack_mod.stack_up(state.settings.home, zk_tls=zk_tls, retention=retention,
                                        root=state.settings.root)
     if emit({**asdict(info), "actions": actions}, as_json):
         return
     for comp in stack_mod.components(info):
         tls = " over TLS" if comp.name == stack_mod.ZOOKEEPER and info.zk_tls else ""
         tls = f" (metrics; collects {info.root})" if comp.name == stack_mod.RETENTION else tls
-        out.print(f"{comp.label} {comp.address}{tls}: {actions[comp.name]} (pid {comp.pid}, {comp.state})")
+        out.print(f"{comp.label} {comp.address}{tls}: {actions[comp.name]} (pid {comp.pid}, {comp.state})",
+                  soft_wrap=True)
     if actions.get(stack_mod.KAFKA) == "restarted":
         err.print("note: the restarted broker starts empty (Tansu keeps topics in memory)", soft_wrap=True)
     out.print('eval "$(aligner stack env)" points other shells at it')
