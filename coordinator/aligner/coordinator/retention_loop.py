@@ -156,6 +156,11 @@ class RetentionLoop:
             PASSES.labels("failed").inc()
             self.say(f"retention pass failed: {exc}")
             return None
+        except Exception as exc:  # an always-on loop outlives one bad pass; the next interval tries again
+            PASSES.labels("failed").inc()
+            log.exception("retention pass failed")
+            self.say(f"retention pass failed ({type(exc).__name__}): {exc}")
+            return None
         took = time.monotonic() - began
         self.passes += 1
         PASSES.labels("ok").inc()
