@@ -221,6 +221,19 @@ def test_a_swap_in_flight_and_a_shadow_lane_hold_their_epochs(ledger, subject_na
     assert again["jobs"][old] == {"deleted_nodes": 0, "swapped_out": True}
 
 
+def test_batched_deletes_fall_back_one_by_one_when_a_node_changed_meanwhile(ledger, subject_name):
+    """A multi-op of deletes fails as a whole when a node is gone or gained a child since it was listed;
+    its nodes are then deleted one by one, recursively, and only those that existed are counted."""
+    from aligner.retention import Retention
+
+    ledger.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
+    _write_epochs(ledger, subject_name, "gen", 0, 6)
+    lay = ledger.layout
+    paths = [lay.epoch(subject_name, e) for e in range(6)] + [lay.epoch(subject_name, 99)]  # 99: none
+    assert Retention(ledger).delete(paths, depth=0) == 6  # depth 0: the contributions were not listed
+    assert ledger.epoch_numbers(subject_name) == []
+
+
 def test_retention_switched_off_removes_nothing(ledger, subject_name):
     ledger.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
     _write_epochs(ledger, subject_name, "gen", 0, 30)

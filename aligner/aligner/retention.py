@@ -153,6 +153,10 @@ class Retention:
         return deleted
 
     def _delete_one(self, path: str) -> int:
+        """1 if ``path`` existed and is gone with its children (kazoo's recursive delete says nothing of a
+        node that was not there, so existence is asked first)."""
+        if self.ledger.zk.exists(path) is None:
+            return 0
         try:
             self.ledger.zk.delete(path, recursive=True)
             return 1
