@@ -128,7 +128,7 @@ def test_policy_pass_keeps_min_epochs_and_what_a_consumer_needs(stack, ledger, c
     create_subject(ledger, stack.kafka, raw, 2)
     ledger.register_subject(SubjectNode(name=out, topic=out, partitions=1))
     early = _write_epochs(ledger, raw, "early", 0, 100)
-    ledger.finish(early)  # a writer that finished long ago: its producer node goes with its epochs
+    ledger.finish(early)  # a writer that finished long ago (not a swapped-out job: a restart re-opens it)
     _write_epochs(ledger, raw, "gen", 1, 2400)
     assert ledger.frontier(raw) == 2499
     jobs = JobLedger(ledger)
@@ -150,7 +150,7 @@ def test_policy_pass_keeps_min_epochs_and_what_a_consumer_needs(stack, ledger, c
     assert ledger.first_retained(raw) == 701 and ledger.epoch_numbers(raw) == list(range(701, 2500))
     assert lineage.sink_epoch_numbers(raw, "gen") == [701, 2000]
     assert sorted(int(b) for b in ledger.zk.get_children(lay.query_batches("q"))) == [2, 3]
-    assert not ledger.zk.exists(lay.producer(raw, "early", "0")) and ledger.zk.exists(lay.producer(raw, "gen", "0"))
+    assert ledger.zk.exists(lay.producer(raw, "early", "0")) and ledger.zk.exists(lay.producer(raw, "gen", "0"))
     r = run_cli(cli_env, "read", raw, "--epoch", "5")
     assert r.returncode == 1 and "out of retention" in r.stderr and "earliest retained epoch is 701" in r.stderr
 
@@ -197,11 +197,14 @@ def test_a_swap_in_flight_and_a_shadow_lane_hold_their_epochs(ledger, subject_na
     """Nothing of a swap's target from S on goes while the swap is in flight, and a new version's shadow
     and the target it is verified against keep the same floor until the old version is swapped out."""
     raw, target, shadow = subject_name, f"{subject_name}-t", f"{subject_name}-v2.shadow"
-    for name in (raw, target, shadow):
+    old, new = f"{subject_name}-v1", f"{subject_name}-v2"
+    for name in (raw, shadow):
         ledger.register_subject(SubjectNode(name=name, topic=name, partitions=1))
         _write_epochs(ledger, name, "gen", 0, 30)
+    ledger.register_subject(SubjectNode(name=target, topic=target, partitions=2))
+    ledger.finish(_write_epochs(ledger, target, old, 0, 15))  # v1 wrote 0..14 and finished
+    _write_epochs(ledger, target, new, 1, 15)  # v2 writes on from 15, on partitions of its own
     jobs = JobLedger(ledger)
-    old, new = f"{subject_name}-v1", f"{subject_name}-v2"
     jobs.register(JobNode(job=old, inputs=(raw,), output=target, parallelism=1))
     jobs.register(JobNode(job=new, inputs=(raw,), output=target, parallelism=1, follows=old, shadow=shadow))
     for job in (old, new):
@@ -217,6 +220,8 @@ def test_a_swap_in_flight_and_a_shadow_lane_hold_their_epochs(ledger, subject_na
     report = collect(ledger, policy=tight)
     assert ledger.first_retained(target) == 25 and ledger.first_retained(shadow) == 25
     assert report["jobs"][old]["swapped_out"] and not ledger.zk.exists(ledger.layout.sources(old))
+    lay = ledger.layout  # the swapped-out version's producer goes once its epochs have
+    assert not ledger.zk.exists(lay.producer(target, old, "0")) and ledger.zk.exists(lay.producer(target, new, "0"))
     again = collect(ledger, policy=tight)  # a second pass over a swapped-out job is uneventful
     assert again["jobs"][old] == {"deleted_nodes": 0, "swapped_out": True}
 

@@ -12,7 +12,7 @@ many in flight at once (one session applies them in order), so 100k nodes are no
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from kazoo.exceptions import NoNodeError
 
@@ -63,15 +63,16 @@ class Retention:
                 out += [f"{base}/{n}" for n in zk.get_children(base) if n.isdigit() and int(n) < floor]
         return out
 
-    def dead_producers(self, subject: str, floor: int) -> list[str]:
-        """Producer nodes of writers that finished before ``floor``: no epoch they wrote is retained, and
-        a finished writer never writes again (its next offsets are needed by nobody)."""
+    def dead_producers(self, subject: str, floor: int, sinks: Collection[str]) -> list[str]:
+        """Producer nodes of the writers of ``sinks`` (sinks that never write again: swapped-out jobs) that
+        finished before ``floor``: no epoch they wrote is retained. Another finished writer keeps its node,
+        which a restart of it re-opens."""
         doc, _ = self.ledger.writers(subject)
         lay = self.ledger.layout
         out: list[str] = []
         for writer, entry in doc.writers.items():
-            if entry.finished_after is not None and entry.finished_after < floor:
-                sink, producer = split_writer(writer)
+            sink, producer = split_writer(writer)
+            if sink in sinks and entry.finished_after is not None and entry.finished_after < floor:
                 out.append(lay.producer(subject, sink, producer))
         return [p for p in out if self.ledger.zk.exists(p) is not None]
 

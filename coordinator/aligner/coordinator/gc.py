@@ -6,7 +6,7 @@ and by hand (``aligner gc``, whose flags override its bounds). Per subject the f
 lowered to what is still needed: every job consumer's position, a swap in flight (nothing of its
 target from S on), a shadow lane and its target (kept together for ``aligner verify``). The floor is
 written before anything is deleted, so reading a collected epoch is a clear out-of-retention error.
-Below it go the epochs, the Spark sinks' lineage records and the producer nodes of finished writers;
+Below it go the epochs, the Spark sinks' lineage records and the producer nodes of swapped-out jobs;
 Spark queries' micro-batch records whose epochs are all gone; worker records but the last N; job
 epochs below the output's floor but the last N; and what a job swapped out leaves (worker, source
 and decision state, once its sink finished). A changelog subject is never collected (its restore
@@ -151,7 +151,8 @@ def collect(ledger: Ledger, keep_epochs: int | None = None, keep_seconds: float 
         report["subjects"][subject] = {"first_retained": floor, "deleted_epochs": len(gone)}
         if not dry_run:
             report["deleted_nodes"] += retention.collect_subject(subject, floor, gone)
-            report["deleted_nodes"] += retention.delete(retention.dead_producers(subject, floor), depth=0)
+            gone_sinks = [j for j in needs.swaps if needs.swapped_out(j) and needs.finished_sink(ledger, j, subject)]
+            report["deleted_nodes"] += retention.delete(retention.dead_producers(subject, floor, gone_sinks), depth=0)
     report["jobs"] = _collect_jobs(ledger, retention, needs, policy, dry_run)
     report["deleted_nodes"] += 0 if dry_run else sum(j["deleted_nodes"] for j in report["jobs"].values())
     if not dry_run and subjects is None:
