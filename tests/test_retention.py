@@ -400,3 +400,11 @@ def test_a_bad_retention_setting_is_one_line(cli_env):
         r = run_cli({**cli_env, "ALIGNER_RETENTION_MIN_EPOCHS": "many"}, *command)
         lines = [line for line in r.stderr.splitlines() if line.strip()]
         assert r.returncode == 1 and len(lines) == 1 and "ALIGNER_RETENTION_MIN_EPOCHS" in lines[0], r.stderr
+
+
+def test_retention_run_usage_errors_exit_2(cli_env):
+    for args in (["retention", "run", "--every", "0"], ["retention", "run", "--min-epochs", "0"],
+                 ["retention", "run", "--metrics-port", "0"], ["retention", "nonsense"]):
+        r = run_cli(cli_env, *args)
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and "usage error" in lines[0], (args, r.stderr)
