@@ -52,7 +52,7 @@ class Needs:
         for node in self.nodes:
             if not self.swapped_out(node.job):
                 self._consumers(node)
-        self._swaps_and_shadows()
+        self._swaps_in_flight()
 
     def swapped_out(self, job: str) -> bool:
         swap = self.swaps.get(job)
@@ -82,7 +82,7 @@ class Needs:
             for subject, first in (last.load_from.items() if last is not None else ()):
                 self._need(subject, first)
 
-    def _swaps_and_shadows(self) -> None:
+    def _swaps_in_flight(self) -> None:
         for swap in self.swaps.values():
             if swap.phase not in _SETTLED:
                 self._need(swap.target, swap.epoch)
