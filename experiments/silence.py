@@ -103,7 +103,7 @@ def main(minutes: Annotated[float, typer.Option(min=0.1, help="Length of the sil
         producer.start()
         procs = [Proc("aligner.coordinator", *conn, "markers", inp, "--interval", "0.5")]
         for i in range(2):
-            procs.append(Proc("aligner.connectors.runtime", *conn, "--job", job, "--function", "tests.jobs:tag_v1",
+            procs.append(Proc("aligner.connectors.worker", *conn, "--job", job, "--function", "tests.jobs:tag_v1",
                               "--input", inp, "--output", out, "--worker", str(i), "--parallelism", "2",
                               "--interval", "0.5"))
         try:

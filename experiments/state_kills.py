@@ -72,7 +72,7 @@ def main(keys: Annotated[int, typer.Option(min=1)] = 500_000,
                 producer.commit()
             producer.finish()
         print(f"input: {keys} records in {time.monotonic() - t0:.1f}s", flush=True)
-        argv = [sys.executable, "-m", "aligner.connectors.runtime", "--zk", info.zk, "--kafka", info.kafka,
+        argv = [sys.executable, "-m", "aligner.connectors.worker", "--zk", info.zk, "--kafka", info.kafka,
                 "--root", root, "--job", job, "--function", "experiments.state_kills:keep", "--input", inp,
                 "--output", out, "--interval", "1.0", "--state", state, "--state-dir", state_dir]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}

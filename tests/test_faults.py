@@ -2,7 +2,7 @@
 
 These tests run on a stack of their own (they kill its ZooKeeper and pause its broker). Every
 component is a real process: an outside producer (a thread of the test, plain confluent-kafka),
-the epoch marker (``aligner markers``) and two job workers (``python -m aligner.connectors.runtime``).
+the epoch marker (``aligner markers``) and two job workers (``python -m aligner.connectors.worker``).
 Outage lengths are the tests' input; every other wait is on a condition with a liveness bound.
 """
 
@@ -115,7 +115,7 @@ class Chain:
 
     def start_worker(self, index: int, interval: float = 0.3, opened: bool = True) -> Worker:
         """Worker ``index`` of the job; with ``opened``, once it says it opened (not while ZooKeeper is down)."""
-        w = Worker("aligner.connectors.runtime", "--zk", self.info.zk, "--kafka", self.info.kafka, "--root", self.root,
+        w = Worker("aligner.connectors.worker", "--zk", self.info.zk, "--kafka", self.info.kafka, "--root", self.root,
                    "--job", self.job, "--function", "tests.jobs:tag_v1", "--input", self.inp, "--output", self.out,
                    "--worker", str(index), "--parallelism", "2", "--interval", str(interval))
         self.procs.append(w)

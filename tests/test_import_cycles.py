@@ -13,23 +13,9 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 PORTIONS = ("aligner", "connectors", "coordinator")
 """Top-level folders, each a portion of the namespace package ``aligner``."""
-
-KNOWN: list[frozenset[str]] = [
-    # connectors/runtime.py <-> worker.py: the worker shell and the worker, being split (issue 18 item 1)
-    frozenset({"aligner.connectors.runtime", "aligner.connectors.worker"}),
-    # connectors/spark/job.py <-> writer.py through writer's function-local imports (issue 18 item 1)
-    frozenset({"aligner.connectors.spark.job", "aligner.connectors.spark.writer"}),
-    # coordinator/cli/__init__.py <-> its sub-apps, the CLI being made a package (issue 18 item 3)
-    frozenset({"aligner.coordinator.cli", "aligner.coordinator.cli.acl", "aligner.coordinator.cli.epochs"}),
-]
-"""Cycles known in other owners' files, being removed there (issue 18 item 3): expected to fail until then.
-Never a cycle with a module of aligner/ (the ledger and protocol layer)."""
-
 
 def modules() -> dict[str, Path]:
     """Module name -> file, for every Python file of the product."""
@@ -133,11 +119,6 @@ def test_no_import_cycle_touches_aligner() -> None:
     assert found == [], "aligner/ (ledger and protocol) has import cycles:\n" + "\n".join(map(str, found))
 
 
-def test_no_unknown_import_cycle() -> None:
-    found = [sorted(c) for c in cycles(graph()) if c not in KNOWN]
+def test_no_import_cycle() -> None:
+    found = [sorted(c) for c in cycles(graph())]
     assert found == [], "import cycles (function-local imports count):\n" + "\n".join(map(str, found))
-
-
-@pytest.mark.xfail(bool(KNOWN), reason="known cycles in other owners' files, being removed there", strict=False)
-def test_known_cycles_are_gone() -> None:
-    assert [sorted(c) for c in cycles(graph()) if c in KNOWN] == []

@@ -29,7 +29,7 @@ def test_job_killed_twenty_times_outputs_every_result_once(stack, root, ledger, 
     rng = random.Random(7)
     attempts = []
     for _ in range(KILLS):
-        w = spawn.worker("aligner.connectors.runtime", *args)
+        w = spawn.worker("aligner.connectors.worker", *args)
         opened = w.wait_line(lambda line: line.startswith("open"), timeout=LIVE)
         attempts.append(opened)
         # Kill at a random point: right after opening, mid-epoch, or after some commits.
@@ -39,7 +39,7 @@ def test_job_killed_twenty_times_outputs_every_result_once(stack, root, ledger, 
         w.kill()
     kills_done.set()
     gen.finished()
-    w = spawn.worker("aligner.connectors.runtime", *args)
+    w = spawn.worker("aligner.connectors.worker", *args)
     w.finish(timeout=LIVE)
     assert len({a.split("attempt=")[1] for a in attempts}) == KILLS
     assert_exactly_once(read_all(ledger, stack.kafka, x), gen.sent)

@@ -344,7 +344,7 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:300]}"
 
 
-if __name__ == "__main__":  # the documented `python -m aligner.connectors.runtime`; the process is worker.py's
-    from aligner.connectors.worker import main
+if __name__ == "__main__":  # `python -m aligner.connectors.runtime`, the older spelling of `aligner-worker`
+    import runpy
 
-    main()
+    runpy.run_module("aligner.connectors.worker", run_name="__main__", alter_sys=True)

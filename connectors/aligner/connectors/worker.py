@@ -1,6 +1,6 @@
 """A job worker as a process or a thread: the always-on shell around :class:`JobWorker`.
 
-``python -m aligner.connectors.runtime --job J --function mod:fn --input IN --output OUT`` (or
+``python -m aligner.connectors.worker --job J --function mod:fn --input IN --output OUT`` (or
 ``python -m aligner.connectors.worker``) runs one worker until its inputs finish: SIGTERM or SIGINT
 stops it within seconds with exit 0 and nothing lost (the open epoch is aborted and written again
 by the next incarnation); a mistake is one line on stderr with exit 1 (2 for usage).

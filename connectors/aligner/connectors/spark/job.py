@@ -51,6 +51,7 @@ from aligner.connectors.spark.job_node import (
     swap_out,
     wait_target,
 )
+from aligner.connectors.spark.writer import load_slots, open_slots
 from aligner.connectors.subjects import ensure_shadow
 from aligner.coverage import Next
 from aligner.epoch_step import Act, Seen
@@ -79,8 +80,6 @@ so ``query.stop()`` is never held up for long."""
 
 def sink_slots(ledger: Ledger, kafka: str, node: JobNode) -> list[Lease]:
     """The job's sink producers (claimed the first time, idempotent): sink id = job id."""
-    from aligner.connectors.spark.writer import open_slots
-
     parts = output_partitions(ledger, node)
     return open_slots(ledger, kafka, node.output, node.job, len(parts), parts)
 
@@ -88,8 +87,6 @@ def sink_slots(ledger: Ledger, kafka: str, node: JobNode) -> list[Lease]:
 def shadow_slots(ledger: Ledger, kafka: str, node: JobNode, epoch: int) -> list[Lease]:
     """The producers of the job's shadow subject (shaped like its output, created the first time),
     brought to ``epoch``: the shadow's epoch E holds what the batch of job epoch E voided."""
-    from aligner.connectors.spark.writer import open_slots
-
     assert node.shadow is not None
     ensure_shadow(ledger, kafka, node.shadow, node.output)
     parts = output_partitions(ledger, node)
@@ -204,8 +201,6 @@ class JobPlanner:
 
     def _finish_shadow(self) -> None:
         """After the swap the new version writes the target: its shadow ends where its voided output did."""
-        from aligner.connectors.spark.writer import load_slots
-
         writers, _ = self.ledger.writers(self.node.shadow)  # type: ignore[arg-type]
         if writers.writers:
             for lease in load_slots(self.ledger, self.node.shadow, self.node.job,  # type: ignore[arg-type]

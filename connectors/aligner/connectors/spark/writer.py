@@ -66,6 +66,16 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 from aligner.connectors.kafka import end_offsets, transactional_id
 from aligner.connectors.sink import partitions_for
 from aligner.connectors.spark.common import AlignedOptionError, Connection, int_option, ledger_for, opt
+from aligner.connectors.spark.job_node import (
+    awaits,
+    batch_writes,
+    job_of,
+    output_partitions,
+    report,
+    swap_in,
+    wait_target,
+)
+from aligner.connectors.spark.lineage import source_batch
 from aligner.connectors.spark.models import SparkProgressNode, SparkSinkEpochNode
 from aligner.connectors.stamped import StampedProducer, epoch_ranges
 from aligner.errors import AlignerError
@@ -221,16 +231,12 @@ def slot_contributions(leases: list[Lease], by_slot: dict[int, SlotCommit], batc
 
 
 def source_read(ledger: Ledger, query: str | None, batch_id: int) -> bool:
-    from aligner.connectors.spark.lineage import source_batch
-
     return bool(query) and bool(source_batch(ledger, query, batch_id))  # type: ignore[arg-type]
 
 
 def job_span(ledger: Ledger, query: str | None, batch_id: int) -> tuple[tuple[int, int], dict[str, int]]:
     """The job epochs a micro-batch of a job's query covers (recorded by its read tasks), and the last
     subject epoch it read per subject."""
-    from aligner.connectors.spark.lineage import source_batch
-
     read = source_batch(ledger, query, batch_id) if query else {}
     spans = {(r.job_first, r.job_last) for r in read.values() if r.job_first is not None and r.job_last is not None}
     if len(spans) != 1:
@@ -247,8 +253,6 @@ def commit_job_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any]
     producers' next one to b close empty, the last with the batch's progress, so a re-run after a
     restart is recognised; a batch entirely before the producers' first epoch records its progress only.
     Returns the target epoch it committed with the progress, or None."""
-    from aligner.connectors.spark.job import awaits, batch_writes, job_of, report, swap_in, wait_target
-
     subject, sink = spec.conn.subject, spec.sink
     node = job_of(ledger, spec.job or sink)
     msgs = [m for m in messages if isinstance(m, SlotCommit)]
@@ -347,14 +351,13 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
         conn = self.spec.conn
         ledger = ledger_for(conn.zk, conn.root)
         if self.spec.job is not None:
-            from aligner.connectors.spark.job import job_of, output_partitions, sink_slots
-
             node = job_of(ledger, self.spec.job)
             if node.output != conn.subject:
                 raise AlignedOptionError(f"job {node.job!r} is registered writing {node.output!r}, not "
                                          f"{conn.subject!r}")
-            self.producers = len(output_partitions(ledger, node))
-            sink_slots(ledger, conn.kafka, node)
+            parts = output_partitions(ledger, node)
+            self.producers = len(parts)
+            open_slots(ledger, conn.kafka, node.output, node.job, len(parts), parts)  # sink id = job id
             return
         partitions = ledger.subject(conn.subject).partitions
         self.producers = self.spec.producers or partitions
@@ -406,8 +409,6 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
         """A job's task: whether its micro-batch voids its output (decided as the driver's commit does; the
         batch's read tasks recorded its job epochs before any row reached this one), and the shadow
         subject that takes the voided output instead, if the job has one."""
-        from aligner.connectors.spark.job import batch_writes, job_of, swap_in
-
         conn = self.spec.conn
         ledger = ledger_for(conn.zk, conn.root)
         batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
