@@ -25,6 +25,7 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 
 from aligner.connectors import kafka as kafka_module
+from aligner.connectors.job_spec import JobSpec
 from aligner.connectors.kafka import QUIET, FetchingConsumer, fetched_end_offsets
 from aligner.connectors.marker import EpochMarker
 from aligner.connectors.reader import EpochReader
@@ -32,6 +33,8 @@ from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import EmbeddedStack, StackInfo, wait_for
 from aligner.ledger import Ledger
 from aligner.models import Range
+from tests.jobs import tag_v1
+from tests.streams import JobThread, assert_exactly_once, read_all
 
 LIVE = 180.0
 """Liveness bound (seconds) on waits for progress: generous, for a busy machine; never a speed check."""
@@ -59,8 +62,13 @@ def slow_stack() -> Iterator[StackInfo]:
 
 
 @pytest.fixture(scope="module")
-def slow_ledger(slow_stack: StackInfo) -> Iterator[Ledger]:
-    led = Ledger.connect(slow_stack.zk, f"/slow-{uuid.uuid4().hex[:8]}")
+def slow_root() -> str:
+    return f"/slow-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def slow_ledger(slow_stack: StackInfo, slow_root: str) -> Iterator[Ledger]:
+    led = Ledger.connect(slow_stack.zk, slow_root)
     yield led
     led.close()
 
@@ -258,9 +266,9 @@ class Paced:
 
 
 @pytest.fixture
-def owned() -> Iterator[list[MarkerThread | CaughtUp | Paced | ReaderThread]]:
+def owned() -> Iterator[list[MarkerThread | CaughtUp | Paced | ReaderThread | JobThread]]:
     """Threads of a test, closed in reverse order on every path."""
-    things: list[MarkerThread | CaughtUp | Paced | ReaderThread] = []
+    things: list[MarkerThread | CaughtUp | Paced | ReaderThread | JobThread] = []
     try:
         yield things
     finally:
@@ -274,12 +282,14 @@ def owned() -> Iterator[list[MarkerThread | CaughtUp | Paced | ReaderThread]]:
 
 
 def test_chain_moves_again_after_a_broker_pause_on_a_partition_past_30k_batches(
-        slow_stack: StackInfo, slow_ledger: Ledger, big: tuple[str, int],
-        owned: list[MarkerThread | CaughtUp | Paced | ReaderThread], caplog: pytest.LogCaptureFixture) -> None:
-    """A marker, caught-up consumers and a producer on a partition past 30k batches; the broker paused
-    for 10 s, and a reader of a 60k-batch partition started during the pause. The marker commits an
-    epoch with new records and the reader finishes within 30 s of the pause's end, with no false
-    DataLossError; then every record of the paused partition is read back exactly once."""
+        slow_stack: StackInfo, slow_root: str, slow_ledger: Ledger, big: tuple[str, int],
+        owned: list[MarkerThread | CaughtUp | Paced | ReaderThread | JobThread],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A marker, a job, caught-up consumers and a producer on a partition past 30k batches; the broker
+    paused for 10 s, and a reader of a 60k-batch partition started during the pause. The marker commits
+    an epoch with new records, the job reads records past the pause and the reader finishes, each within
+    30 s of the pause's end, with no false DataLossError; then the paused partition is read back
+    exactly once, and the job's output holds every record's result exactly once."""
     subject = f"in-{uuid.uuid4().hex[:8]}"
     kafka = slow_stack.kafka
     create_subject(slow_ledger, kafka, subject, 1)
@@ -287,6 +297,17 @@ def test_chain_moves_again_after_a_broker_pause_on_a_partition_past_30k_batches(
     marker = MarkerThread(slow_ledger, kafka, subject)
     owned.append(marker)
     wait_for(lambda: marker.covered() >= STALLING, LIVE, f"the marker to cover {STALLING} batches", interval=0.1)
+    out = f"out-{subject}"
+    create_subject(slow_ledger, kafka, out, 1)
+    job = JobThread(slow_stack, slow_root, JobSpec(job=f"job-{subject}", inputs=(subject,), output=out, interval=0.3),
+                    tag_v1)
+    owned.append(job)
+
+    def job_at() -> int:
+        source = job.worker.source
+        return 0 if source is None else source.offsets().get(subject, {}).get(0, 0)
+
+    wait_for(lambda: job_at() >= STALLING, LIVE, f"the job to read {STALLING} batches", interval=0.1)
     owned.append(CaughtUp(kafka, subject, STALLING))
     producer = Paced(kafka, subject, STALLING)
     owned.append(producer)
@@ -304,11 +325,15 @@ def test_chain_moves_again_after_a_broker_pause_on_a_partition_past_30k_batches(
     wait_for(lambda: marker.covered() > before, LIVE, "the marker to commit an epoch with new records", interval=0.1)
     moved = next(t for t, end in marker.marks if end > before) - resumed
     assert moved <= MOVE_WITHIN, f"the marker moved again {moved:.1f}s after the pause ended"
+    wait_for(lambda: job_at() > before, LIVE, "the job to read records produced after the pause", interval=0.1)
+    job_moved = time.monotonic() - resumed
+    assert job_moved <= MOVE_WITHIN, f"the job read past the pause {job_moved:.1f}s after it ended"
     wait_for(lambda: reader.done_at is not None or bool(reader.error), LIVE, "the reader to finish", interval=0.1)
     assert not reader.error, reader.error
     assert reader.done_at is not None and reader.done_at - resumed <= MOVE_WITHIN
     assert len(reader.got) == BIG and sorted(reader.got) == list(range(BIG))
-    print(f"after the pause: marker moved in {moved:.1f}s, the reader finished in {reader.done_at - resumed:.1f}s")
+    print(f"after the pause: marker moved in {moved:.1f}s, the job in {job_moved:.1f}s, the reader finished in "
+          f"{reader.done_at - resumed:.1f}s")
 
     sent = producer.close()
     wait_for(lambda: marker.covered() >= sent, LIVE, f"the marker to cover all {sent} records", interval=0.1)
@@ -317,6 +342,9 @@ def test_chain_moves_again_after_a_broker_pause_on_a_partition_past_30k_batches(
     with EpochReader(slow_ledger, kafka) as reader:
         got = numbers(reader, subject, first, last)
     assert len(got) == sent and sorted(got) == list(range(sent)), "every record once, nothing else"
+    wait_for(lambda: len({v["in"]["n"] for _, v in read_all(slow_ledger, kafka, out)}) >= sent, LIVE,
+             f"all {sent} inputs to reach {out}", interval=1.0)
+    assert_exactly_once(read_all(slow_ledger, kafka, out), sent)
 
 
 def test_stall_warns_once_names_the_partition_and_clears(caplog: pytest.LogCaptureFixture) -> None:
