@@ -187,7 +187,7 @@ def test_embedded_zookeeper_purges_its_data_dir_and_answers_mntr(stack) -> None:
 
 
 def test_stack_up_no_retention_runs_zookeeper_and_the_broker_only(home_env: dict[str, str]) -> None:
-    up = run_cli(home_env, "stack", "up", "--json")  # --no-retention is the default until test_zk_tls expects it
+    up = run_cli(home_env, "stack", "up", "--no-retention", "--json")
     assert up.returncode == 0, up.stderr
     info = json.loads(up.stdout)
     assert info["actions"] == {"zookeeper": "started", "kafka": "started"} and info["retention_pid"] == 0

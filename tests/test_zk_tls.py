@@ -162,7 +162,8 @@ def test_stack_up_zk_tls_env_and_status(detached_home: dict[str, str]) -> None:
     found = run_cli(detached_home, "status", "--json")  # no exports: the stack's state file names the files
     assert found.returncode == 0, found.stderr
     states = run_cli(detached_home, "stack", "status", "--json")
-    assert [c["state"] for c in json.loads(states.stdout)["components"]] == ["up", "up"]
+    assert [c["state"] for c in json.loads(states.stdout)["components"]] == ["up", "up", "up"]  # retention too
     again = run_cli(detached_home, "stack", "up", "--zk-tls", "--json")  # a TLS stack keeps running as it is
     assert again.returncode == 0 and json.loads(again.stdout)["actions"] == {"zookeeper": "running",
-                                                                            "kafka": "running"}, again.stderr
+                                                                            "kafka": "running",
+                                                                            "retention": "running"}, again.stderr

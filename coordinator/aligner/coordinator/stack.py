@@ -5,7 +5,7 @@ Two ways to run it:
 - :class:`EmbeddedStack`, owned by one process (tests, benchmarks): its children die with it.
 - the detached stack of ``aligner stack up|status|env|down``, which outlives the command. Its
   coordinates (addresses with their ports, pids, data directory) are kept in ``HOME/stack.json``.
-  Started with ``--retention`` it also runs ``aligner retention run`` (the coordinator's
+  Unless started with ``--no-retention`` it also runs ``aligner retention run`` (the coordinator's
   retention loop on the stack's root, metrics on a free port), so a long local run keeps ZooKeeper
   bounded by the retention policy (``ALIGNER_RETENTION_*``) without an operator.
 
@@ -571,7 +571,7 @@ def _restart(info: StackInfo, name: str, timeout: float) -> int:
     return proc.pid
 
 
-def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False, retention: bool = False,
+def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False, retention: bool = True,
              root: str = "/aligner") -> tuple[StackInfo, dict[str, str]]:
     """Start the detached stack, or restart only its components that are down.
 

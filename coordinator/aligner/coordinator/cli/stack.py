@@ -22,7 +22,7 @@ def stack_up(
                                          "CA and certificates in the stack's data dir; `stack env` exports them)")
                       ] = False,
     retention: Annotated[bool, typer.Option("--retention/--no-retention", help="Also run the coordinator's "
-                                            "retention loop (`aligner retention run`) with a new stack")] = False,
+                                            "retention loop (`aligner retention run`) with a new stack")] = True,
 ) -> None:
     """Start ZooKeeper and Tansu (and with --retention the retention loop, which keeps ZooKeeper bounded by
     ALIGNER_RETENTION_*: 24 h, >= 1,000 epochs), or restart only the components that are down (same port
