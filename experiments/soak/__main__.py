@@ -125,6 +125,7 @@ def main(
     out: Annotated[Path, typer.Option(help="Directory of soak.json, soak.png and the run's logs")] = RESULTS / "soak",
 ) -> None:
     """Soak the chaos chain; exit 1 with one line on a stall, an anomaly or growth after the window."""
+    out = out.resolve()  # the stack's zoo.cfg names its data dir under it, and ZooKeeper runs elsewhere
     run = plan_run(seed, minutes, fault_every, swap_every, faust, out / "run")
     run.rate, run.interval, run.inherit_state = rate, interval, inherit_state
     console.print(f"[bold]soak, seed {seed}[/]: {minutes:g} min, {len(run.faults)} faults, "
