@@ -39,7 +39,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic
@@ -359,7 +359,7 @@ class StateStore:
                     for m in kept:
                         key = m.key()
                         if key is None:
-                            raise UndecodableRecordError(meta.name, epoch, partition, m.offset(),
+                            raise UndecodableRecordError(meta.name, epoch, partition, cast(int, m.offset()),
                                                          "a changelog record without a key")
                         batch.append((key, m.value()))
                     records += len(kept)

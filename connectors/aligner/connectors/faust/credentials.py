@@ -55,11 +55,11 @@ def ssl_context(props: Mapping[str, str], source: str | None = None) -> ssl.SSLC
         ctx = ssl.create_default_context(cafile=ca if ca and not os.path.isdir(ca) else None,
                                          capath=ca if ca and os.path.isdir(ca) else None,
                                          cadata=props.get("ssl.ca.pem") or None)
-        cert, key = props.get("ssl.certificate.location"), props.get("ssl.key.location")
-        if bool(cert) != bool(key):
+        cert, cert_key = props.get("ssl.certificate.location"), props.get("ssl.key.location")
+        if bool(cert) != bool(cert_key):
             raise KafkaConfigError(f"{where}: ssl.certificate.location and ssl.key.location go together")
-        if cert and key:
-            ctx.load_cert_chain(cert, key, password=props.get("ssl.key.password") or None)
+        if cert and cert_key:
+            ctx.load_cert_chain(cert, cert_key, password=props.get("ssl.key.password") or None)
         if props.get("ssl.cipher.suites"):
             ctx.set_ciphers(props["ssl.cipher.suites"])
     except (OSError, ssl.SSLError) as exc:

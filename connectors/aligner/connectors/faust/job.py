@@ -84,8 +84,13 @@ def configure(app: faust.App) -> faust.App:
     if app.configured:
         _tune(app.conf)
     else:
-        app.on_configured.connect(lambda _sender, conf=None, **_kw: _tune(conf))
+        app.on_configured.connect(_tune_when_configured)
     return app
+
+
+def _tune_when_configured(_sender: Any, /, *args: Any, signal: Any, **kw: Any) -> None:
+    """Faust's ``on_configured`` signal handler: the app's configuration comes as ``conf``."""
+    _tune(kw.get("conf", args[0] if args else None))
 
 
 def faust_app(app_id: str, *, kafka: str | None = None, **overrides: Any) -> faust.App:
@@ -275,13 +280,19 @@ class _JobService(Service):
         worker = root.data if root is not None else None
         if not isinstance(worker, ModeWorker) or threading.current_thread() is not threading.main_thread():
             return
-        handlers = {signum: getattr(worker, name, None)
-                    for signum, name in ((signal.SIGTERM, "_on_sigterm"), (signal.SIGINT, "_on_sigint"))}
-        if not all(callable(h) for h in handlers.values()):
+        handlers: dict[int, Callable[[], None]] = {
+            signum: h for signum, name in ((signal.SIGTERM, "_on_sigterm"), (signal.SIGINT, "_on_sigint"))
+            if callable(h := getattr(worker, name, None))}
+        if len(handlers) < 2:
             return
         self._faust_worker = worker
         for signum, faust_handler in handlers.items():
             loop.add_signal_handler(signum, self._on_stop_signal, faust_handler)
+
+    def _exit_if_clean(self, worker: ModeWorker) -> None:
+        """At interpreter exit after a clean shutdown: skip the slow teardown of Faust's modules."""
+        if worker.crash_reason is None:
+            _exit_now(self._exit_code)
 
     def _on_stop_signal(self, faust_handler: Callable[[], None]) -> None:
         """Stop the job at once; a watchdog ends the process if Faust's shutdown outlasts the grace
@@ -295,7 +306,7 @@ class _JobService(Service):
             timer = threading.Timer(grace, lambda: _exit_now(self._exit_code, f"stop took over {grace:.1f}s"))
             timer.daemon = True
             timer.start()
-            atexit.register(lambda: worker.crash_reason is None and _exit_now(self._exit_code))
+            atexit.register(self._exit_if_clean, worker)
         faust_handler()
 
     def _finished(self, error: BaseException | None) -> None:

@@ -27,10 +27,16 @@ Streaming reads and writes: see :mod:`aligner.connectors.spark.stream` and :mod:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    InputPartition,
+)
 from pyspark.sql.types import StructType
 
 from aligner.connectors.spark.common import (
@@ -64,19 +70,19 @@ class AlignedDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         return AlignedBatchReader(self.options, schema)
 
-    def streamReader(self, schema: StructType):  # type: ignore[no-untyped-def]
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from aligner.connectors.spark.stream import AlignedStreamReader
 
         return AlignedStreamReader(self.options, schema)
 
-    def streamWriter(self, schema: StructType, overwrite: bool):  # type: ignore[no-untyped-def]
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from aligner.connectors.spark.writer import AlignedStreamWriter
 
         return AlignedStreamWriter(self.options, schema)
 
 
 class AlignedBatchReader(DataSourceReader):
-    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.conn = Connection.from_options(options)
         self.options = dict(options)
         self.schema = schema

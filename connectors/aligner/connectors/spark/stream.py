@@ -37,7 +37,7 @@ Spark query writes onto the subject epochs it read.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -87,7 +87,7 @@ def _job_of(offset: dict) -> int | None:
 
 
 class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.conn = Connection.from_options(options, multi=True)
         self.schema = schema
         self.starting = int_option(options, "startingEpoch", None)

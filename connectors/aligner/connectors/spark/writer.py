@@ -54,7 +54,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime
 from typing import Any
@@ -123,7 +123,7 @@ class SinkSpec:
     """Run as this registered aligned job (:mod:`aligner.connectors.spark.job`): the sink id is the job id."""
 
     @classmethod
-    def from_options(cls, options: dict[str, str]) -> SinkSpec:
+    def from_options(cls, options: Mapping[str, str]) -> SinkSpec:
         conn = Connection.from_options(options)
         job = opt(options, "job") or None
         sink = opt(options, "sinkId") or job
@@ -340,7 +340,7 @@ def _as_bytes(v: Any) -> bytes | None:
 
 
 class AlignedStreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.spec = SinkSpec.from_options(dict(options))
         self.schema = schema
         names = schema.fieldNames()
