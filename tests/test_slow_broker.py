@@ -367,3 +367,28 @@ def test_stall_warns_once_names_the_partition_and_clears(caplog: pytest.LogCaptu
     assert "in[1]" in lines[0] and "offset 5" in lines[0] and "fetches take 0.3 s" in lines[0]
     assert "in[1] moves again after 16s" in lines[1]
     assert gauge._value.get() == 0 and stall.cause is None and stall.idle() == 0
+
+
+def test_a_source_with_the_ten_ms_wait_reads_a_large_partition(slow_stack: StackInfo, slow_ledger: Ledger,
+                                                               big: tuple[str, int], old_wait: None) -> None:
+    """A job's source on the 60k-batch partition with the old 10 ms wait: its watchdog raises the wait
+    until fetches answer, and it reads every record of the epoch exactly once."""
+    from aligner.connectors.source import SubjectSource
+
+    subject, epoch = big
+    source = SubjectSource(slow_ledger, slow_stack.kafka, {subject: [0]})
+    got: list[int] = []
+    try:
+        assert source._fetching.wait_ms == 10
+        source.set_limit(subject, epoch)
+
+        def read() -> bool:
+            source.load()
+            got.extend(json.loads(r.value or b"{}")["n"] for r in source.poll(timeout=0.05))
+            return source.consumed(subject) >= epoch
+
+        wait_for(read, LIVE, f"the source to consume epoch {epoch}", interval=0.0)
+        assert source._fetching.wait_ms > 10
+    finally:
+        source.close()
+    assert len(got) == BIG and sorted(got) == list(range(BIG))

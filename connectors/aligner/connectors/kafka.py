@@ -261,10 +261,12 @@ class FetchingConsumer:
     live consumer, so the consumer is replaced; its owner assigns the new one where it stood."""
 
     def __init__(self, bootstrap: str, extra: Mapping[str, Any] | None = None, wait_ms: int | None = None) -> None:
-        """``wait_ms``: the first fetch wait (default: the client properties file's, else FETCH_WAIT_MS)."""
+        """``wait_ms``: the first fetch wait when neither ``extra`` nor the client properties file sets one
+        (default FETCH_WAIT_MS)."""
         self.bootstrap = bootstrap
         self.extra = dict(extra or {})
-        configured = int(consumer_config(bootstrap, self.extra, wait_ms)["fetch.wait.max.ms"])
+        configured = self.extra.get("fetch.wait.max.ms", client_properties().get("fetch.wait.max.ms", wait_ms))
+        configured = int(configured if configured is not None else FETCH_WAIT_MS)
         self.wait_ms = max(configured, _learned.get(bootstrap, 0))
         self.consumer = Consumer(consumer_config(bootstrap, self.extra, self.wait_ms))
         self.reopened = 0
