@@ -211,6 +211,39 @@ def test_replaying_changes_reproduces_the_store(epochs: list[tuple[list[tuple[bo
             store.close()
 
 
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(epochs=st.lists(st.tuples(st.lists(st.tuples(st.booleans(), _keys, st.booleans()), max_size=25),
+                                 st.booleans()), max_size=8), rocks=st.booleans())
+def test_len_counts_exactly_however_often_it_is_asked(epochs: list[tuple[list[tuple[bool, str, bool]], bool]],
+                                                      rocks: bool) -> None:
+    """len() is counted incrementally (only keys changed since the last len()): it equals the number of live
+    keys whether it is asked after every change, after some, or once per epoch, across commits and aborts."""
+    with tempfile.TemporaryDirectory() as tmp:
+        store = RocksStore(Path(tmp) / "db") if rocks else MemoryStore()
+        model: set[str] = set()
+        try:
+            for epoch, (ops, commits) in enumerate(epochs):
+                pending = set(model)
+                for is_put, key, ask in ops:
+                    if is_put:
+                        store.put(key, epoch)
+                        pending.add(key)
+                    else:
+                        store.delete(key)
+                        pending.discard(key)
+                    if ask:
+                        assert len(store) == len(pending)
+                assert len(store) == len(pending) == sum(1 for _ in store.items())
+                if commits:
+                    store.mark_committed(epoch)
+                    model = pending
+                else:
+                    store.rollback()
+                assert len(store) == len(model)
+        finally:
+            store.close()
+
+
 # ---- restore from the changelog on the stack -----------------------------------------------------
 
 def test_restore_is_exact_at_every_epoch(stack, ledger, changelog) -> None:

@@ -129,6 +129,16 @@ class StateStore:
     def __init__(self) -> None:
         self._overlay: dict[str, bytes | None] = {}
         self._tag: Tag | None = None
+        self._forget_count()
+
+    def _forget_count(self) -> None:
+        """``len`` counts the open epoch's effect incrementally: only keys changed since the last ``len`` are
+        looked at again (and each key in the base once per epoch), so a job calling ``len(state)`` per record
+        pays O(1) amortized, not O(keys changed this epoch)."""
+        self._unsynced: set[str] = set()
+        self._effect: dict[str, int] = {}
+        self._in_base: dict[str, bool] = {}
+        self._len_delta = 0
 
     # ---- backend, implemented by subclasses ----
     def _base_get(self, key: str) -> bytes | None:
@@ -154,6 +164,7 @@ class StateStore:
     def close(self) -> None:
         """Release the backend; uncommitted changes are dropped (they were never committed)."""
         self._overlay.clear()
+        self._forget_count()
 
     def __enter__(self) -> StateStore:
         return self
@@ -174,9 +185,11 @@ class StateStore:
         except (TypeError, ValueError) as exc:
             raise AlignerError(f"state value for key {key!r:.60} is not JSON-serialisable: {exc}") from None
         self._overlay[key] = raw
+        self._unsynced.add(key)
 
     def delete(self, key: str) -> None:
         self._overlay[key] = None
+        self._unsynced.add(key)
 
     def __contains__(self, key: object) -> bool:
         if key in self._overlay:
@@ -194,11 +207,15 @@ class StateStore:
                 yield key, json.loads(pending)
 
     def __len__(self) -> int:
-        n = self._base_len()
-        for key, raw in self._overlay.items():
-            present = self._base_get(key) is not None
-            n += (raw is not None) - present
-        return n
+        for key in self._unsynced:
+            in_base = self._in_base.get(key)
+            if in_base is None:
+                in_base = self._in_base[key] = self._base_get(key) is not None
+            effect = (self._overlay[key] is not None) - in_base
+            self._len_delta += effect - self._effect.get(key, 0)
+            self._effect[key] = effect
+        self._unsynced.clear()
+        return self._base_len() + self._len_delta
 
     # ---- epochs ----
     def changes(self) -> Iterator[tuple[str, bytes | None]]:
@@ -235,12 +252,14 @@ class StateStore:
         identity = "" if self._tag is None else self._tag.identity
         self._base_apply(self._overlay.items(), Tag(identity, epoch, end))
         self._overlay = {}
+        self._forget_count()
 
     def mark_all_changed(self) -> None:
         """Every key counts as changed in the open epoch: the next changelog epoch carries the whole state.
 
         For a store restored from another changelog (a hot-swap's new version starting from the old
-        version's state as of epoch S): its own changelog then holds that state too. O(state), once."""
+        version's state as of epoch S): its own changelog then holds that state too. O(state), once.
+        ``len`` is unchanged: each key added here holds its base value, an effect of 0."""
         overlay = self._overlay
         for key, raw in self._base_items():
             overlay.setdefault(key, raw)
@@ -248,6 +267,7 @@ class StateStore:
     def rollback(self) -> None:
         """Forget the changes of the open (aborted) epoch: the store is as of its tag again."""
         self._overlay = {}
+        self._forget_count()
 
     # ---- restore ----
     def restore(self, ledger: Ledger, bootstrap: str, subject: str, partition: int, upto_epoch: int | None, *,
@@ -262,6 +282,7 @@ class StateStore:
         """
         began = time.monotonic()
         self._overlay = {}
+        self._forget_count()
         meta = ledger.subject(subject)
         if not 0 <= partition < meta.partitions:
             raise AlignerError(f"changelog {subject!r} has partitions 0..{meta.partitions - 1}, not {partition}")
