@@ -94,10 +94,26 @@ class EpochReader:
         self.ledger = ledger
         self.stall_timeout = stall_timeout
         self._bootstrap = bootstrap
+        self._extra = consumer_extra
         self._fetching = FetchingConsumer(bootstrap, consumer_extra)
+        self._pool = [self._fetching]
+        self._used: dict[int, float] = {}
+        """When each pooled consumer last finished a partition (by id)."""
 
     def close(self) -> None:
-        self._fetching.close()
+        for fc in self._pool:
+            fc.close()
+
+    def _next_consumer(self) -> FetchingConsumer:
+        """The pooled consumer idle longest; a new one (up to POOL) if every one finished a partition
+        within its fetch wait. librdkafka keeps one fetch per broker in flight, and a consumer that read a
+        partition to its end has one waiting there for up to the wait: reusing it at once would hold the
+        next partition's first fetch back that long."""
+        fc = min(self._pool, key=lambda f: self._used.get(id(f), 0.0))
+        if time.monotonic() - self._used.get(id(fc), 0.0) < fc.wait_ms / 1000 and len(self._pool) < POOL:
+            fc = FetchingConsumer(self._bootstrap, self._extra)
+            self._pool.append(fc)
+        return fc
 
     def __enter__(self) -> EpochReader:
         return self
@@ -119,13 +135,17 @@ class EpochReader:
         for partition in sorted(by_partition):
             segments = by_partition[partition]
             check_retention(subject, segments[0].epoch, partition, segments[0].slice.start, log_start[partition])
-            for epoch, kept, dropped in read_partition(self._fetching.consumer, meta.topic, partition, segments,
-                                                       self.stall_timeout, self._fetching):
-                read_counter.inc(len(kept))
-                if dropped:
-                    drop_counter.inc(dropped)
-                if kept:
-                    yield epoch, partition, kept
+            fc = self._next_consumer()
+            try:
+                for epoch, kept, dropped in read_partition(fc.consumer, meta.topic, partition, segments,
+                                                           self.stall_timeout, fc):
+                    read_counter.inc(len(kept))
+                    if dropped:
+                        drop_counter.inc(dropped)
+                    if kept:
+                        yield epoch, partition, kept
+            finally:
+                self._used[id(fc)] = time.monotonic()
 
     def read(self, subject: str, first: int, last: int | None = None) -> Iterator[EpochRecord]:
         last = first if last is None else last
@@ -152,6 +172,10 @@ def _settle(seg: Segment, in_range: list[Message], dropped: int) -> tuple[int, l
     kept = _stamped(in_range, sl.stamp)
     return seg.epoch, kept, dropped + len(in_range) - len(kept)
 
+
+POOL = 4
+"""Consumers an EpochReader keeps, so that reading partition after partition rarely waits (see
+``EpochReader._next_consumer``)."""
 
 _DATA_LOST = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
 """Fetch errors meaning the log no longer holds the offsets asked for; any other error is waited out."""
