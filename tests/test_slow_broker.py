@@ -159,8 +159,9 @@ def test_a_ten_ms_wait_is_raised_until_fetches_answer(slow_stack: StackInfo, slo
 class MarkerThread:
     """The epoch marker of a subject on a thread, recording (monotonic time, end of partition 0) per epoch."""
 
-    def __init__(self, ledger: Ledger, bootstrap: str, subject: str, interval: float = 0.3) -> None:
-        self.marker = EpochMarker(ledger, bootstrap, subject).open()
+    def __init__(self, zk: str, root: str, bootstrap: str, subject: str, interval: float = 0.3) -> None:
+        self.ledger = Ledger.connect(zk, root)  # its own session, as a marker process has: run() ties it to stop
+        self.marker = EpochMarker(self.ledger, bootstrap, subject).open()
         self.stop = threading.Event()
         self.marks: list[tuple[float, int]] = []
         self.error: list[BaseException] = []
@@ -182,6 +183,7 @@ class MarkerThread:
         self.thread.join(LIVE)
         assert not self.thread.is_alive(), "the marker did not stop"
         self.marker.close()
+        self.ledger.close()
 
 
 class CaughtUp:
@@ -294,7 +296,7 @@ def test_chain_moves_again_after_a_broker_pause_on_a_partition_past_30k_batches(
     kafka = slow_stack.kafka
     create_subject(slow_ledger, kafka, subject, 1)
     fill_batches(kafka, subject, 0, STALLING)
-    marker = MarkerThread(slow_ledger, kafka, subject)
+    marker = MarkerThread(slow_stack.zk, slow_root, kafka, subject)
     owned.append(marker)
     wait_for(lambda: marker.covered() >= STALLING, LIVE, f"the marker to cover {STALLING} batches", interval=0.1)
     out = f"out-{subject}"
