@@ -73,7 +73,7 @@ def until(c: Consumer, want: str, limit: float, end: int = 0) -> tuple[float | N
             err = m.error()
             if err is None:
                 n += 1
-                if want == "first" or (want == "all" and m.offset() + 1 >= end):
+                if want == "first" or (want == "all" and (m.offset() or 0) + 1 >= end):
                     return time.perf_counter() - t0, n
             elif err.code() == KafkaError._PARTITION_EOF and want == "eof":
                 return time.perf_counter() - t0, n
@@ -135,7 +135,7 @@ def early_answer(bootstrap: str, wait: int, end: int, samples: int = 5) -> tuple
 
 
 def measure(bootstrap: str, pid: int, size: int, waits: list[int], limit: float) -> list[dict[str, Any]]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for wait in waits:
         c = consumer(bootstrap, wait, size - 1)
         tail_first, _ = until(c, "first", limit)

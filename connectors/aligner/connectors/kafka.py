@@ -389,10 +389,10 @@ def _read_ends(fc: FetchingConsumer, consumer: Consumer, topic: str, todo: list[
             raise StoppedError(f"stopped while reading the end offsets of {topic}")
         seen: set[int] = set()
         for m in consumer.consume(10000, timeout=0.05):
-            p = m.partition()
+            p: int = m.partition()  # type: ignore[assignment]
             err = m.error()
             if err is not None and err.code() == KafkaError._PARTITION_EOF:
-                ends.setdefault(p, m.offset())  # the first EOF per partition counts
+                ends.setdefault(p, m.offset())  # type: ignore[arg-type]  # the first EOF per partition counts
             elif err is None:
                 seen.add(p)
         for p in seen - ends.keys():

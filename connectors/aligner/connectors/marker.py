@@ -14,7 +14,7 @@ from collections.abc import Callable
 from aligner.connectors.kafka import FetchingConsumer, end_offsets, fetched_end_offsets
 from aligner.connectors.sink import TRANSIENT
 from aligner.ledger import Lease, Ledger
-from aligner.models import Range
+from aligner.models import Range, WritersNode
 from aligner.zk import StoppedError
 
 MARKER_SINK = "marker"
@@ -31,7 +31,7 @@ class EpochMarker:
         self.name = name
         self.from_beginning = from_beginning
         self._lease: Lease | None = None
-        self._writers = None
+        self._writers: tuple[WritersNode, int] | None = None
         self._stop: threading.Event | None = None
 
     def open(self) -> EpochMarker:

@@ -151,14 +151,15 @@ class EpochReader:
         last = first if last is None else last
         for epoch, partition, messages in self.read_batches(subject, first, last):
             for m in messages:
-                yield EpochRecord(epoch, partition, m.offset(), m.key(), m.value(), m.timestamp()[1])
+                yield EpochRecord(epoch, partition, m.offset(), m.key(), m.value(),  # type: ignore[arg-type]
+                                  m.timestamp()[1])
 
 
 def _stamped(messages: list[Message], stamp: bytes) -> list[Message]:
     """The messages carrying ``stamp``: the committed attempt's."""
     kept = []
     for m in messages:
-        h = m.headers()
+        h: list[tuple[str, bytes]] | None = m.headers()  # type: ignore[assignment]
         if h is not None and (h[0][1] == stamp or stamp_of(h) == stamp):
             kept.append(m)
     return kept
@@ -250,19 +251,20 @@ def read_partition(
             else:
                 progress.stall.polled_empty()
             for m in batch:
-                if m.error() is not None:
-                    code = m.error().code()
+                err = m.error()
+                if err is not None:
+                    code = err.code()
                     if code == KafkaError._PARTITION_EOF:
-                        if m.offset() >= end:
+                        if m.offset() >= end:  # type: ignore[operator]
                             done = True
                             break
                         continue
                     if code in _DATA_LOST:
-                        raise DataLossError(f"{topic}[{partition}]: {m.error()} (committed epochs need offsets "
+                        raise DataLossError(f"{topic}[{partition}]: {err} (committed epochs need offsets "
                                             f"{progress.next} to {end})")
-                    progress.error = str(m.error())  # transient: librdkafka retries by itself
+                    progress.error = str(err)  # transient: librdkafka retries by itself
                     continue
-                o = m.offset()
+                o: int = m.offset()  # type: ignore[assignment]
                 if o >= end:
                     done = True
                     break

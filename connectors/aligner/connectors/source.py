@@ -229,13 +229,13 @@ class SubjectSource:
         """Kept records of loaded epochs, in offset order per partition."""
         out: list[SourceRecord] = []
         touched: set[tuple[str, int]] = set()
-        for part in self.parts.values():
-            if part.paused and part.pos is not None and part.pos < part.bound:
-                self._resume(part, out)
-                touched.add((part.subject, part.partition))
+        for waiting in self.parts.values():
+            if waiting.paused and waiting.pos is not None and waiting.pos < waiting.bound:
+                self._resume(waiting, out)
+                touched.add((waiting.subject, waiting.partition))
         if self.readable():
             for m in self._consumer.consume(max_records, timeout=timeout):
-                part = self._by_topic.get((m.topic(), m.partition()))
+                part = self._by_topic.get((m.topic(), m.partition()))  # type: ignore[arg-type]
                 if part is None or part.pos is None:
                     continue
                 err = m.error()
@@ -245,7 +245,7 @@ class SubjectSource:
                     if err.code() == KafkaError._PARTITION_EOF:
                         touched.add((part.subject, part.partition))
                     continue  # a broker outage or slow fetch: librdkafka keeps retrying by itself
-                o = m.offset()
+                o: int = m.offset()  # type: ignore[assignment]
                 if part.paused:
                     if o >= part.fetch_at:
                         part.stash.append(m)  # fetched with the batch that crossed the bound
@@ -275,7 +275,7 @@ class SubjectSource:
         if not segs or o < segs[0][1]:
             return
         epoch, _s, _e, stamp = segs[0]
-        h = m.headers() if stamp is not None else None
+        h: list[tuple[str, bytes]] | None = m.headers() if stamp is not None else None  # type: ignore[assignment]
         if stamp is None or (h is not None and (h[0][1] == stamp or stamp_of(h) == stamp)):
             out.append(SourceRecord(part.subject, part.partition, o, epoch, m.key(), m.value(), m.timestamp()[1]))
 
