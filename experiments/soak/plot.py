@@ -77,7 +77,8 @@ def plot(report: dict[str, Any], path: Path) -> Path:
     _marks(axes.flat, report)
     for ax in axes[-1]:
         ax.set_xlabel("minutes since start")
-    fig.suptitle(f"soak seed {report['seed']}, {report['minutes']:g} min: {report['verdict_line']}", fontsize=10)
+    verdict = "passed" if report["passed"] else f"failed ({len(report['verdict'])}): {report['verdict'][0]}"
+    fig.suptitle(f"soak seed {report['seed']}, {report['minutes']:g} min: {verdict}"[:150], fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
