@@ -25,7 +25,7 @@ zookeeper:
 	@command -v java >/dev/null || $(SUDO) apt-get install -y -qq default-jre-headless
 
 # The whole suite: ruff, mypy, then every test against the real embedded stack (about 25 minutes on 2 cores).
-test: setup
+test: setup typecheck
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -ra --durations=20
 

@@ -45,7 +45,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic
 from kazoo.exceptions import NoNodeError
 
-from aligner.connectors.kafka import admin, consumer_config, end_offsets
+from aligner.connectors.kafka import FetchingConsumer, admin, consumer_config, end_offsets
 from aligner.connectors.reader import Segment, read_partition
 from aligner.connectors.subjects import create_subject
 from aligner.epochs import Slice, check_retention
@@ -372,10 +372,11 @@ class StateStore:
         if segments:
             log_start = end_offsets(bootstrap, meta.topic, [partition], earliest=True)[partition]
             check_retention(meta.name, segments[0].epoch, partition, segments[0].slice.start, log_start)
-            consumer = Consumer(consumer_config(bootstrap, consumer_extra))
+            fc = FetchingConsumer(bootstrap, consumer_extra)  # its wait rises if the broker answers empty
             try:
                 batch: list[tuple[bytes, bytes | None]] = []
-                for epoch, kept, lost in read_partition(consumer, meta.topic, partition, segments, stall_timeout):
+                for epoch, kept, lost in read_partition(fc.consumer, meta.topic, partition, segments, stall_timeout,
+                                                        fc):
                     dropped += lost
                     for m in kept:
                         key = m.key()
@@ -389,7 +390,7 @@ class StateStore:
                         batch = []
                 self._base_apply_raw(batch, final)
             finally:
-                consumer.close()
+                fc.close()
         else:
             self._base_apply((), final)
         return records, dropped

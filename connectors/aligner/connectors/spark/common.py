@@ -390,9 +390,7 @@ def record_batch_lineage(plan: ReadPlan) -> None:
 
 def read_aligned_partition(partition: AlignedPartition, schema: StructType) -> Iterator[pa.RecordBatch]:
     """Executor side: read one input partition's segments with an assigned consumer, stamps filtered."""
-    from confluent_kafka import Consumer
-
-    from aligner.connectors.kafka import consumer_config
+    from aligner.connectors.kafka import FetchingConsumer
     from aligner.connectors.reader import read_partition
 
     plan = partition.plan
@@ -401,12 +399,12 @@ def read_aligned_partition(partition: AlignedPartition, schema: StructType) -> I
     if not partition.segments:
         return
     pa_schema = to_arrow_schema(schema, timezone="UTC")
-    consumer = Consumer(consumer_config(plan.kafka))
+    fc = FetchingConsumer(plan.kafka)  # its wait rises if the broker answers but returns nothing
     try:
-        for epoch, kept, _dropped in read_partition(consumer, plan.topic, partition.partition, partition.segments,
-                                                    plan.stall_timeout):
+        for epoch, kept, _dropped in read_partition(fc.consumer, plan.topic, partition.partition, partition.segments,
+                                                    plan.stall_timeout, fc):
             if kept:
                 yield from messages_to_batches(kept, epoch, partition.partition, plan.fields, pa_schema,
                                                plan.subject if plan.subject_column else None)
     finally:
-        consumer.close()
+        fc.close()
