@@ -222,6 +222,62 @@ class _Progress:
         self.stall.report(self.next, wanted, cause + (f"; last fetch error: {self.error}" if self.error else ""))
 
 
+class _Segments:
+    """The segments of one partition read, and the records of the current one (the per-batch hot path)."""
+
+    def __init__(self, segments: list[Segment], progress: _Progress) -> None:
+        self.segments, self.progress = segments, progress
+        self.idx, self.seg = 0, segments[0]
+        self.end = segments[-1].slice.end
+        self.in_range: list[Message] = []
+        self.dropped = 0
+        self.done = False
+
+    def take(self, batch: list[Message]) -> list[tuple[int, list[Message], int]]:
+        """Sort a fetched batch into segments; returns the segments it completed."""
+        settled = []
+        seg_start, seg_end, end, progress = self.seg.slice.start, self.seg.slice.end, self.end, self.progress
+        for m in batch:
+            err = m.error()
+            if err is not None:
+                if self._stops_at(m, err):
+                    break
+                continue
+            o: int = m.offset()  # type: ignore[assignment]
+            if o >= end:
+                self.done = True
+                break
+            progress.next = o + 1
+            if o >= seg_end:
+                settled.append(self.settle())
+                while o >= self.segments[self.idx].slice.end:
+                    self.idx += 1
+                self.seg = self.segments[self.idx]
+                seg_start, seg_end = self.seg.slice.start, self.seg.slice.end
+            if o < seg_start:
+                self.dropped += 1  # between a writer's registration and its first epoch
+                continue
+            self.in_range.append(m)
+        return settled
+
+    def _stops_at(self, m: Message, err: KafkaError) -> bool:
+        """An end-of-partition at or past the end finishes the read; a lost offset raises; the rest wait."""
+        code = err.code()
+        if code == KafkaError._PARTITION_EOF:
+            self.done = m.offset() >= self.end  # type: ignore[operator]
+            return self.done
+        if code in _DATA_LOST:
+            raise DataLossError(f"{m.topic()}[{m.partition()}]: {err} (committed epochs need offsets "
+                                f"{self.progress.next} to {self.end})")
+        self.progress.error = str(err)  # transient: librdkafka retries by itself
+        return False
+
+    def settle(self) -> tuple[int, list[Message], int]:
+        out = _settle(self.seg, self.in_range, self.dropped)
+        self.in_range, self.dropped = [], 0
+        return out
+
+
 def read_partition(
     consumer: Consumer, topic: str, partition: int, segments: list[Segment], stall_timeout: float = 30.0,
     fetching: FetchingConsumer | None = None,
@@ -233,62 +289,27 @@ def read_partition(
     (and again when it moves). With ``fetching`` (whose consumer ``consumer`` is), a broker that answers
     but returns nothing gets a longer fetch wait.
     """
-    tp = TopicPartition(topic, partition, segments[0].slice.start)
-    consumer.assign([tp])
+    consumer.assign([TopicPartition(topic, partition, segments[0].slice.start)])
     end = segments[-1].slice.end
-    idx = 0
-    seg = segments[0]
-    in_range: list[Message] = []
-    dropped = 0
-    seg_start, seg_end = seg.slice.start, seg.slice.end
-    progress = _Progress(consumer, fetching, topic, partition, seg_start, end, stall_timeout)
-    done = False
+    progress = _Progress(consumer, fetching, topic, partition, segments[0].slice.start, end, stall_timeout)
+    read = _Segments(segments, progress)
     try:
-        while not done:
+        while not read.done:
             batch = progress.consumer.consume(10000, timeout=0.05)
             if batch:
                 progress.stall.moved()
             else:
                 progress.stall.polled_empty()
-            for m in batch:
-                err = m.error()
-                if err is not None:
-                    code = err.code()
-                    if code == KafkaError._PARTITION_EOF:
-                        if m.offset() >= end:  # type: ignore[operator]
-                            done = True
-                            break
-                        continue
-                    if code in _DATA_LOST:
-                        raise DataLossError(f"{topic}[{partition}]: {err} (committed epochs need offsets "
-                                            f"{progress.next} to {end})")
-                    progress.error = str(err)  # transient: librdkafka retries by itself
-                    continue
-                o: int = m.offset()  # type: ignore[assignment]
-                if o >= end:
-                    done = True
-                    break
-                progress.next = o + 1
-                if o >= seg_end:
-                    yield _settle(seg, in_range, dropped)
-                    in_range, dropped = [], 0
-                    while o >= segments[idx].slice.end:
-                        idx += 1
-                    seg = segments[idx]
-                    seg_start, seg_end = seg.slice.start, seg.slice.end
-                if o < seg_start:
-                    dropped += 1  # between a writer's registration and its first epoch
-                    continue
-                in_range.append(m)
-            if not done:
-                position = progress.consumer.position([TopicPartition(topic, partition)])[0].offset
-                if position > progress.next:
-                    progress.next = position
-                    progress.stall.moved()
-                if progress.next >= end:
-                    done = True
-                else:
-                    progress.check()
+            yield from read.take(batch)
+            if read.done:
+                break
+            position = progress.consumer.position([TopicPartition(topic, partition)])[0].offset
+            if position > progress.next:
+                progress.next = position
+                progress.stall.moved()
+            if progress.next >= end:
+                break
+            progress.check()
     finally:
         progress.stall.close()
-    yield _settle(seg, in_range, dropped)
+    yield read.settle()

@@ -123,16 +123,7 @@ def run(
     = None,
 ) -> None:
     """Run one worker of a job until its inputs finish (or SIGTERM)."""
-    if worker >= parallelism:
-        raise typer.BadParameter(f"worker {worker} of a job with parallelism {parallelism}", param_hint="--worker")
-    if mode not in ("exactly_once", "at_least_once"):
-        raise typer.BadParameter(f"{mode!r} is not exactly_once or at_least_once", param_hint="--mode")
-    if state not in ("memory", "rocksdb", "none"):
-        raise typer.BadParameter(f"{state!r} is not memory, rocksdb or none", param_hint="--state")
-    if shadow and follows is None:
-        raise typer.BadParameter("--shadow needs --follows: only a new version writes a shadow", param_hint="--shadow")
-    if state == "rocksdb" and state_dir is None:
-        raise typer.BadParameter("--state rocksdb needs --state-dir", param_hint="--state-dir")
+    _check_options(worker, parallelism, mode, state, state_dir, shadow, follows)
     try:
         parts = tuple(int(p) for p in output_partitions.split(",")) if output_partitions else None
     except ValueError:
@@ -150,6 +141,26 @@ def run(
         from prometheus_client import start_http_server
 
         start_http_server(metrics_port)
+    _serve(settings, spec, worker, fn, max_epochs)
+
+
+def _check_options(worker: int, parallelism: int, mode: str, state: str, state_dir: str | None, shadow: bool,
+                   follows: str | None) -> None:
+    """Usage errors (exit 2) before anything connects."""
+    if worker >= parallelism:
+        raise typer.BadParameter(f"worker {worker} of a job with parallelism {parallelism}", param_hint="--worker")
+    if mode not in ("exactly_once", "at_least_once"):
+        raise typer.BadParameter(f"{mode!r} is not exactly_once or at_least_once", param_hint="--mode")
+    if state not in ("memory", "rocksdb", "none"):
+        raise typer.BadParameter(f"{state!r} is not memory, rocksdb or none", param_hint="--state")
+    if shadow and follows is None:
+        raise typer.BadParameter("--shadow needs --follows: only a new version writes a shadow", param_hint="--shadow")
+    if state == "rocksdb" and state_dir is None:
+        raise typer.BadParameter("--state rocksdb needs --state-dir", param_hint="--state-dir")
+
+
+def _serve(settings: Settings, spec: JobSpec, worker: int, fn: JobFunction, max_epochs: int | None) -> None:
+    """The worker's life: connect (waiting for ZooKeeper as long as it takes), open, run, close."""
     stop = threading.Event()
     install_stop_signals(stop)
     try:
