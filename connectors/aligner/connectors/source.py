@@ -324,7 +324,7 @@ class SubjectSource:
         if part.bound < UNBOUNDED:
             return True  # committed epochs name the offsets up to the bound
         _low, high = self._consumer.get_watermark_offsets(TopicPartition(part.topic, part.partition), cached=True)
-        return high > part.pos
+        return high < 0 or high > part.pos  # unknown: no fetch of it was ever answered, which is the stall itself
 
     def _watch(self) -> None:
         """Once a second: report partitions that stopped moving with data to read; a broker that
