@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +186,23 @@ def faust_worker(spawn: Any, root: str, home: str, job: str, src: str, out: str,
     """A started Faust worker of ``experiments.faust_job`` (the adapter's ``faust_app()``), owned by ``spawn``."""
     env = faust_env(spawn.stack, root, home, job, src, out, **job_env)
     return spawn.worker("experiments.faust_job", "worker", "-l", "warn", "--without-web", env=env)
+
+
+@contextlib.contextmanager
+def experiment_process(module: str, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """``python -m module args`` in a session of its own (stdout and stderr merged, text); on the way out,
+    SIGTERM to its group (the experiment unwinds and stops every component it started), then SIGKILL."""
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=root,
+                            env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)

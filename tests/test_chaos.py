@@ -10,12 +10,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import experiment_process
 
 pytest.importorskip("pyspark")
 pytest.importorskip("faust")
@@ -28,21 +29,9 @@ SEED, FAULTS = 11, 10
 def chaos(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
     """The chaos checker process; SIGTERM (it unwinds and stops every component), then SIGKILL."""
     out = tmp_path / "chaos"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "experiments.chaos", "--seed", str(SEED), "--faults", str(FAULTS),
-         "--duration", "45", "--rate", "100", "--out", str(out)],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True)
-    try:
+    with experiment_process("experiments.chaos", "--seed", str(SEED), "--faults", str(FAULTS), "--duration", "45",
+                            "--rate", "100", "--out", str(out)) as proc:
         yield proc, out
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
 
 
 def test_short_seeded_chaos_run_has_no_anomalies(chaos: tuple[subprocess.Popen[str], Path]) -> None:

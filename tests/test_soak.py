@@ -13,13 +13,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers import experiment_process
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ["--minutes", "2", "--seed", "7", "--sample", "10", "--poll", "2", "--swap-every", "60", "--window", "60",
@@ -35,19 +36,8 @@ def soak(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
     pytest.importorskip("pyspark")
     pytest.importorskip("faust")
     out = tmp_path / "soak"
-    proc = subprocess.Popen([sys.executable, "-m", "experiments.soak", *SMOKE, "--out", str(out)], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
+    with experiment_process("experiments.soak", *SMOKE, "--out", str(out)) as proc:
         yield proc, out
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
 
 
 def test_smoke_soak_samples_everything_and_passes(soak: tuple[subprocess.Popen[str], Path]) -> None:
