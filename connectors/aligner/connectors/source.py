@@ -103,6 +103,11 @@ class SubjectSource:
         self._consumer = self._fetching.consumer
         self._stalls: dict[tuple[str, int], tuple[Stall, int | None]] = {}
         self._watched = self._assigned = time.monotonic()
+        self._polls = self._empty_polls = 0
+        """Polls of a readable source since the last watch, and those that fetched no record."""
+        self._starving_since: float | None = None
+        """Since when most polls came back empty while a partition lagged (a crawl counts: the embedded
+        broker cut short by a short wait answers a batch or two per fetch)."""
         self.inputs: dict[str, _Input] = {}
         self.parts: dict[tuple[str, int], _Part] = {}
         self._by_topic: dict[tuple[str, int], _Part] = {}
@@ -234,7 +239,10 @@ class SubjectSource:
                 self._resume(waiting, out)
                 touched.add((waiting.subject, waiting.partition))
         if self.readable():
-            for m in self._consumer.consume(max_records, timeout=timeout):
+            messages = self._consumer.consume(max_records, timeout=timeout)
+            self._polls += 1
+            self._empty_polls += not any(m.error() is None for m in messages)
+            for m in messages:
                 part = self._by_topic.get((m.topic(), m.partition()))  # type: ignore[arg-type]
                 if part is None or part.pos is None:
                     continue
@@ -328,7 +336,7 @@ class SubjectSource:
 
     def _watch(self) -> None:
         """Once a second: report partitions that stopped moving with data to read; a broker that
-        answers but returns nothing gets a consumer with a longer fetch wait."""
+        answers but keeps fetches short of the data (nothing, or a crawl) gets a longer fetch wait."""
         now = time.monotonic()
         if now - self._watched < 1.0:
             return
@@ -336,21 +344,33 @@ class SubjectSource:
         if gap > 3.0:  # not polled meanwhile (the worker was busy elsewhere): a stall counts from now
             for stall, _seen in self._stalls.values():
                 stall.moved()
-        stuck: list[tuple[_Part, Stall]] = []
+            self._starving_since = None
         wait = self._fetching.wait_ms
+        stuck: list[tuple[_Part, Stall]] = []
+        lagging: list[_Part] = []
+        idle = 0.0
         for key, part in self.parts.items():
             stall, seen = self._stalls.get(key) or (Stall(self.name, part.topic, part.partition), None)
-            if part.pos != seen or not self._waiting_for_data(part):
+            waiting = self._waiting_for_data(part)
+            if part.pos != seen or not waiting:
                 stall.moved()
-            elif stall.idle() >= min(stall.warn_after, escalate_after(wait)):
-                stuck.append((part, stall))
+            else:
+                idle = max(idle, stall.idle())
+                if stall.idle() >= stall.warn_after:
+                    stuck.append((part, stall))
+            lagging += [part] if waiting else []
             self._stalls[key] = (stall, part.pos)
-        if not stuck:
+        starving = bool(lagging) and 2 * self._empty_polls >= max(1, self._polls)
+        self._polls = self._empty_polls = 0
+        self._starving_since = (self._starving_since or now) if starving else None
+        slow = max(idle, 0.0 if self._starving_since is None else now - self._starving_since) >= escalate_after(wait)
+        if not (stuck or slow):
             return
-        answered = probe(self._consumer, stuck[0][0].topic, stuck[0][0].partition) is not None
+        answered = probe(self._consumer, lagging[0].topic, lagging[0].partition) is not None
         raised = None
-        if answered and now - self._assigned >= escalate_after(wait) and wait < MAX_FETCH_WAIT_MS:
+        if answered and slow and now - self._assigned >= escalate_after(wait) and wait < MAX_FETCH_WAIT_MS:
             raised = self._reopen()
+            self._starving_since = None
         for part, stall in stuck:
             stall.report(part.pos, f"wants offsets up to {part.bound if part.bound < UNBOUNDED else 'the end'}",
                          stall_cause(answered, wait, raised))
