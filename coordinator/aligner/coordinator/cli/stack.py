@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -11,6 +11,11 @@ from aligner.coordinator import stack as stack_mod
 from aligner.coordinator.cli.common import JsonFlag, emit, err, out
 from aligner.coordinator.cli.connect import state
 from aligner.errors import StackError
+
+if TYPE_CHECKING:
+    from aligner.connectors.fetch_probe import ProbeResult
+
+# The fetch probe (and the Kafka client) is imported where it is used: a usage error loads neither.
 
 app = typer.Typer(help="The embedded ZooKeeper + Tansu stack.", no_args_is_help=True)
 
@@ -42,14 +47,25 @@ def stack_up(
 
 
 @app.command("status")
-def stack_status(as_json: JsonFlag = False) -> None:
-    """Each component of the embedded stack: up or down, pid, port, data dir and log."""
+def stack_status(
+    as_json: JsonFlag = False,
+    fetch_probe: Annotated[bool, typer.Option("--probe/--no-probe", help="Time a fetch from the log start of "
+                                              "each partition of the broker and warn about slow ones "
+                                              "(over 100 ms; about 10 s at most)")] = True,
+) -> None:
+    """Each component of the embedded stack: up or down, pid, port, data dir and log; and each partition
+    of the broker grown past the size where a fetch from its log start takes over 100 ms."""
     home = state.settings.home
     info = stack_mod.read_stack(home)
     if info is None:
         raise StackError(f"no embedded stack in {home}: `aligner stack up` starts one")
     comps = stack_mod.components(info)
-    if emit({"home": str(home), "workdir": info.workdir, "components": [asdict(c) for c in comps]}, as_json):
+    kafka_up = any(c.name == stack_mod.KAFKA and c.up for c in comps)
+    result = _probe(info.kafka) if fetch_probe and kafka_up else None
+    slow = [asdict(m) for m in result.slow] if result is not None and result.error is None else None
+    if emit({"home": str(home), "workdir": info.workdir, "components": [asdict(c) for c in comps],
+             "slow_partitions": slow,
+             "fetch_probe": None if result is None else _probe_json(result)}, as_json):
         return
     width = max(len(c.label) for c in comps)
     for c in comps:
@@ -58,6 +74,55 @@ def stack_status(as_json: JsonFlag = False) -> None:
                   f"log {c.log}", soft_wrap=True)
     if not all(c.up for c in comps):
         out.print("`aligner stack up` restarts what is down, on its own port and data")
+    if result is not None:
+        _print_probe(result)
+
+
+def _probe(bootstrap: str) -> ProbeResult:
+    """The fetch probe, which never fails the command: the components above already say what is down."""
+    from aligner.connectors.fetch_probe import SLOW_FETCH_S, ProbeResult, probe
+
+    try:
+        return probe(bootstrap)
+    except Exception as exc:  # a status prints whatever the probe met, and goes on
+        failed = ProbeResult(SLOW_FETCH_S)
+        failed.error = f"{type(exc).__name__}: {exc}"
+        return failed
+
+
+def _probe_json(result: ProbeResult) -> dict[str, Any]:
+    from aligner.connectors.fetch_probe import PROBE_FLOOR
+
+    return {"threshold_s": result.threshold, "seconds": round(result.seconds, 3),
+            "measured": [asdict(m) for m in result.measured], "small_partitions": result.small,
+            "floor_offsets": PROBE_FLOOR, "skipped": result.skipped, "error": result.error}
+
+
+def _print_probe(result: ProbeResult) -> None:
+    from aligner.connectors.fetch_probe import PROBE_FLOOR
+
+    if result.error is not None:
+        err.print(f"note: fetch probe skipped: {result.error}", markup=False, soft_wrap=True)
+        return
+    for m in result.slow:
+        took = f"in {m.seconds:.2f} s" if m.seconds is not None else f"nothing within {m.limit:.1f} s"
+        err.print(f"warning: {m.name}: a fetch from its log start answered {took} (over "
+                  f"{result.threshold * 1000:.0f} ms; offsets {m.low}..{m.high}): the embedded broker slows with "
+                  "batches per partition: readers of old epochs and restores get slow; Apache Kafka has no such "
+                  "curve; see README 'Broker deviation'", markup=False, soft_wrap=True)
+    if result.skipped:
+        err.print(f"note: fetch probe: {len(result.skipped)} partition(s) not measured: "
+                  + "; ".join(f"{k}: {why}" for k, why in result.skipped.items()), markup=False, soft_wrap=True)
+    if not result.measured and not result.skipped:
+        out.print(f"fetch probe: no partition spans {PROBE_FLOOR:,} offsets or more ({result.small} smaller "
+                  "not timed: too few batches to be slow)", markup=False, soft_wrap=True)
+        return
+    slowest = max(result.measured, key=lambda m: m.seconds if m.seconds is not None else float("inf"), default=None)
+    took = "" if slowest is None else f"{slowest.seconds:.3f} s" if slowest.seconds is not None else "no answer"
+    worst = "" if slowest is None else f", slowest {slowest.name} {took}"
+    out.print(f"fetch probe: {len(result.measured)} partition(s) timed from their log start in {result.seconds:.1f} s"
+              f"{worst}, {len(result.slow)} over {result.threshold * 1000:.0f} ms; {result.small} under "
+              f"{PROBE_FLOOR:,} offsets not probed", markup=False, soft_wrap=True)
 
 
 @app.command("down")
