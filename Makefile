@@ -35,16 +35,16 @@ test-unit: setup
 	$(PY) -m pytest -q -m "not stack"
 
 # The long forms (not in make test): the compressed soak, 15 minutes of the chaos chain at 0.05 s epochs with
-# a fault every ~30 s, a hot-swap every 5 minutes and retention every 30 s (2 minutes kept).
+# a fault every ~30 s, a hot-swap every 5 minutes and the coordinator's retention loop every 30 s (2 minutes kept).
 test-long: setup
 	$(PY) -m experiments.soak --minutes 15 --interval 0.05 --sample 30 --swap-every 300 \
-	  --gc-every 30 --keep-epochs 1 --keep-seconds 120 --window 120
+	  --retention-every 30 --keep-epochs 1 --keep-seconds 120 --window 120
 
 # The soak of issue 23 (SOAK_MINUTES, default 120): curves and verdict in experiments/results/soak/.
 SOAK_MINUTES ?= 120
 soak: setup
 	SOAK_MINUTES=$(SOAK_MINUTES) $(PY) -m experiments.soak --sample 60 --window 600 \
-	  --gc-every 60 --keep-epochs 1000 --keep-seconds 600
+	  --retention-every 60 --keep-epochs 1000 --keep-seconds 600
 
 # Every import of the library resolved (the three roots of the namespace package `aligner`, see pyproject.toml).
 typecheck: setup

@@ -186,19 +186,29 @@ def raw_run(bootstrap: str, topic: str, out_topic: str, kp: Producer, starts: di
 
 
 class CountingConsumer:
-    """Wraps the source's Kafka consumer to count the messages ``consume`` hands to Python."""
+    """Wraps the source's Kafka consumer to count the messages ``consume`` hands to Python. The count is
+    the class's: a source whose watchdog replaces its consumer (a longer fetch wait) is wrapped again by
+    :func:`counted` and counts on."""
+
+    messages = 0
 
     def __init__(self, consumer: Any) -> None:
         self._c = consumer
-        self.messages = 0
 
     def consume(self, num: int = 1, timeout: float = -1) -> Any:
         batch = self._c.consume(num, timeout)
-        self.messages += len(batch)
+        CountingConsumer.messages += len(batch)
         return batch
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._c, name)
+
+
+def counted(worker: JobWorker) -> None:
+    """The worker's source consumer, wrapped for counting (again after a replacement)."""
+    assert worker.source is not None
+    if not isinstance(worker.source._consumer, CountingConsumer):
+        worker.source._consumer = CountingConsumer(worker.source._consumer)  # type: ignore[assignment]
 
 
 class FirstRecord:
@@ -222,17 +232,17 @@ class FirstRecord:
 def aligned_run(worker: JobWorker, first: FirstRecord, epochs: int) -> dict[str, float]:
     stop = threading.Event()
     out0 = worker.records_out
-    counter = worker.source._consumer
-    m0 = counter.messages
+    m0 = CountingConsumer.messages
     first.reset()
     t_start = time.perf_counter()
     for _ in range(epochs):
+        counted(worker)
         if not worker.step(stop):
             raise RuntimeError("the job stopped early")
     t_end = time.perf_counter()
     assert first.at is not None
     return {"records": worker.records_out - out0, "seconds": t_end - first.at, "seconds_from_start": t_end - t_start,
-            "consumed_messages": counter.messages - m0}
+            "consumed_messages": CountingConsumer.messages - m0}
 
 
 # ---- main ----------------------------------------------------------------------------------------
@@ -261,7 +271,7 @@ def main() -> None:
         spec = JobSpec(job="pipe", inputs=("in",), output="out", interval=0.05)
         worker = JobWorker(job_led, info.kafka, spec, 0, identity).open()
         first = FirstRecord(worker)
-        worker.source._consumer = CountingConsumer(worker.source._consumer)
+        counted(worker)
         with SinkProducer(led, info.kafka, "in", "gen", 0, list(range(PARTITIONS))) as sink:
             write_epochs(sink, 3, 8)
             align_s = align_worker(led, sink, worker, console)

@@ -246,7 +246,37 @@ def test_retention_switched_off_removes_nothing(ledger, subject_name):
     assert report["subjects"] == {} and ledger.epoch_numbers(subject_name) == list(range(30))
 
 
-def test_a_changelog_subject_is_never_collected(ledger, subject_name):
+def test_a_changelog_goes_only_below_every_workers_state_base(ledger, subject_name):
+    """A job's changelog is collected like a subject, but never below the state base of a worker's oldest
+    retained record (a restore replays from there); a record without a base holds all of it."""
+    inp, out, job = subject_name, f"{subject_name}-out", f"{subject_name}-j"
+    changelog = f"{job}.state"
+    for name, parts in ((inp, 1), (out, 1), (changelog, 2)):
+        ledger.register_subject(SubjectNode(name=name, topic=name, partitions=parts))
+    _write_epochs(ledger, changelog, "job", 0, 30)
+    jobs = JobLedger(ledger)
+    jobs.register(JobNode(job=job, inputs=(inp,), output=out, parallelism=2))
+    tight = RetentionPolicy(hours=0, min_epochs=2)
+
+    def record(worker: int, epoch: int, base: int | None) -> None:
+        jobs.ensure_worker_path(job, worker)
+        ledger.multi(jobs.worker_epoch_op(job, worker, WorkerEpochNode(
+            epoch=epoch, mode="aligned", offsets={}, load_from={}, state_base=base)))
+
+    record(0, 20, 10)
+    assert collect(ledger, policy=tight, subjects=[changelog])["subjects"][changelog]["deleted_epochs"] == 0
+    record(1, 20, None)  # an older worker record: its restore replays the whole changelog
+    assert collect(ledger, policy=tight, subjects=[changelog])["subjects"][changelog]["deleted_epochs"] == 0
+    record(1, 21, 15)  # worker 1's oldest record still has no base
+    assert collect(ledger, policy=tight, subjects=[changelog])["subjects"][changelog]["deleted_epochs"] == 0
+    jobs_pruned = collect(ledger, policy=RetentionPolicy(hours=0, min_epochs=1))  # worker records but the last
+    assert jobs_pruned["jobs"][job]["deleted_nodes"] >= 1
+    report = collect(ledger, policy=tight, subjects=[changelog])["subjects"][changelog]
+    assert report == {"first_retained": 10, "deleted_epochs": 10}  # worker 0's base 10 < worker 1's 15
+    assert ledger.epoch_numbers(changelog) == list(range(10, 30))
+
+
+def test_a_changelog_no_job_owns_is_never_collected(ledger, subject_name):
     changelog = f"{subject_name}.state"
     ledger.register_subject(SubjectNode(name=changelog, topic=changelog, partitions=1))
     _write_epochs(ledger, changelog, "job", 0, 30)

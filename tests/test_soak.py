@@ -118,7 +118,7 @@ def test_growth_is_judged_after_the_window_only() -> None:
     gcs: list[dict[str, Any]] = [{"at": 20.0, "rc": 0},
                                  {"at": 40.0, "rc": 1, "stderr": "aligner: error: job 'A' does not read 'in'\n"}]
     assert verdict([], None, 0, flat, check_growth=False, gcs=gcs) == [
-        "aligner gc failed 1 of 2 runs (first at 40s: aligner: error: job 'A' does not read 'in')"]
+        "retention failed 1 of 2 runs (first at 40s: aligner: error: job 'A' does not read 'in')"]
 
 
 def test_a_frontier_frozen_while_its_input_moves_is_a_stall_unless_faults_explain_it(tmp_path: Path) -> None:

@@ -22,7 +22,8 @@ from aligner.connectors.state import (
     open_store,
     restore,
 )
-from aligner.errors import AlignerError, EpochNotCommittedError
+from aligner.errors import AlignerError, EpochCollectedError, EpochNotCommittedError
+from aligner.retention import Retention
 
 Op = tuple[str, Any]
 """("k", value) puts a value, ("k", DELETE) deletes the key."""
@@ -321,6 +322,40 @@ def test_worker_cycle_with_checkpoint_matches_full_replay(stack, ledger, subject
     with RocksStore(path) as store:
         report = store.restore(ledger, stack.kafka, subject_name, 0, last)
         assert report.checkpoint is None and _state(store) == _expected()[-1]
+
+
+def test_restore_from_a_state_base_after_the_epochs_below_it_are_collected(stack, ledger, subject_name,
+                                                                          tmp_path: Path) -> None:
+    """An epoch that holds the whole state (the runtime's state base) is where a restore starts (``since``):
+    the changelog's epochs below it can go, and a local store older than the base is replaced, not patched."""
+    create_changelog(ledger, stack.kafka, subject_name, 1)
+    base_at = 3
+    path = tmp_path / "state"
+    numbers = []
+    with SinkProducer(ledger, stack.kafka, subject_name, "job", "0", [0]) as p, RocksStore(path) as store:
+        for i, ops in enumerate(EPOCHS):
+            epoch = p.begin()
+            for key, value in ops:
+                store.delete(key) if value is DELETE else store.put(key, value)
+            if i == base_at:
+                store.mark_all_changed()
+            for key, value in store.records():
+                p.send(value, key=key, partition=0)
+            store.mark_committed(epoch, p.commit().ranges[0].end)
+            numbers.append(epoch)
+    with RocksStore(tmp_path / "old") as old:  # a local store as of the first epoch: "b", deleted next, is in it
+        old.restore(ledger, stack.kafka, subject_name, 0, numbers[0])
+    base = numbers[base_at]
+    Retention(ledger).collect_subject(subject_name, base, numbers[:base_at])
+    assert ledger.epoch_numbers(subject_name) == numbers[base_at:]
+    with pytest.raises(EpochCollectedError):
+        restore(ledger, stack.kafka, subject_name, 0, numbers[-1])
+    for i, upto in enumerate(numbers[base_at:], base_at):
+        assert _state(restore(ledger, stack.kafka, subject_name, 0, upto, since=base)) == _expected()[i]
+    with RocksStore(tmp_path / "old") as store:
+        assert store.committed_epoch == numbers[0] and "b" in _state(store)
+        report = store.restore(ledger, stack.kafka, subject_name, 0, numbers[-1], since=base)
+        assert report.checkpoint is None and report.first == base and _state(store) == _expected()[-1]
 
 
 def test_repair_marks_keys_of_uncounted_records(stack, ledger, subject_name) -> None:

@@ -248,6 +248,10 @@ class WorkerEpochNode(Node):
     """Aligned epochs only: the subject epochs this job epoch covered."""
     state: str = ""
     """Unused since keyed state lives in the job's changelog subject (kept so older records parse)."""
+    state_base: int | None = None
+    """The changelog epoch this worker's state is rebuilt from: one whose changelog records of the worker's
+    partition hold its whole state (this epoch or an earlier one). None (older records): from the
+    changelog writer's first epoch. Retention collects a changelog only below every worker's base."""
     state_from: str | None = None
     """"job@epoch": this epoch's state was taken over from that job's state as of that epoch (a hot-swap's
     new version starting from the old version's state)."""

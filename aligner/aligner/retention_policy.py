@@ -10,7 +10,7 @@ the out-of-retention error never finds the epoch back. No I/O here: the coordina
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -18,8 +18,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from aligner.errors import AlignerError
 
 CHANGELOG_SUFFIX = ".state"
-"""A job's changelog subject (``{job}.state``): its restore replays it from its writer's first epoch, so
-retention never collects it (see :mod:`aligner.connectors.state`)."""
+"""A job's changelog subject (``{job}.state``): a restore replays it from a worker's state base, so
+retention collects it only below the bases its owner's workers still restore from."""
 
 
 class RetentionPolicy(BaseSettings):
@@ -56,9 +56,10 @@ def policy_from_env(**overrides: object) -> RetentionPolicy:
         raise AlignerError(f"{name}: {first['msg']}") from None
 
 
-def collectable(subject: str) -> bool:
-    """Whether retention may collect ``subject`` at all (a changelog never)."""
-    return not subject.endswith(CHANGELOG_SUFFIX)
+def collectable(subject: str, owned_changelogs: Collection[str] = ()) -> bool:
+    """Whether retention may collect ``subject`` at all: a changelog only when its owner's state bases
+    were read (``owned_changelogs``), as needs that hold its floor."""
+    return not subject.endswith(CHANGELOG_SUFFIX) or subject in owned_changelogs
 
 
 def first_young(done: Sequence[int], committed_at: Callable[[int], int | None], since_ms: float) -> int:

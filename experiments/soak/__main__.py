@@ -107,6 +107,9 @@ def main(
     stop_on_stall: Annotated[bool, typer.Option(help="End the soak at the first stall")] = True,
     gc_every: Annotated[float | None, typer.Option(min=1, help="Seconds between `aligner gc` runs (retention)")]
     = None,
+    retention_every: Annotated[float | None, typer.Option(min=1, help="Seconds between passes of the coordinator's "
+                                                          "retention loop (`aligner retention run`, every subject "
+                                                          "but changelogs), a process of the run")] = None,
     keep_epochs: Annotated[int, typer.Option(min=1, help="gc: keep the last N epochs per subject")] = 100,
     keep_seconds: Annotated[float | None, typer.Option(min=0, help="gc: also keep epochs younger than T s")] = None,
     gc_subject: Annotated[list[str] | None, typer.Option(help="gc only these subjects (default: in, a, b, f; a job's "
@@ -130,8 +133,10 @@ def main(
     run.rate, run.interval, run.inherit_state = rate, interval, inherit_state
     console.print(f"[bold]soak, seed {seed}[/]: {minutes:g} min, {len(run.faults)} faults, "
                   f"{run.generations - 2} hot-swaps planned, samples every {sample:g}s, "
-                  f"gc {f'every {gc_every:g}s' if gc_every else 'off'}")
-    settings = Settings(sample, poll, stall_after, stop_on_stall, gc_every, keep_epochs, keep_seconds)
+                  f"gc {f'every {gc_every:g}s' if gc_every else 'off'}, "
+                  f"retention loop {f'every {retention_every:g}s' if retention_every else 'off'}")
+    settings = Settings(sample, poll, stall_after, stop_on_stall, gc_every, keep_epochs, keep_seconds,
+                        retention_every=retention_every)
     soak = Soak(settings if not gc_subject else replace(settings, gc_subjects=gc_subject))
     run.watchers = soak.loops(run)
     reporter = Reporter(run, soak, out, minutes, window, check_growth)

@@ -99,8 +99,8 @@ def verdict(stalls: list[dict[str, Any]], result: dict[str, Any] | None, observa
     reasons = [f"stall: {s['why']}" for s in stalls[:1]]
     failed = [g for g in gcs or [] if g["rc"] != 0]
     if failed:  # retention that stops working is growth to come
-        why = (failed[0].get("stderr") or "").strip().splitlines()
-        reasons.append(f"aligner gc failed {len(failed)} of {len(gcs or [])} runs (first at {failed[0]['at']:.0f}s: "
+        why = (failed[0].get("stderr") or failed[0].get("line") or "").strip().splitlines()
+        reasons.append(f"retention failed {len(failed)} of {len(gcs or [])} runs (first at {failed[0]['at']:.0f}s: "
                        f"{why[-1] if why else 'exit ' + str(failed[0]['rc'])})")
     if result is not None and result.get("error"):
         reasons.append(f"the run broke: {result['error']}")

@@ -43,6 +43,9 @@ class Settings:
     """Seconds between ``aligner gc`` runs (None: no retention)."""
     keep_epochs: int = 100
     keep_seconds: float | None = None
+    retention_every: float | None = None
+    """Seconds between passes of the coordinator's retention loop (``aligner retention run``, a process of
+    the run with the policy ``keep_epochs`` / ``keep_seconds``); None: not started."""
     gc_subjects: list[str] = field(default_factory=lambda: [IN, A_OUT, B_OUT, F_OUT])
     """Subjects gc collects: the chain's, not the jobs' state changelogs (``A.state``, ``F.state``), whose
     epochs from 0 a restarted worker replays (gc'd, it fails with EpochCollectedError: issue 23, item 2)."""
@@ -101,6 +104,8 @@ class Soak:
         out = [self.poller(run), self.sampler(run)]
         if self.settings.gc_every:
             out.append(self.collector(run))
+        if self.settings.retention_every:
+            out.append(self.retention(run))
         return out
 
     # ---- stall detection -------------------------------------------------------------------------
@@ -209,6 +214,26 @@ class Soak:
             run.retained = run.retained or done["rc"] == 0
             if done["rc"] != 0:
                 run.say(f"  [yellow]gc failed (exit {done['rc']}): {done['stderr'].strip()[-200:]}[/]")
+
+
+    def retention(self, run: Run) -> Step:
+        """The leading coordinator's retention loop as one supervised process of the run (restarted when
+        killed); each pass's one line is kept as a gc entry, so the verdict sees retention that stops."""
+        s = self.settings
+        args = ["retention", "run", "--every", str(s.retention_every), "--min-epochs", str(s.keep_epochs),
+                "--hours", str((s.keep_seconds or 0.0) / 3600)]
+        proc = run.add("retention", run.cli(*args))
+        seen = 0
+        while not run.draining:
+            yield from idle(run, s.sample)
+            lines = proc.stderr_tail(1 << 20).splitlines()
+            passes = [ln for ln in lines if ln.startswith(("retention pass:", "retention pass failed"))]
+            for line in passes[seen:]:
+                entry: dict[str, Any] = {"at": run.rel(), "rc": 0 if line.startswith("retention pass:") else 1,
+                                         "line": line}
+                self.gcs.append(entry)
+                run.retained = run.retained or ("removed 0 epochs" not in line and entry["rc"] == 0)
+            seen = len(passes)
 
 
 def idle(run: Run, seconds: float) -> Step:

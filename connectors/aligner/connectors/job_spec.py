@@ -44,6 +44,10 @@ class JobSpec:
     stateless job writes no changelog)."""
     state_dir: str | None = None
     """RocksDB stores go to ``state_dir/{job}-{worker}`` (state "rocksdb" only)."""
+    state_snapshot_every: int = 1000
+    """Every N job epochs a worker writes its whole state into the changelog (its *state base*): a restore
+    replays from the latest base, and retention collects the changelog's epochs below every worker's
+    base. Costs one write of the whole state per N epochs."""
     inherit_state: bool = False
     """A new version (``follows``) starts from the old version's keyed state and input positions as of
     the epoch before its first, instead of rebuilding its state from the start of its inputs: for a

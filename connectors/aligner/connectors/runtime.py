@@ -287,6 +287,10 @@ class JobWorker:
         assert sink is not None
         changelog = self.spec.changelog
         if changelog is not None:
+            base = self.io.state_base_for(node.epoch)
+            if base == node.epoch:
+                self.state.mark_all_changed()  # this epoch's records hold the whole state: a new base
+            node = node.model_copy(update={"state_base": base})
             for key, value in self.state.records():  # changed keys, in the epoch's transaction
                 sink.send_to(changelog, value, key, self.worker)
         elif self.state.dirty:
@@ -297,6 +301,7 @@ class JobWorker:
             written = done.also[changelog].get(self.worker)
             self.state.mark_committed(node.epoch, written.end if written is not None else None)
             self.io.inherited = None
+            self.io.state_base = node.state_base
         if self.on_commit is not None:
             try:
                 self.on_commit(node)

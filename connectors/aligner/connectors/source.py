@@ -85,6 +85,11 @@ class _Input:
     consumed: int = -1
 
 
+CRAWL_RECORDS_PER_S = 1000
+"""Below this many records a second, with data to read and most polls empty, a source's fetches are
+cut short by the broker (a crawl): its fetch wait is raised as for a stall."""
+
+
 class SubjectSource:
     def __init__(self, ledger: Ledger, bootstrap: str, assignment: Mapping[str, Sequence[int]],
                  mode: Mode = "exactly_once", name: str | None = None) -> None:
@@ -103,8 +108,8 @@ class SubjectSource:
         self._consumer = self._fetching.consumer
         self._stalls: dict[tuple[str, int], tuple[Stall, int | None]] = {}
         self._watched = self._assigned = time.monotonic()
-        self._polls = self._empty_polls = 0
-        """Polls of a readable source since the last watch, and those that fetched no record."""
+        self._polls = self._empty_polls = self._records = 0
+        """Polls of a readable source since the last watch, those that fetched no record, and records."""
         self._starving_since: float | None = None
         """Since when most polls came back empty while a partition lagged (a crawl counts: the embedded
         broker cut short by a short wait answers a batch or two per fetch)."""
@@ -241,7 +246,9 @@ class SubjectSource:
         if self.readable():
             messages = self._consumer.consume(max_records, timeout=timeout)
             self._polls += 1
-            self._empty_polls += not any(m.error() is None for m in messages)
+            fetched = sum(m.error() is None for m in messages)
+            self._empty_polls += not fetched
+            self._records += fetched
             for m in messages:
                 part = self._by_topic.get((m.topic(), m.partition()))  # type: ignore[arg-type]
                 if part is None or part.pos is None:
@@ -360,8 +367,9 @@ class SubjectSource:
                     stuck.append((part, stall))
             lagging += [part] if waiting else []
             self._stalls[key] = (stall, part.pos)
-        starving = bool(lagging) and 2 * self._empty_polls >= max(1, self._polls)
-        self._polls = self._empty_polls = 0
+        starving = (bool(lagging) and 2 * self._empty_polls >= max(1, self._polls)
+                    and self._records < CRAWL_RECORDS_PER_S * gap)  # a busy machine's slow polls are no crawl
+        self._polls = self._empty_polls = self._records = 0
         self._starving_since = (self._starving_since or now) if starving else None
         slow = max(idle, 0.0 if self._starving_since is None else now - self._starving_since) >= escalate_after(wait)
         if not (stuck or slow):

@@ -29,6 +29,12 @@ counted range and marks their keys changed, so the next committed epoch writes a
 that is newer than every stray; ``min.compaction.lag.ms`` keeps the cleaner from acting before that.
 Tansu (the embedded broker) accepts the setting but never compacts (measured): there the changelog
 grows with history, and restore time stays bounded by the local checkpoint.
+
+State bases: every ``JobSpec.state_snapshot_every`` epochs (and at a hot-swap's hand-off) a worker
+writes its whole state into that epoch's changelog records and records the epoch as its
+``state_base`` in its worker epoch. A restore replays from the base (``since``) instead of the
+writer's first epoch, so ZooKeeper's changelog epochs below every worker's base can be collected by
+retention like any subject's: the changelog's ledger stays bounded by policy, not by uptime.
 """
 
 from __future__ import annotations
@@ -271,14 +277,16 @@ class StateStore:
 
     # ---- restore ----
     def restore(self, ledger: Ledger, bootstrap: str, subject: str, partition: int, upto_epoch: int | None, *,
-                repair: bool = False, stall_timeout: float = 30.0,
+                since: int | None = None, repair: bool = False, stall_timeout: float = 30.0,
                 consumer_extra: dict[str, Any] | None = None) -> Restored:
         """Make the store the state as of changelog epoch ``upto_epoch`` of ``partition`` (None: empty).
 
         Reads exactly the committed attempt's records of the partition's producer, from the epoch after
         the local tag when the tag is this writer's and not newer than ``upto_epoch``, else from its
-        first epoch into an empty store. ``repair`` (a worker restoring its own last committed epoch to
-        write on): keys of records after the last counted range are marked changed, see the module doc.
+        first epoch (or ``since``, an epoch that holds the partition's whole state: the worker's state
+        base, below which retention may have collected) into an empty store. ``repair`` (a worker
+        restoring its own last committed epoch to write on): keys of records after the last counted
+        range are marked changed, see the module doc.
         """
         began = time.monotonic()
         self._overlay = {}
@@ -296,7 +304,8 @@ class StateStore:
         entry = writers.writers[owner]
         identity = f"{ledger.layout.subject(subject)}|{owner}|{entry.first_epoch}|{partition}"
         tag = self._tag
-        start = entry.first_epoch
+        based = since is not None and since > entry.first_epoch
+        start = since if based and since is not None else entry.first_epoch
         checkpoint: int | None = None
         if (tag is not None and tag.identity == identity and upto_epoch is not None
                 and (tag.epoch is None or tag.epoch <= upto_epoch)):
@@ -305,6 +314,8 @@ class StateStore:
                     start, checkpoint = tag.epoch + 1, tag.epoch
                 else:
                     self._reset(Tag(identity, None))
+            elif based:  # a local store older than the base: the base's whole state replaces it
+                self._reset(Tag(identity, None))
             else:
                 checkpoint = tag.epoch
         else:
@@ -555,11 +566,11 @@ def open_store(path: str | Path | None = None) -> StateStore:
 
 
 def restore(ledger: Ledger, bootstrap: str, changelog_subject: str, partition: int, upto_epoch: int | None, *,
-            path: str | Path | None = None, repair: bool = False) -> StateStore:
+            path: str | Path | None = None, repair: bool = False, since: int | None = None) -> StateStore:
     """A store holding the state as of ``upto_epoch`` of a changelog partition (see ``StateStore.restore``)."""
     store = open_store(path)
     try:
-        store.restore(ledger, bootstrap, changelog_subject, partition, upto_epoch, repair=repair)
+        store.restore(ledger, bootstrap, changelog_subject, partition, upto_epoch, since=since, repair=repair)
     except BaseException:
         store.close()
         raise

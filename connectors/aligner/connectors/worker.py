@@ -117,6 +117,9 @@ def run(
     state_dir: Annotated[str | None, typer.Option(help="Directory of RocksDB state stores")] = None,
     inherit_state: Annotated[bool, typer.Option(help="With --follows: start from the old version's state")]
     = False,
+    state_snapshot_every: Annotated[int, typer.Option(min=1, help="Write the whole state to the changelog every N "
+                                                      "epochs (restores start there; retention collects below)")]
+    = 1000,
     shadow: Annotated[bool, typer.Option(help="With --follows: write the voided output to JOB.shadow (verify)")]
     = False,
     metrics_port: Annotated[int | None, typer.Option(min=1, max=65535, help="Serve Prometheus metrics here")]
@@ -135,7 +138,8 @@ def run(
                    interval=interval, mode=mode,  # type: ignore[arg-type]
                    epochs_per_checkpoint=epochs_per_checkpoint, deterministic=not nondeterministic,
                    follows=follows, output_partitions=parts, state=state,  # type: ignore[arg-type]
-                   state_dir=state_dir, inherit_state=inherit_state, shadow=shadow)
+                   state_dir=state_dir, inherit_state=inherit_state, shadow=shadow,
+                   state_snapshot_every=state_snapshot_every)
     fn = load_function(function)
     if metrics_port is not None:
         from prometheus_client import start_http_server

@@ -50,6 +50,8 @@ class WorkerIO:
         self.source: SubjectSource | None = None
         self.inherited: str | None = None
         """"old@epoch" while this new version's first epoch carries the state it took over (hand-off)."""
+        self.state_base: int | None = None
+        """The changelog epoch this worker's state is rebuilt from (see ``WorkerEpochNode.state_base``)."""
 
     def prepare(self) -> None:
         """The subjects a worker writes besides its output, and its state store."""
@@ -90,9 +92,20 @@ class WorkerIO:
         if changelog is None:
             self.state.rollback()
         else:  # exact read of this worker's changelog partition up to its last committed epoch
-            self.state.restore(self.ledger, self.bootstrap, changelog, self.worker,
-                               self.sink.leases[changelog].node.committed_epoch, repair=True)
+            last = self.sink.leases[changelog].node.committed_epoch
+            record = None if last is None else self.jobs.worker_epoch_or_none(spec.job, self.worker, last)
+            self.state_base = None if record is None else record.state_base
+            self.state.restore(self.ledger, self.bootstrap, changelog, self.worker, last, since=self.state_base,
+                               repair=True)
         return self._restore(self.sink.lease.node.committed_epoch)
+
+    def state_base_for(self, epoch: int) -> int:
+        """The state base ``epoch`` commits: the epoch itself when it writes the whole state (its base is
+        due, or the state was just handed over), else the last one."""
+        base = self.state_base
+        if self.inherited is not None or base is None or epoch - base >= self.spec.state_snapshot_every:
+            return epoch
+        return base
 
     def _restore(self, last: int | None) -> Alignments:
         spec, source = self.spec, self.source
@@ -128,7 +141,8 @@ class WorkerIO:
         if spec.changelog is None:
             raise AlignerError(f"{spec.job} declares no state (state='none'); it cannot inherit {old}'s")
         committed = self._await_old_epoch(old, epoch)
-        self.state.restore(self.ledger, self.bootstrap, f"{old}.state", self.worker, epoch)
+        self.state.restore(self.ledger, self.bootstrap, f"{old}.state", self.worker, epoch,
+                           since=committed.state_base)
         self.state.mark_all_changed()
         assert self.source is not None
         self.source.restore(committed.offsets, committed.load_from)

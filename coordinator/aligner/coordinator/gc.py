@@ -9,8 +9,10 @@ written before anything is deleted, so reading a collected epoch is a clear out-
 Below it go the epochs, the Spark sinks' lineage records and the producer nodes of swapped-out jobs;
 Spark queries' micro-batch records whose epochs are all gone; worker records but the last N; job
 epochs below the output's floor but the last N; and what a job swapped out leaves (worker, source
-and decision state, once its sink finished). A changelog subject is never collected (its restore
-replays it from its first epoch). This module chooses; ``aligner.retention`` deletes.
+and decision state, once its sink finished). A job's changelog (``{job}.state``) is collected like a
+subject but never below a state base a retained worker epoch restores from (the oldest retained
+record's ``state_base`` of each worker; a record without one holds the whole changelog), and a
+changelog no job owns is never collected. This module chooses; ``aligner.retention`` deletes.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from aligner.ledger import Ledger
 from aligner.models import JobNode, SwapNode
 from aligner.retention import Retention
 from aligner.retention_policy import (
+    CHANGELOG_SUFFIX,
     RetentionPolicy,
     collectable,
     needed_floor,
@@ -49,9 +52,13 @@ class Needs:
             if swap is not None:
                 self.swaps[node.job] = swap
         self.floors: dict[str, list[int]] = {}
+        self.changelogs: set[str] = set()
+        """Changelog subjects whose owners' needs were read (only those may be collected)."""
         for node in self.nodes:
+            self.changelogs.add(f"{node.job}{CHANGELOG_SUFFIX}")
             if not self.swapped_out(node.job):
                 self._consumers(node)
+                self._state_bases(node)
         self._swaps_in_flight()
 
     def swapped_out(self, job: str) -> bool:
@@ -81,6 +88,18 @@ class Needs:
             last = self.jobs.worker_epoch_or_none(node.job, worker, numbers[-1]) if numbers else None
             for subject, first in (last.load_from.items() if last is not None else ()):
                 self._need(subject, first)
+
+    def _state_bases(self, node: JobNode) -> None:
+        """A worker restores its state from the base of a retained worker epoch: the oldest one's base
+        stays (a worker without records, or a record without a base, holds the whole changelog)."""
+        changelog = f"{node.job}{CHANGELOG_SUFFIX}"
+        workers = self.jobs.worker_ids(node.job)
+        if len(workers) < node.parallelism:
+            self._need(changelog, 0)
+        for worker in workers:
+            numbers = self.jobs.worker_epoch_numbers(node.job, worker)
+            oldest = self.jobs.worker_epoch_or_none(node.job, worker, numbers[0]) if numbers else None
+            self._need(changelog, 0 if oldest is None or oldest.state_base is None else oldest.state_base)
 
     def _swaps_in_flight(self) -> None:
         for swap in self.swaps.values():
@@ -121,7 +140,7 @@ def subject_floors(ledger: Ledger, policy: RetentionPolicy, needs: Needs,
     now_ms = time.time() * 1000
     floors: dict[str, tuple[int, list[int]]] = {}
     for subject in subjects:
-        if not collectable(subject):
+        if not collectable(subject, needs.changelogs):
             continue
         numbers = ledger.epoch_numbers(subject)
         floor = retention_floor(numbers, _frontier(ledger, subject, numbers), partial(ledger.epoch_time, subject),
