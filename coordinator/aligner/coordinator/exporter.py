@@ -50,10 +50,11 @@ class Snapshot:
 def take(ledger: Ledger) -> Snapshot:
     snap = Snapshot(taken=time.monotonic())
     for subject in ledger.subject_names():
-        last = ledger.frontier(subject)
+        numbers = ledger.epoch_numbers(subject)  # listed once: the count and the frontier both come from it
+        last = ledger.frontier(subject, numbers)
         age = None if last is None else max(0.0, (now_ms() - ledger.committed(subject, last).committed_at) / 1000)
         snap.subjects[subject] = (last, age)
-        snap.retained[subject] = (ledger.first_retained(subject), len(ledger.epoch_numbers(subject)))
+        snap.retained[subject] = (ledger.first_retained(subject), len(numbers))
     coordinator = Coordinator(ledger)
     for job in coordinator.jobs.job_names():
         for row in coordinator.status(job)["sources"]:

@@ -17,6 +17,7 @@ app = typer.Typer()
 
 
 def _subject_status(led: Ledger, name: str) -> dict[str, Any]:
+    """One listing of the subject's epochs gives both its count and its frontier (a day's ledger holds 10^5)."""
     meta = led.subject(name)
     numbers = led.epoch_numbers(name)
     sinks = {}
@@ -27,7 +28,7 @@ def _subject_status(led: Ledger, name: str) -> dict[str, Any]:
             for p in led.producers(name, sink)
         ]
     return {"subject": name, "topic": meta.topic, "partitions": meta.partitions,
-            "epochs": len(numbers), "last_committed": led.frontier(name), "sinks": sinks}
+            "epochs": len(numbers), "last_committed": led.frontier(name, numbers), "sinks": sinks}
 
 
 def _job_rows(led: Ledger) -> list[dict[str, Any]]:
