@@ -316,3 +316,31 @@ def test_coordinator_lost_after_commit_is_resumed_by_the_next(stack, ledger, sub
     wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
     _finish(more, gen, v1, v2)
     _verify(ledger, stack, target, gen, swap.epoch)
+
+
+def test_a_new_version_started_before_the_old_is_aligned_waits_to_join(stack, ledger, subject_name, spawn):
+    """v2 starts while v1 runs unaligned: it does not join the target (its producers would be writers of
+    epochs it can never follow, holding the target for every reader) until v1 is aligned; v1's output moves
+    on meanwhile, and once aligned, v2 follows and the swap commits exactly once."""
+    raw, target = subject_name, f"{subject_name}-t"
+    create_subject(ledger, stack.kafka, raw, 2)
+    create_subject(ledger, stack.kafka, target, 4)
+    more = threading.Event()
+    gen = spawn.generator(raw, epochs=5000, pace=0.04, until=more)
+    old = JobSpec(job=f"{raw}-v1", inputs=(raw,), output=target, interval=0.2, output_partitions=(0, 1))
+    new = JobSpec(job=f"{raw}-v2", inputs=(raw,), output=target, interval=0.2, output_partitions=(2, 3),
+                  version="2", follows=old.job)
+    v1 = spawn.job(old, tag_v1)
+    wait_for(lambda: (ledger.frontier(target) or 0) >= 3, LIVE, "v1's unaligned epochs")
+    swapper = HotSwap(ledger)
+    v2 = spawn.job(new, tag_v2)
+    wait_for(lambda: new.job in swapper.jobs.job_names(), LIVE, "v2 registered")
+    joined = (ledger.frontier(target) or 0) + 5
+    wait_for(lambda: (ledger.frontier(target) or 0) >= joined, LIVE, "v1's output moving on while v2 waits")
+    assert not any(w.startswith(f"{new.job}:") for w in ledger.writers(target)[0].writers), "v2 joined unaligned"
+    Coordinator(ledger).align(old.job, timeout=LIVE)
+    wait_for(lambda: swapper.committed(new.job, new.inputs) >= 0, LIVE, "v2 following")
+    swap = swapper.run(old.job, new.job, target, timeout=LIVE)
+    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
+    _finish(more, gen, v1, v2)
+    _verify(ledger, stack, target, gen, swap.epoch)

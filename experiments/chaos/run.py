@@ -296,8 +296,10 @@ class Run:
             self.say(f"  [yellow]hot-swap skipped: the run sized subject a for {self.generations} versions of A[/]")
             return
         for attempt in range(5):
-            if not (yield from self.aligned(old, IN)):
-                yield from self.command(f"align {old} (for the swap)", "align", old, "--subject", IN)
+            if not (yield from self.aligned(old, IN)) and not (
+                    yield from self.command(f"align {old} (for the swap)", "align", old, "--subject", IN)):
+                self.say(f"  hot-swap attempt {attempt + 1}: {old} is not aligned; again")
+                continue  # a new version joins only an aligned old one: it would wait for the alignment
             if f"{new}-0" not in self.procs:
                 self.start_generation(self.generation + 1)
                 yield from self._v2_follows(new)

@@ -8,6 +8,7 @@ on the old version's record of E.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping
 
@@ -20,6 +21,8 @@ from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import JobEpochNode, Span
 
+log = logging.getLogger("aligner.runtime")
+
 
 class JobEpochs:
     def __init__(self, ledger: Ledger, line: str, per: int, follows: bool, idle: Idle) -> None:
@@ -30,6 +33,8 @@ class JobEpochs:
         self.per = per
         self.follows = follows
         self.idle = idle
+        self._never: int | None = None
+        """The epoch last found never to be decided by the line (warned once)."""
 
     def covered(self, epoch: int, alignments: Mapping[str, ConsumerAlignment], old_decides: Callable[[int], bool],
                 inputs_finished: Callable[[], bool], stop: threading.Event) -> dict[str, Span | None]:
@@ -72,10 +77,23 @@ class JobEpochs:
             self.idle.arm(path, lambda cb: self.ledger.watch_node(path, cb))
             if self.jobs.job_epoch(self.line, epoch) is not None:
                 return
-            self.idle.waiting(f"{self.line} to decide job epoch {epoch}")
+            self.idle.waiting(self._follow_wait(epoch))
         else:
             self.idle.waiting(f"subject epochs {start} to commit")
         self.idle.sleep(stop, 1.0)
+
+    def _follow_wait(self, epoch: int) -> str:
+        """What a follower waits for, and, when the line's records show it never comes, why (once, loudly)."""
+        numbers = self.jobs.job_epoch_numbers(self.line)
+        if not numbers or numbers[0] <= epoch:
+            return f"{self.line} to decide job epoch {epoch}"
+        why = (f"{self.line} to decide job epoch {epoch}, which it never will: its job epochs run from {numbers[0]} "
+               f"(it was not aligned when this version joined at {epoch}, or they were collected); stop this "
+               f"version, align {self.line} and start the new version again under a new name")
+        if self._never != epoch:
+            self._never = epoch
+            log.warning("%s", why)
+        return why
 
     def watch_epoch(self, subject: str, epoch: int) -> None:
         self.idle.arm(self.ledger.layout.epoch(subject, epoch), lambda cb: self.ledger.arm_watch(subject, epoch, cb))

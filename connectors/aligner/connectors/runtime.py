@@ -71,8 +71,7 @@ class JobWorker:
         self.io = WorkerIO(ledger, bootstrap, spec, worker, self.fault, self.idle)
         self.sources = SourceAlignment(self.jobs, spec.job, worker, spec.inputs, spec.mode, self.idle)
         self.gate = SwapGate(ledger, spec.job, spec.follows, self.idle, self._report_all)
-        self.records_in = 0
-        self.records_out = 0
+        self.records_in = self.records_out = 0
         self._voiding = False
 
     # ---- parts --------------------------------------------------------------------------------
@@ -86,8 +85,7 @@ class JobWorker:
         return self.io.source
 
     @property
-    def state(self) -> StateStore:
-        """Opened by ``open``; kept across in-process reopens (each restores it to the last committed epoch)."""
+    def state(self) -> StateStore:  # kept across in-process reopens, each restoring the last committed epoch
         return self.io.state
 
     @property
@@ -99,8 +97,7 @@ class JobWorker:
         self.sources.states = value
 
     @property
-    def swap(self) -> SwapNode | None:
-        """The swap that gates this worker now (see :attr:`SwapGate.swap`)."""
+    def swap(self) -> SwapNode | None:  # the swap that gates this worker now (SwapGate.swap)
         return self.gate.swap
 
     def mode_of(self, subject: str) -> Mode:
@@ -111,8 +108,7 @@ class JobWorker:
         return self.sources.aligned
 
     @property
-    def waiting_since(self) -> float | None:
-        """Monotonic time since which the worker has had no input to read (None while reading)."""
+    def waiting_since(self) -> float | None:  # monotonic time since the worker had no input (None: reading)
         return self.idle.since
 
     # ---- set-up -------------------------------------------------------------------------------
@@ -126,10 +122,14 @@ class JobWorker:
                                 spec.follows is not None, self.idle)
         self.jobs.ensure_worker_path(spec.job, self.worker)
         self.io.prepare()
+        if self.io.may_join(self.epochs.line):  # else the first step waits for the old version's alignment
+            self._join()
+        return self
+
+    def _join(self) -> None:
         self.alignment = self.io.open()
         self.sources.follow()
         self.gate.follow()
-        return self
 
     def _reopen(self, stop: threading.Event) -> None:
         alignment = self.io.reopen(stop, one_line)
@@ -254,6 +254,8 @@ class JobWorker:
     def step(self, stop: threading.Event) -> bool:
         """Run one job epoch; returns False once every input finished and was consumed (or the old
         version of a hot-swap wrote its last epoch). Raises StoppedError when ``stop`` is set."""
+        if self.sink is None and self.io.join_when_aligned(self.epochs.line):
+            self._join()
         sink, source = self.sink, self.source
         assert sink is not None and source is not None, "open() first"
         epoch = sink.next_epoch

@@ -65,6 +65,32 @@ class WorkerIO:
                 raise AlignerError(f"job {spec.job!r} keeps its state in RocksDB: give it a state directory")
             self.state = open_store(Path(spec.state_dir) / f"{spec.job}-{self.worker}")
 
+    def may_join(self, line: str) -> bool:
+        """Whether this worker may open its sink on the target now. A new version joins only once its line
+        decides job epochs (the old version is aligned): joined earlier, its producers would be writers
+        of target epochs it can never follow, holding the target's epochs for every reader. A worker that
+        has committed has joined already."""
+        spec = self.spec
+        if spec.follows is None or self.jobs.worker_epoch_numbers(spec.job, self.worker):
+            return True
+        frontier = self.ledger.frontier(spec.output)
+        return frontier is not None and self.jobs.job_epoch(line, frontier) is not None
+
+    def join_when_aligned(self, line: str) -> bool:
+        """Wait (stop-aware, said once in the log) until :meth:`may_join`; True then."""
+        said = False
+        while not self.may_join(line):
+            if self.ledger.stopping():
+                raise StoppedError(f"{self.spec.job} worker {self.worker} stopped")
+            if not said:  # no consumer report yet (nothing is open): the log says it
+                log.warning("%s worker %d: waiting for %s to be aligned: a new version joins %r only while its "
+                            "old version decides job epochs (`aligner align %s`)", self.spec.job, self.worker,
+                            line, self.spec.output, line)
+                said = True
+            self.idle.wake.wait(1.0)
+            self.idle.wake.clear()
+        return True
+
     def _ensure_changelog(self, name: str) -> None:
         """The job's changelog subject, one partition per worker (created by the first worker to start)."""
         try:
