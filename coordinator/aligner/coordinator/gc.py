@@ -128,11 +128,6 @@ class Needs:
         return all(e.finished_after is not None for e in mine)
 
 
-def _frontier(ledger: Ledger, subject: str, numbers: list[int]) -> int | None:
-    """``Ledger.frontier`` on epoch numbers already listed (one getChildren per subject and pass)."""
-    return next((e for e in reversed(numbers) if ledger.is_committed(subject, e)), None)
-
-
 def subject_floors(ledger: Ledger, policy: RetentionPolicy, needs: Needs,
                    subjects: list[str]) -> dict[str, tuple[int, list[int]]]:
     """Each collectable subject's new floor under ``policy`` and ``needs`` (shadow lanes tied together),
@@ -143,7 +138,7 @@ def subject_floors(ledger: Ledger, policy: RetentionPolicy, needs: Needs,
         if not collectable(subject, needs.changelogs):
             continue
         numbers = ledger.epoch_numbers(subject)
-        floor = retention_floor(numbers, _frontier(ledger, subject, numbers), partial(ledger.epoch_time, subject),
+        floor = retention_floor(numbers, ledger.frontier(subject, numbers), partial(ledger.epoch_time, subject),
                                 now_ms, policy, needs.of(subject), ledger.first_retained(subject))
         floors[subject] = floor, numbers
     for shadow, target in needs.pairs():
