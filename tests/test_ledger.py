@@ -165,6 +165,23 @@ def test_committed_many_equals_committed_per_epoch_and_fails_alike(stack, root, 
     assert ledger.committed_many(subject_name, 2, 2) == [ledger.committed(subject_name, 2)]
 
 
+def test_a_readers_memory_of_committed_epochs_is_bounded(stack, root, ledger, subject_name, monkeypatch):
+    """A reader that runs for days keeps the committed epochs it still reads, not every one it ever read;
+    an epoch it forgot is read again, exactly."""
+    from aligner.recipes import store
+
+    _subject(ledger, subject_name)
+    a = ledger.claim(subject_name, "a", "0", [0], lambda: {0: 0})
+    for _ in range(30):
+        a = _commit_empty(ledger, a)
+    monkeypatch.setattr(store, "CACHED_EPOCHS", 8)
+    with Ledger.connect(stack.zk, root) as reader:
+        first = reader.committed_many(subject_name, 0, 29)
+        assert len(reader._committed) == 8
+        assert [reader.committed(subject_name, e) for e in range(30)] == first
+        assert len(reader._committed) == 8 and all(reader.is_committed(subject_name, e) for e in range(30))
+
+
 def test_committed_many_reports_a_corrupt_contribution_in_span_order(ledger, subject_name):
     _subject(ledger, subject_name)
     lease = ledger.claim(subject_name, "a", "0", [0], lambda: {0: 0})

@@ -33,7 +33,7 @@ class EpochReads(SubjectRecipes):
         return EpochNotCommittedError(subject, epoch, "no such epoch")
 
     def is_committed(self, subject: str, epoch: int) -> bool:
-        if (subject, epoch) in self._committed:
+        if self.cached(subject, epoch) is not None:
             return True
         node = self.epoch_node(subject, epoch)
         children = set(self._children(self.layout.epoch(subject, epoch)))
@@ -41,9 +41,9 @@ class EpochReads(SubjectRecipes):
 
     def committed(self, subject: str, epoch: int) -> CommittedEpoch:
         """The fixed slices of a committed epoch; cached, since a committed epoch never changes."""
-        key = (subject, epoch)
-        if key in self._committed:
-            return self._committed[key]
+        hit = self.cached(subject, epoch)
+        if hit is not None:
+            return hit
         node = self.epoch_node(subject, epoch)
         path = self.layout.epoch(subject, epoch)
         present = set(self._children(path)) & set(node.writers)
@@ -51,7 +51,7 @@ class EpochReads(SubjectRecipes):
         pending = {w: self.zk.get_async(f"{path}/{w}") for w in sorted(present)}
         contributions = {w: parse(ContributionNode, f"{path}/{w}", a.get()[0]) for w, a in pending.items()}
         result = assemble(subject, node, contributions)
-        self._committed[key] = result
+        self.cache(subject, epoch, result)
         return result
 
     def committed_many(self, subject: str, first: int, last: int) -> list[CommittedEpoch]:
@@ -68,7 +68,8 @@ class EpochReads(SubjectRecipes):
 
     def _committed_chunk(self, subject: str, first: int, last: int) -> list[CommittedEpoch]:
         lay = self.layout
-        todo = [e for e in range(first, last + 1) if (subject, e) not in self._committed]
+        hits = {e: self.cached(subject, e) for e in range(first, last + 1)}
+        todo = [e for e, hit in hits.items() if hit is None]
         heads: dict[int, tuple[Any, Any]] = {}
         if todo:
             self._trip("read")
@@ -95,9 +96,9 @@ class EpochReads(SubjectRecipes):
             pending = {e: {w: (p, self.zk.get_async(p)) for w, p in ws.items()} for e, ws in pending.items()}
         out: list[CommittedEpoch] = []
         for e in range(first, last + 1):
-            key = (subject, e)
-            if key in self._committed:
-                out.append(self._committed[key])
+            hit = hits[e]
+            if hit is not None:
+                out.append(hit)
                 continue
             head = nodes[e]
             if isinstance(head, NoNodeError):
@@ -107,7 +108,7 @@ class EpochReads(SubjectRecipes):
                 raise head
             contributions = {w: parse(ContributionNode, p, req.get()[0]) for w, (p, req) in pending[e].items()}
             result = assemble(subject, head, contributions)
-            self._committed[key] = result
+            self.cache(subject, e, result)
             out.append(result)
         return out
 

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from cachetools import LRUCache
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.retry import ForceRetryError
@@ -20,6 +21,9 @@ from aligner.models import M, parse
 from aligner.ops import Op, failed_with, raise_failure
 from aligner.zk import RetryingClient
 
+CACHED_EPOCHS = 20_000
+"""Committed epochs a ledger keeps in memory (about 1 KB each): the least recently read go first."""
+
 
 class Store:
     """Typed access to ZooKeeper nodes through one retrying client; counts its round trips."""
@@ -29,7 +33,9 @@ class Store:
         self.zk = zk if isinstance(zk, RetryingClient) else RetryingClient(zk, stop)
         self.layout = layout or Layout()
         self.round_trips = 0
-        self._committed: dict[tuple[str, int], CommittedEpoch] = {}
+        self._committed: LRUCache[tuple[str, int], CommittedEpoch] = LRUCache(CACHED_EPOCHS)
+        """Committed epochs never change, so readers keep them; bounded, so a reader that runs for days
+        keeps the epochs it still reads, not every epoch it ever read."""
         self._lock = threading.Lock()
 
     @property
@@ -46,6 +52,14 @@ class Store:
 
     def close(self) -> None:
         self.zk.stop_session()
+
+    def cached(self, subject: str, epoch: int) -> CommittedEpoch | None:
+        with self._lock:
+            return self._committed.get((subject, epoch))
+
+    def cache(self, subject: str, epoch: int, committed: CommittedEpoch) -> None:
+        with self._lock:
+            self._committed[(subject, epoch)] = committed
 
     def _trip(self, kind: str) -> None:
         with self._lock:
