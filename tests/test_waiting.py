@@ -83,3 +83,22 @@ def test_a_wait_without_progress_times_out_and_stops(ledger: Ledger, jobs: JobLe
     stop.set()
     with pytest.raises(StoppedError):
         Waiter(ledger, stop).until(lambda: False, "nothing")
+
+
+def test_a_commands_timeout_bounds_all_its_waits_not_each(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An alignment that starts again, or a hot-swap that aligns first, waits several times: the command's
+    timeout is one deadline over all of them (a run of steps each under the timeout never ends otherwise)."""
+    monkeypatch.setattr(waiting, "TICK", 0.05)
+    waiter = Waiter(ledger)
+
+    def after(seconds: float) -> Callable[[], bool]:
+        due = time.monotonic() + seconds
+        return lambda: time.monotonic() >= due
+
+    with waiter.within(2.0):
+        for _ in range(3):  # each step takes 0.3 s, well under the 2 s: fine
+            waiter.until(after(0.3), "a step", timeout=2.0)
+        with pytest.raises(TimeoutError, match="gave up after 2s"):
+            for _ in range(20):  # 20 more would take 6 s in all
+                waiter.until(after(0.3), "a step", timeout=2.0)
+    waiter.until(after(0.3), "a step after the command", timeout=2.0)  # the deadline ended with it

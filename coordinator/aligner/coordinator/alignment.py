@@ -128,12 +128,13 @@ class Coordinator:
 
         Should the consumers end up split (one started J under an Align the others rejected as too
         late), the alignment is aborted, nothing lost, and run again."""
-        while True:
-            try:
-                return self._align(job, subjects, at_epoch, timeout, progress)
-            except AlignmentSplitError as exc:
-                log.warning("job %s: %s; aborting the alignment and aligning again", job, exc)
-                self.abort(job, timeout, progress)
+        with self.waiter.within(timeout):
+            while True:
+                try:
+                    return self._align(job, subjects, at_epoch, timeout, progress)
+                except AlignmentSplitError as exc:
+                    log.warning("job %s: %s; aborting the alignment and aligning again", job, exc)
+                    self.abort(job, timeout, progress)
 
     def _align(self, job: str, subjects: Sequence[str] | None, at_epoch: int | None, timeout: float | None,
                progress: Progress | None) -> AlignmentDecision:

@@ -108,6 +108,12 @@ class HotSwap:
         for job in (o, n):
             self.coordinator.watch_job(job.job, job.inputs)
         self.waiter.watch_swap(old)
+        with self.waiter.within(timeout):
+            return self._run(o, n, at_epoch, timeout, progress, until)
+
+    def _run(self, o: JobNode, n: JobNode, at_epoch: int | None, timeout: float | None,
+             progress: Progress | None, until: machine.Next) -> SwapNode:
+        old = o.job
         while True:
             seen, version = self.observe(o, n)
             step = machine.coordinate(seen)

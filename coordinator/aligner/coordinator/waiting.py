@@ -10,10 +10,11 @@ watches (a subject's frontier); it is a backstop, not the way a wait learns of p
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
@@ -36,6 +37,20 @@ class Waiter:
         ledger.stop_on(self.stop)
         self._wake = threading.Event()
         self._watched: set[str] = set()
+        self._deadline: tuple[float, float] | None = None
+        """(monotonic deadline, the command's timeout) shared by every wait of one command."""
+
+    @contextlib.contextmanager
+    def within(self, timeout: float | None) -> Iterator[None]:
+        """Every wait inside shares one deadline: a command's ``--timeout`` bounds the whole command, not
+        each of its steps (an alignment that aborts and starts again, a hot-swap that aligns first)."""
+        outer = self._deadline
+        if timeout is not None and (outer is None or time.monotonic() + timeout < outer[0]):
+            self._deadline = (time.monotonic() + timeout, timeout)
+        try:
+            yield
+        finally:
+            self._deadline = outer
 
     def watch(self, paths: Iterable[str], children: Iterable[str] = ()) -> None:
         """Wake waits when any of ``paths`` changes or ``children`` gain or lose a child (idempotent)."""
@@ -78,6 +93,8 @@ class Waiter:
             now = time.monotonic()
             if timeout is not None and now - started > timeout:
                 raise TimeoutError(f"gave up after {timeout:.0f}s waiting for {what}")
+            if self._deadline is not None and now > self._deadline[0]:
+                raise TimeoutError(f"gave up after {self._deadline[1]:.0f}s waiting for {what}")
             if now - started >= REPORT_AFTER and now - reported >= (600.0 if reported else 0.0):
                 reported = now
                 log.info("still waiting for %s (%.0fs)", what, now - started)
