@@ -288,6 +288,9 @@ def one_swap(i: int, spark: Any, led: Ledger, kafka: str, conn: dict[str, str], 
     commits = _commits(led, t, led.epoch_numbers(t)[0], last)
     base_first = next(e for e in sorted(commits) if e > caught)
     base_epochs = [e for e in range(base_first + 1, last + 1) if commits[e] <= requested_wall]
+    if len(base_epochs) < 2:  # Q2 caught up just before the request (a short --steady on a busy machine):
+        # the baseline is the target's last commits before the request, Q1 alone and both together
+        base_epochs = [e for e in sorted(commits) if e - 1 in commits and commits[e] <= requested_wall][-3:]
     baseline = _gaps(commits, base_epochs[0], base_epochs[-1])
     alone = _gaps(commits, alone_from + 1, alone_until)
     lo, hi = max(1, s - args.window), min(last, s + args.window)
