@@ -102,3 +102,25 @@ def test_a_commands_timeout_bounds_all_its_waits_not_each(ledger: Ledger, monkey
             for _ in range(20):  # 20 more would take 6 s in all
                 waiter.until(after(0.3), "a step", timeout=2.0)
     waiter.until(after(0.3), "a step after the command", timeout=2.0)  # the deadline ended with it
+
+
+def test_align_settles_when_the_sources_are_aligned_already(ledger: Ledger, jobs: JobLedger,
+                                                            subject_name: str) -> None:
+    """A worker killed after reporting an abort and before its next commit restarts aligned (its last
+    committed alignment) and rejects every new Align. The coordinator sees the sources aligned and records
+    that alignment, instead of choosing (k, J) again for every rejection (10,000 seqs in one chaos run)."""
+    from aligner.alignment import ConsumerAlignment, State
+    from aligner.coordinator.alignment import Coordinator
+    from aligner.models import AlignmentDecision, DecisionPhase
+
+    ledger.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
+    job = f"{subject_name}-j"
+    jobs.register(JobNode(job=job, inputs=(subject_name,), output=subject_name, parallelism=1))
+    jobs.decide(AlignmentDecision(job=job, subjects=(subject_name,), phase=DecisionPhase.ALIGNING, seq=7,
+                                  subject_epochs={subject_name: 90}, job_epoch=100), -1)
+    restarted = ConsumerAlignment(state=State.ALIGNED, applied_seq=7, subject_epoch=30, job_epoch=44)
+    jobs.report(job, subject_name, 0, ConsumerNode(alignment=restarted, rejected_seq=7))
+    decision = Coordinator(ledger).align(job, timeout=10)
+    assert (decision.phase, decision.seq, decision.job_epoch) == (DecisionPhase.ALIGNED, 7, 44)
+    assert decision.subject_epochs == {subject_name: 30}
+    assert jobs.decision(job)[0] == decision

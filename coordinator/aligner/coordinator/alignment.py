@@ -162,9 +162,14 @@ class Coordinator:
             elif step is Next.CHOOSE:
                 assert decision is not None
                 self._choose(job, chosen, decision, version, at_epoch)
-            else:  # RECORD_ALIGNED
+            else:  # RECORD_ALIGNED, at the (k, J) the sources are aligned at
                 assert decision is not None
-                decision = decision.model_copy(update={"phase": DecisionPhase.ALIGNED, "updated_at": now_ms()})
+                states = {s: self.jobs.source_state(job, s) for s in chosen}
+                decision = decision.model_copy(update={
+                    "phase": DecisionPhase.ALIGNED, "updated_at": now_ms(),
+                    "job_epoch": next(iter(states.values())).job_epoch,
+                    "subject_epochs": {**decision.subject_epochs, **{
+                        s: st.subject_epoch for s, st in states.items() if st.subject_epoch is not None}}})
                 self.jobs.decide(decision, version)
                 return decision
 
@@ -238,11 +243,14 @@ class Coordinator:
         return decision, self.jobs.decide(decision, version)
 
     def _settled(self, job: str, subjects: Sequence[str], decision: AlignmentDecision) -> Settled | None:
+        states = [self.jobs.source_state(job, s) for s in subjects]
+        if all(st.state is State.ALIGNED for st in states) and len({st.job_epoch for st in states}) == 1:
+            # Aligned at (k, J), or already at another one: a worker killed after an abort's report and
+            # before its next commit restarts from the alignment it had committed, and rejects every
+            # new Align (each rejection used to bring a new choice: thousands of seqs a run)
+            return Settled.ALIGNED
         if any(c.rejected_seq == decision.seq for s in subjects for c in self.jobs.consumers(job, s).values()):
             return Settled.REJECTED
-        if all(st.state is State.ALIGNED and st.job_epoch == decision.job_epoch
-               for st in (self.jobs.source_state(job, s) for s in subjects)):
-            return Settled.ALIGNED
         return None
 
     def abort(self, job: str, timeout: float | None = None, progress: Progress | None = None) -> AlignmentDecision:
