@@ -113,6 +113,8 @@ class SubjectSource:
         self._watched = self._assigned = time.monotonic()
         self._polls = self._empty_polls = self._records = 0
         """Polls of a readable source since the last watch, those that fetched no record, and records."""
+        self._lag = 0
+        """Records the lagging partitions had to read at the last watch."""
         self._starving_since: float | None = None
         """Since when most polls came back empty while a partition lagged (a crawl counts: the embedded
         broker cut short by a short wait answers a batch or two per fetch)."""
@@ -335,6 +337,13 @@ class SubjectSource:
 
     # ---- the watchdog -------------------------------------------------------------------------
 
+    def _lag_of(self, part: _Part) -> int:
+        """Records this source may read now on a partition it waits for data on (a guess when unknown)."""
+        if part.bound < UNBOUNDED:
+            return part.bound - (part.pos or 0)
+        _low, high = self._consumer.get_watermark_offsets(TopicPartition(part.topic, part.partition), cached=True)
+        return high - (part.pos or 0) if high >= 0 else 0
+
     def _waiting_for_data(self, part: _Part) -> bool:
         """The partition has data this source should be reading (not merely an open end)."""
         if part.pos is None or part.paused or part.pos >= part.bound:
@@ -370,9 +379,12 @@ class SubjectSource:
                     stuck.append((part, stall))
             lagging += [part] if waiting else []
             self._stalls[key] = (stall, part.pos)
+        # A crawl: most polls empty, under CRAWL_RECORDS_PER_S, and under half of what was there to read a
+        # watch ago (a slow input read as it comes, or a busy machine's slow polls, is no crawl).
         starving = (bool(lagging) and 2 * self._empty_polls >= max(1, self._polls)
-                    and self._records < CRAWL_RECORDS_PER_S * gap)  # a busy machine's slow polls are no crawl
+                    and self._records < min(CRAWL_RECORDS_PER_S * gap, self._lag / 2))
         self._polls = self._empty_polls = self._records = 0
+        self._lag = sum(self._lag_of(p) for p in lagging)
         self._starving_since = (self._starving_since or now) if starving else None
         slow = max(idle, 0.0 if self._starving_since is None else now - self._starving_since) >= escalate_after(wait)
         if not (stuck or slow):
