@@ -142,3 +142,16 @@ def test_cli_kafka_config(stack: StackInfo, cli_env: dict[str, str], tmp_path: P
     assert missing.returncode == 1 and "none.properties" in missing.stderr and "Traceback" not in missing.stderr
     env = {**cli_env, "ALIGNER_KAFKA_CONFIG": str(wrong)}  # the environment works the same
     assert run_cli(env, "subjects", "create", f"{subject_name}-3").returncode == 1
+
+
+def test_a_new_consumer_takes_over_a_bounded_part_of_the_learned_wait(monkeypatch) -> None:
+    """A consumer moving to another partition waits out the fetch it sent before: inheriting a 30 s wait,
+    every epoch a reader reads took 30 s. New consumers start at most at INHERITED_WAIT_MS."""
+    from aligner.connectors import kafka as kafka_module
+
+    monkeypatch.setitem(kafka_module._learned, "127.0.0.1:1", kafka_module.MAX_FETCH_WAIT_MS)
+    fc = kafka_module.FetchingConsumer("127.0.0.1:1")
+    try:
+        assert fc.wait_ms == kafka_module.INHERITED_WAIT_MS
+    finally:
+        fc.close()

@@ -247,7 +247,13 @@ def consumer_config(bootstrap: str, extra: Mapping[str, Any] | None = None,
 
 _learned: dict[str, int] = {}
 """Per bootstrap list: the longest fetch wait a consumer of this process had to escalate to. New
-consumers start there: the partitions of a broker that slows with their size do not shrink."""
+consumers start there (up to :data:`INHERITED_WAIT_MS`): the partitions of a broker that slows with
+their size do not shrink."""
+
+INHERITED_WAIT_MS = 2000
+"""The most a new consumer takes over from ``_learned``. librdkafka keeps one fetch per broker in flight,
+so a consumer that moves to another partition waits out the fetch it sent before: at the 30 s cap,
+every epoch a reader reads would take 30 s (measured). One that needs more raises its own wait."""
 
 
 def escalate_after(wait_ms: int) -> float:
@@ -267,7 +273,7 @@ class FetchingConsumer:
         self.extra = dict(extra or {})
         configured = self.extra.get("fetch.wait.max.ms", client_properties().get("fetch.wait.max.ms", wait_ms))
         configured = int(configured if configured is not None else FETCH_WAIT_MS)
-        self.wait_ms = max(configured, _learned.get(bootstrap, 0))
+        self.wait_ms = max(configured, min(_learned.get(bootstrap, 0), INHERITED_WAIT_MS))
         self.consumer = Consumer(consumer_config(bootstrap, self.extra, self.wait_ms))
         self.reopened = 0
         self._admin: AdminClient | None = None
