@@ -266,6 +266,7 @@ def test_plain_install_runs_every_command(plain: Path, env: dict[str, str], stac
 
     v2 = spawn(Running([*worker, "--job", f"{raw}-v2", "--function", "plainjobs:tag_v2", "--output-partitions",
                         "2,3", "--version", "2", "--follows", f"{raw}-v1"], env, tmp_path / "v2"))
+    wait_for(lambda: f'"{raw}-v2"' in run(plain, env, "status", "--json").stdout, LIVE, "v2 to register")
     swap = _json(run(plain, env, "hotswap", "--old", f"{raw}-v1", "--new", f"{raw}-v2", "--subject", target,
                      "--timeout", str(LIVE), "--json", timeout=LIVE + 30))
     assert swap["phase"] == "done", swap
