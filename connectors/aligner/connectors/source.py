@@ -250,16 +250,14 @@ class SubjectSource:
                 touched.add((waiting.subject, waiting.partition))
         if self.readable():
             messages = self._consumer.consume(max_records, timeout=timeout)
-            self._polls += 1
-            fetched = sum(m.error() is None for m in messages)
-            self._empty_polls += not fetched
-            self._records += fetched
+            errors = 0  # counted in the loop below: no second pass over the batch on the hot path
             for m in messages:
                 part = self._by_topic.get((m.topic(), m.partition()))  # type: ignore[arg-type]
                 if part is None or part.pos is None:
                     continue
                 err = m.error()
                 if err is not None:
+                    errors += 1
                     if err.code() in _DATA_LOST:
                         raise DataLossError(f"{m.topic()}[{m.partition()}]: {err}")
                     if err.code() == KafkaError._PARTITION_EOF:
@@ -280,6 +278,9 @@ class SubjectSource:
                     continue
                 self._accept(part, m, o, out)
                 touched.add((part.subject, part.partition))
+            self._polls += 1
+            self._empty_polls += errors == len(messages)
+            self._records += len(messages) - errors
         self._settle(touched)
         self._watch()
         return out
