@@ -7,8 +7,9 @@ trips per epoch of the commit path. Then, interleaved and repeated (median of th
 
 - status: the in-process ``aligner --zk .. --root .. status --json`` (typer's CliRunner: its own session,
   as a command has);
-- raw: a fresh ``KazooClient`` session, ``get_children`` of the subject's epochs node and ``get`` of its
-  last epoch node, then close (the least any status could do to name the last epoch).
+- raw: a fresh ``KazooClient`` session, ``get_children`` of the subject's epochs node (its buckets of
+  10,000) and of its last bucket, ``get`` of its last epoch node, then close (the least any status could do
+  to name the last epoch).
 
 Then retention keeps the last ``--keep`` epochs (``aligner gc --keep-epochs``'s pass) and both are timed
 again: retention is what keeps status fast on a ledger that runs for days.
@@ -33,7 +34,7 @@ from rich.table import Table
 
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import EmbeddedStack
-from aligner.layout import Layout, writer_id
+from aligner.layout import BUCKET, Layout, writer_id
 from aligner.ledger import Ledger
 from aligner.models import ContributionNode, EpochNode, Range, parse
 from aligner.ops import Create, Op, raise_failure
@@ -87,8 +88,10 @@ class EpochPayloads:
         raw = self.contributions[w]
         return raw.replace(b"{start}", b"%d" % (epoch * RECORDS)).replace(b"{end}", b"%d" % ((epoch + 1) * RECORDS))
 
-    def ops(self, lay: Layout, subject: str, epoch: int) -> list[Op]:
-        ops: list[Op] = [Create(lay.epoch(subject, epoch), self.epoch_node(epoch))]
+    def ops(self, lay: Layout, subject: str, epoch: int, new_bucket: bool = False) -> list[Op]:
+        path = lay.epoch(subject, epoch)
+        ops: list[Op] = [Create(path.rsplit("/", 1)[0])] if new_bucket else []
+        ops.append(Create(path, self.epoch_node(epoch)))
         ops += [Create(lay.contribution(subject, epoch, name), self.contribution(w, epoch))
                 for w, name in enumerate(self.names)]
         return ops
@@ -103,9 +106,10 @@ def build_ledger(led: Ledger, subject: str, epochs: int, writers: int = WRITERS,
     payloads = EpochPayloads(writers, partitions)
     per_multi = max(1, OPS_PER_MULTI // (1 + writers))
     pending: list[Any] = []
+    led.ensure_bucket(led.layout.epoch(subject, first))
     for lo in range(first, first + epochs, per_multi):
         ops = [op for e in range(lo, min(first + epochs, lo + per_multi))
-               for op in payloads.ops(led.layout, subject, e)]
+               for op in payloads.ops(led.layout, subject, e, new_bucket=e % BUCKET == 0 and e != first)]
         pending.append(led.multi_async(*ops))
         if len(pending) >= IN_FLIGHT:
             raise_failure(pending.pop(0).get())
@@ -135,9 +139,10 @@ def raw_once(zk: str, root: str, subject: str) -> tuple[float, int]:
     client.start(timeout=15)
     try:
         base = Layout(root).epochs(subject)
-        names = client.get_children(base)
+        buckets = sorted(client.get_children(base))  # the last bucket's listing, its newest epoch node
+        names = client.get_children(f"{base}/{buckets[-1]}") if buckets else []
         if names:
-            client.get(f"{base}/{max(names)}")
+            client.get(f"{base}/{buckets[-1]}/{max(names)}")
     finally:
         client.stop()
         client.close()

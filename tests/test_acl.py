@@ -62,12 +62,13 @@ def test_no_grants_means_open_acl() -> None:
 
 @pytest.mark.parametrize(("path", "sink"), [
     ("/r/subjects/a/epochs", Permissions.READ | Permissions.CREATE),
-    ("/r/subjects/a/epochs/0000000001", Permissions.READ | Permissions.CREATE),
-    ("/r/subjects/a/epochs/0000000001/k:0", Permissions.READ),  # a contribution never changes
+    ("/r/subjects/a/epochs/0000000000", Permissions.READ | Permissions.CREATE),  # a bucket of epochs
+    ("/r/subjects/a/epochs/0000000000/0000000001", Permissions.READ | Permissions.CREATE),
+    ("/r/subjects/a/epochs/0000000000/0000000001/k:0", Permissions.READ),  # a contribution never changes
     ("/r/subjects/a/writers", Permissions.READ | Permissions.WRITE),
     ("/r/subjects/a/sinks/k/producers/0", Permissions.READ | Permissions.WRITE),
     ("/r/subjects/a/retention", None),
-    ("/r/subjects/b/epochs/0000000001", None),  # not granted
+    ("/r/subjects/b/epochs/0000000000/0000000001", None),  # not granted
     ("/r/jobs/j/sources/a/command", Permissions.READ),  # the coordinator alone writes commands
     ("/r/jobs/j/sources/a/consumers/0", Permissions.READ | Permissions.WRITE),
     ("/r/jobs/j/decision", Permissions.READ),

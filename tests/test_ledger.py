@@ -124,6 +124,17 @@ def test_corrupt_contribution_and_writers_are_reported(ledger, subject_name):
         ledger.claim(subject_name, "b", "0", [1], lambda: {1: 0})
 
 
+def test_a_flat_ledger_from_before_buckets_is_refused_with_its_path(ledger, subject_name):
+    """Epochs written straight under ``epochs/`` (before buckets of 10,000) are named, not misread."""
+    _subject(ledger, subject_name)
+    flat = f"{ledger.layout.epochs(subject_name)}/0000000007"
+    ledger.zk.create(flat, b"{}")
+    with pytest.raises(MalformedNodeError, match=f"{flat}: not a bucket"):
+        ledger.epoch_numbers(subject_name)
+    with pytest.raises(MalformedNodeError, match="not a bucket"):
+        ledger.frontier(subject_name)
+
+
 @pytest.mark.parametrize("parallelism", [1, 4])
 def test_two_round_trips_per_producer_per_epoch(stack, root, ledger, subject_name, parallelism):
     _subject(ledger, subject_name, partitions=parallelism)

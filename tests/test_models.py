@@ -121,8 +121,10 @@ def test_bad_epoch_span(spec):
 
 def test_layout_is_the_single_path_builder():
     lay = Layout("/r")
-    assert lay.epoch("s", 7) == "/r/subjects/s/epochs/0000000007"
-    assert lay.contribution("s", 7, writer_id("k", "1")) == "/r/subjects/s/epochs/0000000007/k:1"
+    assert lay.epoch("s", 7) == "/r/subjects/s/epochs/0000000000/0000000007"
+    assert lay.contribution("s", 7, writer_id("k", "1")) == "/r/subjects/s/epochs/0000000000/0000000007/k:1"
+    assert lay.epoch("s", 123_456) == "/r/subjects/s/epochs/0000120000/0000123456"  # buckets of 10,000
+    assert lay.query_batch("q", 20_001) == "/r/spark/queries/q/batches/000000020000/000000020001"
     assert split_writer("k.v2:3") == ("k.v2", "3")
 
 

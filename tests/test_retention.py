@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aligner.connectors.subjects import create_subject
 from aligner.coordinator.gc import collect
 from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack, StackInfo, free_port, wait_for
 from aligner.jobs import JobLedger
@@ -21,6 +22,7 @@ from aligner.lineage import SparkLineageLedger
 from aligner.lineage_models import SparkSinkEpochNode, SparkSourceBatchNode
 from aligner.models import ConsumerNode, JobNode, Phase, Range, SubjectNode, SwapNode, WorkerEpochNode
 from aligner.retention_policy import RetentionPolicy, first_young, retention_floor, victims
+from experiments.bench_status import build_ledger
 from tests.conftest import run_cli
 
 LIVE = 180
@@ -122,7 +124,6 @@ def _write_epochs(ledger: Ledger, subject: str, sink: str, partition: int, count
 
 
 def test_policy_pass_keeps_min_epochs_and_what_a_consumer_needs(stack, ledger, cli_env, subject_name):
-    from aligner.connectors.subjects import create_subject
 
     raw, out = subject_name, f"{subject_name}-out"
     create_subject(ledger, stack.kafka, raw, 2)
@@ -149,7 +150,7 @@ def test_policy_pass_keeps_min_epochs_and_what_a_consumer_needs(stack, ledger, c
     assert report["subjects"][raw] == {"first_retained": 701, "deleted_epochs": 701}
     assert ledger.first_retained(raw) == 701 and ledger.epoch_numbers(raw) == list(range(701, 2500))
     assert lineage.sink_epoch_numbers(raw, "gen") == [701, 2000]
-    assert sorted(int(b) for b in ledger.zk.get_children(lay.query_batches("q"))) == [2, 3]
+    assert ledger.numbers(lay.query_batches("q")) == [2, 3]
     assert ledger.zk.exists(lay.producer(raw, "early", "0")) and ledger.zk.exists(lay.producer(raw, "gen", "0"))
     r = run_cli(cli_env, "read", raw, "--epoch", "5")
     assert r.returncode == 1 and "out of retention" in r.stderr and "earliest retained epoch is 701" in r.stderr
@@ -313,7 +314,6 @@ def _sigterm(worker) -> float:
 
 def test_retention_run_collects_a_running_chain_and_stops_on_sigterm(stack, ledger, cli_env, subject_name, spawn):
     from aligner.connectors.runtime import JobSpec
-    from aligner.connectors.subjects import create_subject
     from tests.jobs import tag_v1
 
     raw, out = subject_name, f"{subject_name}-out"
@@ -438,3 +438,22 @@ def test_retention_run_usage_errors_exit_2(cli_env):
         r = run_cli(cli_env, *args)
         lines = [line for line in r.stderr.splitlines() if line.strip()]
         assert r.returncode == 2 and len(lines) == 1 and "usage error" in lines[0], (args, r.stderr)
+
+
+def test_epochs_live_in_buckets_and_retention_removes_the_buckets_it_empties(stack, ledger, subject_name):
+    """Numbered nodes sit in buckets of 10,000 (no listing grows with uptime); a bucket retention empties
+    goes, the newest stays for the epochs to come."""
+    create_subject(ledger, stack.kafka, subject_name, 2)
+    build_ledger(ledger, subject_name, 30, writers=1, partitions=2, first=19_990)  # epochs 19,990 .. 20,019
+    base = ledger.layout.epochs(subject_name)
+    assert [name for _, name in ledger.buckets(base)] == ["0000010000", "0000020000"]
+    assert ledger.epoch_numbers(subject_name) == list(range(19_990, 20_020))
+    assert ledger.epoch_numbers(subject_name, since=20_005) == list(range(20_000, 20_020))  # the last bucket only
+    assert ledger.frontier(subject_name) == 20_019 and ledger.epoch_count(subject_name) == 30
+    assert ledger.first_epoch(subject_name) == 19_990
+    collect(ledger, policy=RetentionPolicy(hours=0, min_epochs=10))
+    assert ledger.first_retained(subject_name) == 20_010
+    assert [name for _, name in ledger.buckets(base)] == ["0000020000"]
+    assert ledger.epoch_numbers(subject_name) == list(range(20_010, 20_020))
+    assert ledger.frontier(subject_name) == 20_019 and ledger.epoch_count(subject_name) == 10
+    assert ledger.first_epoch(subject_name) == 20_010

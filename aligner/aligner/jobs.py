@@ -171,8 +171,10 @@ class JobLedger:
         return self.ledger.read(WorkerEpochNode, self.layout.worker_epoch(job, worker, epoch))[0]
 
     def worker_epoch_op(self, job: str, worker: int, node: WorkerEpochNode) -> Create:
-        """The create op that commits a worker epoch atomically with its sink's commit."""
-        return Create(self.layout.worker_epoch(job, worker, node.epoch), node.dump())
+        """The create op that commits a worker epoch atomically with its sink's commit (its bucket made first)."""
+        path = self.layout.worker_epoch(job, worker, node.epoch)
+        self.ledger.ensure_bucket(path)
+        return Create(path, node.dump())
 
     def ensure_worker_path(self, job: str, worker: int) -> None:
         self.zk.ensure_path(self.layout.worker_epochs(job, worker))
@@ -188,17 +190,20 @@ class JobLedger:
         """Create-if-absent: the first worker's choice of covered subject epochs wins for all."""
         node = JobEpochNode(epoch=epoch, covered=dict(covered), next=dict(nxt))
         self.zk.ensure_path(self.layout.job_epochs(job))
+        path = self.layout.job_epoch(job, epoch)
+        self.ledger.ensure_bucket(path)
         try:
-            self.zk.create(self.layout.job_epoch(job, epoch), node.dump())
+            self.zk.create(path, node.dump())
             return node
         except NodeExistsError:
             existing = self.job_epoch(job, epoch)
             assert existing is not None
             return existing
 
-    def job_epoch_numbers(self, job: str) -> list[int]:
+    def job_epoch_numbers(self, job: str, since: int | None = None) -> list[int]:
+        """The job's epochs in order (with ``since``: at least those from ``since`` on)."""
         try:
-            return sorted(int(n) for n in self.zk.get_children(self.layout.job_epochs(job)))
+            return self.ledger.numbers(self.layout.job_epochs(job), since)
         except NoNodeError:
             return []
 
@@ -218,9 +223,15 @@ class JobLedger:
         except NoNodeError:
             return []
 
-    def worker_epoch_numbers(self, job: str, worker: int) -> list[int]:
+    def first_job_epoch(self, job: str) -> int | None:
         try:
-            return sorted(int(n) for n in self.zk.get_children(self.layout.worker_epochs(job, worker)))
+            return self.ledger.first_number(self.layout.job_epochs(job))
+        except NoNodeError:
+            return None
+
+    def worker_epoch_numbers(self, job: str, worker: int, since: int | None = None) -> list[int]:
+        try:
+            return self.ledger.numbers(self.layout.worker_epochs(job, worker), since)
         except NoNodeError:
             return []
 

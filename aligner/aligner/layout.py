@@ -9,19 +9,22 @@ the ACL policy (:mod:`aligner.acl_policy`) gives a node the permissions its decl
     {root}/subjects/{subject}/retention               first retained epoch (retention's floor, only rises)
     {root}/subjects/{subject}/sinks/{sink}            SinkNode
     {root}/subjects/{subject}/sinks/{sink}/producers/{producer}   ProducerNode
-    {root}/subjects/{subject}/sinks/{sink}/spark      a Spark sink's progress (+ /epochs/{epoch}: its lineage)
-    {root}/subjects/{subject}/epochs/{epoch:010d}     EpochNode (expected writers)
-    {root}/subjects/{subject}/epochs/{epoch:010d}/{sink}:{producer}   ContributionNode
+    {root}/subjects/{subject}/sinks/{sink}/spark      a Spark sink's progress (+ /epochs/{bucket}/{epoch}: lineage)
+    {root}/subjects/{subject}/epochs/{bucket}/{epoch:010d}     EpochNode (expected writers)
+    {root}/subjects/{subject}/epochs/{bucket}/{epoch:010d}/{sink}:{producer}   ContributionNode
     {root}/jobs/{job}                                 JobNode
-    {root}/jobs/{job}/epochs/{epoch:010d}             JobEpochNode (aligned job epochs)
-    {root}/jobs/{job}/workers/{i}/epochs/{epoch:010d} WorkerEpochNode (input offsets + state)
+    {root}/jobs/{job}/epochs/{bucket}/{epoch:010d}    JobEpochNode (aligned job epochs)
+    {root}/jobs/{job}/workers/{i}/epochs/{bucket}/{epoch:010d}   WorkerEpochNode (input offsets + state)
     {root}/jobs/{job}/sources/{subject}/command       CommandNode (alignment commands)
     {root}/jobs/{job}/sources/{subject}/consumers/{i} ConsumerNode (alignment state)
     {root}/jobs/{job}/decision                        AlignmentDecision (coordinator)
     {root}/jobs/{job}/swap                            SwapNode (coordinator)
-    {root}/spark/queries/{query}/batches/{batch:012d}/{subject}   what a Spark micro-batch read
+    {root}/spark/queries/{query}/batches/{bucket}/{batch:012d}/{subject}   what a Spark micro-batch read
     {root}/coordinator/election                       leader election of coordinators
     {root}/acl                                        the ACL grants (admin only)
+
+Numbered nodes (epochs, job and worker epochs, a Spark sink's epoch records, a query's batch records) sit
+in buckets of :data:`BUCKET`: ``{bucket}`` is the first number the bucket holds, written like the numbers.
 """
 
 from __future__ import annotations
@@ -41,6 +44,21 @@ def split_writer(writer: str) -> tuple[str, str]:
 
 def epoch_name(epoch: int) -> str:
     return f"{epoch:010d}"
+
+
+BUCKET = 10_000
+"""Numbered nodes per bucket. A listing is one bucket at most, whatever the uptime or the retention: a day of
+0.5 s epochs as one list of children is 172,800 names, a 2.4 MB reply, over the 1 MB Java clients (zkCli,
+Curator) accept by default (``jute.maxbuffer``)."""
+
+
+def bucket_start(n: int) -> int:
+    return n - n % BUCKET
+
+
+def numbered(base: str, n: int, width: int = 10) -> str:
+    """The path of number ``n`` under ``base``: ``{base}/{bucket}/{n}``, both ``width`` digits."""
+    return f"{base}/{bucket_start(n):0{width}d}/{n:0{width}d}"
 
 
 @dataclass(frozen=True)
@@ -74,10 +92,13 @@ NODES: tuple[Node, ...] = (
     Node("subjects/{subject}/sinks/{sink}/producers/{producer}", "subject", "rw", "ProducerNode"),
     Node("subjects/{subject}/sinks/{sink}/spark", "subject", "rwcd", "a Spark sink's progress"),
     Node("subjects/{subject}/sinks/{sink}/spark/epochs", "subject", "rwcd"),
-    Node("subjects/{subject}/sinks/{sink}/spark/epochs/{epoch}", "subject", "rwcd", "which micro-batch wrote it"),
+    Node("subjects/{subject}/sinks/{sink}/spark/epochs/{bucket}", "subject", "rwcd"),
+    Node("subjects/{subject}/sinks/{sink}/spark/epochs/{bucket}/{epoch}", "subject", "rwcd",
+         "which micro-batch wrote it"),
     Node("subjects/{subject}/epochs", "subject", "rc"),
-    Node("subjects/{subject}/epochs/{epoch}", "subject", "rc", "EpochNode"),
-    Node("subjects/{subject}/epochs/{epoch}/{writer}", "subject", "r", "ContributionNode: never changes"),
+    Node("subjects/{subject}/epochs/{bucket}", "subject", "rc", "a bucket of BUCKET epochs"),
+    Node("subjects/{subject}/epochs/{bucket}/{epoch}", "subject", "rc", "EpochNode"),
+    Node("subjects/{subject}/epochs/{bucket}/{epoch}/{writer}", "subject", "r", "ContributionNode: never changes"),
     Node("jobs", "jobs", "rc"),
     Node("jobs/{job}", "job", "rc", "JobNode"),
     Node("jobs/{job}/sources", "job", "rc"),
@@ -88,17 +109,20 @@ NODES: tuple[Node, ...] = (
     Node("jobs/{job}/decision", "job", "r", "AlignmentDecision (coordinator)"),
     Node("jobs/{job}/swap", "job", "r", "SwapNode (coordinator)"),
     Node("jobs/{job}/epochs", "job", "rc"),
-    Node("jobs/{job}/epochs/{epoch}", "job", "r", "JobEpochNode: create-if-absent, never changes"),
+    Node("jobs/{job}/epochs/{bucket}", "job", "rc"),
+    Node("jobs/{job}/epochs/{bucket}/{epoch}", "job", "r", "JobEpochNode: create-if-absent, never changes"),
     Node("jobs/{job}/workers", "job", "rc"),
     Node("jobs/{job}/workers/{worker}", "job", "rc"),
     Node("jobs/{job}/workers/{worker}/epochs", "job", "rc"),
-    Node("jobs/{job}/workers/{worker}/epochs/{epoch}", "job", "r", "WorkerEpochNode"),
+    Node("jobs/{job}/workers/{worker}/epochs/{bucket}", "job", "rc"),
+    Node("jobs/{job}/workers/{worker}/epochs/{bucket}/{epoch}", "job", "r", "WorkerEpochNode"),
     Node("spark", "jobs", "rc"),
     Node("spark/queries", "jobs", "rc"),
     Node("spark/queries/{query}", "job", "rwcd", "a Spark query's micro-batch records (pruned by retention)"),
     Node("spark/queries/{query}/batches", "job", "rwcd"),
-    Node("spark/queries/{query}/batches/{batch}", "job", "rwcd"),
-    Node("spark/queries/{query}/batches/{batch}/{subject}", "job", "rwcd", "what a micro-batch read"),
+    Node("spark/queries/{query}/batches/{bucket}", "job", "rwcd"),
+    Node("spark/queries/{query}/batches/{bucket}/{batch}", "job", "rwcd"),
+    Node("spark/queries/{query}/batches/{bucket}/{batch}/{subject}", "job", "rwcd", "what a micro-batch read"),
     Node("coordinator", "admin", ""),
     Node("coordinator/election", "admin", "", "kazoo's Election recipe"),
 )
@@ -159,7 +183,7 @@ class Layout:
         return f"{self.spark_progress(subject, sink)}/epochs"
 
     def spark_sink_epoch(self, subject: str, sink: str, epoch: int) -> str:
-        return f"{self.spark_sink_epochs(subject, sink)}/{epoch_name(epoch)}"
+        return numbered(self.spark_sink_epochs(subject, sink), epoch)
 
     def retention(self, subject: str) -> str:
         return f"{self.subject(subject)}/retention"
@@ -168,7 +192,7 @@ class Layout:
         return f"{self.subject(subject)}/epochs"
 
     def epoch(self, subject: str, epoch: int) -> str:
-        return f"{self.epochs(subject)}/{epoch_name(epoch)}"
+        return numbered(self.epochs(subject), epoch)
 
     def contribution(self, subject: str, epoch: int, writer: str) -> str:
         return f"{self.epoch(subject, epoch)}/{writer}"
@@ -186,7 +210,7 @@ class Layout:
         return f"{self.job(job)}/epochs"
 
     def job_epoch(self, job: str, epoch: int) -> str:
-        return f"{self.job_epochs(job)}/{epoch_name(epoch)}"
+        return numbered(self.job_epochs(job), epoch)
 
     def workers(self, job: str) -> str:
         return f"{self.job(job)}/workers"
@@ -198,7 +222,7 @@ class Layout:
         return f"{self.worker(job, worker)}/epochs"
 
     def worker_epoch(self, job: str, worker: int, epoch: int) -> str:
-        return f"{self.worker_epochs(job, worker)}/{epoch_name(epoch)}"
+        return numbered(self.worker_epochs(job, worker), epoch)
 
     def sources(self, job: str) -> str:
         return f"{self.job(job)}/sources"
@@ -246,7 +270,7 @@ class Layout:
         return f"{self.spark_query(query)}/batches"
 
     def query_batch(self, query: str, batch: int) -> str:
-        return f"{self.query_batches(query)}/{batch:012d}"
+        return numbered(self.query_batches(query), batch, width=12)
 
     def source_batch(self, query: str, batch: int, subject: str) -> str:
         return f"{self.query_batch(query, batch)}/{subject}"

@@ -245,10 +245,10 @@ class SparkLineageLedger:
     def last_batch(self, query: str) -> int | None:
         """The newest micro-batch a query recorded (None: none)."""
         try:
-            names = self.ledger.zk.get_children(self.query_batches_path(query))
+            return next((numbers[-1] for numbers in self.ledger.numbers_from_last(self.query_batches_path(query))
+                         if numbers), None)
         except NoNodeError:
             return None
-        return max((int(n) for n in names), default=None)
 
     # ---- sink epochs --------------------------------------------------------------------------
 
@@ -264,7 +264,7 @@ class SparkLineageLedger:
     def sink_epoch_numbers(self, subject: str, sink: str) -> list[int]:
         """The epochs of ``subject`` that the Spark sink ``sink`` recorded, in order."""
         try:
-            return sorted(int(n) for n in self.ledger.zk.get_children(self.sink_epochs_path(subject, sink)))
+            return self.ledger.numbers(self.sink_epochs_path(subject, sink))
         except NoNodeError:
             return []
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Collection, Mapping
 
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import NoNodeError, NotEmptyError
 
 from aligner.jobs import JobLedger
 from aligner.layout import split_writer
@@ -55,12 +55,12 @@ class Retention:
 
     def spark_sink_garbage(self, subject: str, floor: int) -> list[str]:
         """Lineage records of the subject's Spark sinks for epochs below ``floor`` (their epochs are gone)."""
-        lay, zk = self.ledger.layout, self.ledger.zk
+        lay = self.ledger.layout
         out: list[str] = []
         for sink in self.ledger.sinks(subject):
-            base = lay.spark_sink_epochs(subject, sink)
             with contextlib.suppress(NoNodeError):
-                out += [f"{base}/{n}" for n in zk.get_children(base) if n.isdigit() and int(n) < floor]
+                numbers = self.ledger.numbers(lay.spark_sink_epochs(subject, sink))
+                out += [lay.spark_sink_epoch(subject, sink, n) for n in numbers if n < floor]
         return out
 
     def dead_producers(self, subject: str, floor: int, sinks: Collection[str]) -> list[str]:
@@ -90,7 +90,7 @@ class Retention:
             return []
         for query in queries:
             with contextlib.suppress(NoNodeError):
-                batches = sorted(int(b) for b in zk.get_children(lay.query_batches(query)) if b.isdigit())
+                batches = self.ledger.numbers(lay.query_batches(query))
                 out += self._old_batches(query, batches[:-1], floors)
         return out
 
@@ -151,7 +151,28 @@ class Retention:
                     deleted += len(group)
                 else:  # a node gone or a child added meanwhile: one by one, recursively
                     deleted += sum(self._delete_one(p) for p in group)
+        self._drop_emptied_buckets(paths)
         return deleted
+
+    def _drop_emptied_buckets(self, paths: list[str]) -> None:
+        """Delete the buckets (aligner.layout.BUCKET) that deleting ``paths`` emptied, except the newest of
+        each folder: numbers are written in order, so no later write goes to an older bucket, and the newest
+        one stays for the writes to come."""
+        lay, zk = self.ledger.layout, self.ledger.zk
+        emptied: dict[str, set[str]] = {}
+        for bucket in {p.rsplit("/", 1)[0] for p in paths}:
+            found = lay.declared(bucket)
+            if found is not None and found[0].parts[-1:] == ("{bucket}",):
+                base, name = bucket.rsplit("/", 1)
+                emptied.setdefault(base, set()).add(name)
+        for base, names in emptied.items():
+            try:
+                newest = self.ledger.buckets(base)[-1][1]
+            except (NoNodeError, IndexError):
+                continue
+            for name in sorted(names - {newest}):
+                with contextlib.suppress(NoNodeError, NotEmptyError):
+                    zk.delete(f"{base}/{name}")
 
     def _delete_one(self, path: str) -> int:
         """1 if ``path`` existed and is gone with its children (kazoo's recursive delete says nothing of a

@@ -344,6 +344,9 @@ class RetryingClient:
     def get_async(self, path: str) -> _Deferred:
         return _Deferred(self, lambda: self.kazoo.get_async(path), path=path)
 
+    def exists_async(self, path: str) -> _Deferred:
+        return _Deferred(self, lambda: self.kazoo.exists_async(path), path=path)
+
     def get_children_async(self, path: str) -> _Deferred:
         return _Deferred(self, lambda: self.kazoo.get_children_async(path), path=path)
 

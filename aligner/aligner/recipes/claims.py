@@ -140,6 +140,7 @@ class ClaimRecipes(EpochReads):
         joined = {writer_id(n.sink, n.producer): WriterEntry(partitions=n.partitions, first_epoch=first)
                   for n in nodes}
         updated = WritersNode(writers={**doc.writers, **joined})
+        self.ensure_bucket(lay.epoch(subject, first))
         return [SetData(lay.writers(subject), updated.dump(), version),
                 *(Create(lay.producer(subject, n.sink, n.producer), n.dump()) for n in nodes),
                 Create(lay.epoch(subject, first), EpochNode(epoch=first, writers=updated.expected(first)).dump())]

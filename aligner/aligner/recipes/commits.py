@@ -91,6 +91,7 @@ class CommitRecipes(ClaimRecipes):
     def _ensure_multi(self, subject: str, epoch: int, doc: WritersNode, version: int) -> Any:
         lay = self.layout
         node = EpochNode(epoch=epoch, writers=doc.expected(epoch))
+        self.ensure_bucket(lay.epoch(subject, epoch))
         return self.multi_async(Create(lay.epoch(subject, epoch), node.dump()), Check(lay.writers(subject), version))
 
     def commit(self, lease: Lease, epoch: int, attempt: int | None, ranges: Mapping[int, Range],

@@ -124,9 +124,10 @@ class EpochReads(SubjectRecipes):
 
         ``numbers``: the subject's epoch numbers in order, when the caller listed them already; a day's
         ledger is a listing of 10^5 names, so a caller that needs the count too lists once, not twice."""
-        for epoch in reversed(self.epoch_numbers(subject) if numbers is None else numbers):
-            if self.is_committed(subject, epoch):
-                return epoch
+        for bucket in (self.epochs_from_last(subject) if numbers is None else [numbers]):
+            for epoch in reversed(bucket):
+                if self.is_committed(subject, epoch):
+                    return epoch
         return None
 
     def finished(self, subject: str) -> int | None:

@@ -40,7 +40,12 @@ class SparkBatchRecipes(WatchRecipes):
         else:
             ops = [SetData(path, progress.dump(), progress_version)]
         if lineage is not None:
-            ops.append(Create(lay.spark_sink_epoch(subject, sink, epoch), lineage.dump()))
+            record = lay.spark_sink_epoch(subject, sink, epoch)
+            if progress_version < 0:  # the epochs folder is made by this multi-op: its first bucket too
+                ops.append(Create(record.rsplit("/", 1)[0]))
+            else:
+                self.ensure_bucket(record)
+            ops.append(Create(record, lineage.dump()))
         try:
             if contributions:
                 self.commit_epoch(epoch, contributions, ops)

@@ -5,8 +5,9 @@ Every recipe module builds on :class:`Store`; nothing above it calls kazoo.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from cachetools import LRUCache
@@ -15,7 +16,8 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.retry import ForceRetryError
 
 from aligner.epochs import CommittedEpoch
-from aligner.layout import Layout
+from aligner.errors import MalformedNodeError
+from aligner.layout import BUCKET, Layout
 from aligner.metrics import ZK_ROUND_TRIPS
 from aligner.models import M, parse
 from aligner.ops import Op, failed_with, raise_failure
@@ -23,6 +25,8 @@ from aligner.zk import RetryingClient
 
 CACHED_EPOCHS = 20_000
 """Committed epochs a ledger keeps in memory (about 1 KB each): the least recently read go first."""
+KNOWN_BUCKETS = 256
+"""Buckets of numbered nodes a ledger remembers having made or found (one round trip per new bucket)."""
 
 
 class Store:
@@ -36,6 +40,7 @@ class Store:
         self._committed: LRUCache[tuple[str, int], CommittedEpoch] = LRUCache(CACHED_EPOCHS)
         """Committed epochs never change, so readers keep them; bounded, so a reader that runs for days
         keeps the epochs it still reads, not every epoch it ever read."""
+        self._buckets: LRUCache[str, bool] = LRUCache(KNOWN_BUCKETS)
         self._lock = threading.Lock()
 
     @property
@@ -98,6 +103,81 @@ class Store:
         self._trip("read")
         return self.zk.get_children(path)
 
+    # ---- numbered nodes in buckets (aligner.layout.BUCKET) -----------------------------------------
+
+    def buckets(self, base: str) -> list[tuple[int, str]]:
+        """(first number, name) of every bucket under ``base``, in order; NoNodeError when ``base`` is missing."""
+        out = []
+        for name in self._children(base):
+            if not name.isdigit() or int(name) % BUCKET:
+                raise MalformedNodeError(f"{base}/{name}", f"not a bucket of {BUCKET:,} numbered nodes (a ledger "
+                                         "written before numbered nodes were bucketed needs a new root)")
+            out.append((int(name), name))
+        return sorted(out)
+
+    def numbers(self, base: str, since: int | None = None) -> list[int]:
+        """The numbers of the nodes under ``base``'s buckets, in order (with ``since``, only buckets that may
+        hold numbers from ``since`` on); one listing per bucket, pipelined. NoNodeError when ``base`` is missing."""
+        wanted = [name for start, name in self.buckets(base) if since is None or start + BUCKET > since]
+        if not wanted:
+            return []
+        self._trip("read")
+        sent = [(f"{base}/{name}", self.zk.get_children_async(f"{base}/{name}")) for name in wanted]
+        out: list[int] = []
+        for path, req in sent:
+            try:
+                out += _numbers_of(path, req.get())
+            except NoNodeError:  # retention removed the bucket meanwhile
+                continue
+        return sorted(out)
+
+    def numbers_from_last(self, base: str) -> Iterable[list[int]]:
+        """The numbers under ``base`` bucket by bucket, the newest bucket first, each in order, listed as the
+        caller goes (a caller after the last few numbers reads one bucket, not the whole history)."""
+        return _LazyBuckets(self, base, [name for _, name in reversed(self.buckets(base))])
+
+    def count(self, base: str) -> int:
+        """How many numbered nodes ``base`` holds, from its buckets' child counts (no listing of numbers)."""
+        names = [name for _, name in self.buckets(base)]
+        if not names:
+            return 0
+        self._trip("read")
+        sent = [self.zk.exists_async(f"{base}/{name}") for name in names]
+        return sum(stat.numChildren for stat in (req.get() for req in sent) if stat is not None)
+
+    def first_number(self, base: str) -> int | None:
+        """The lowest number under ``base`` (None: none), from its first non-empty bucket."""
+        for _, name in self.buckets(base):
+            numbers = self.bucket_numbers(base, name)
+            if numbers:
+                return numbers[0]
+        return None
+
+    def bucket_numbers(self, base: str, name: str) -> list[int]:
+        path = f"{base}/{name}"
+        try:
+            return sorted(_numbers_of(path, self._children(path)))
+        except NoNodeError:
+            return []
+
+    def ensure_bucket(self, path: str) -> None:
+        """Make the bucket the numbered node at ``path`` goes in, once per bucket and process (remembered);
+        NoNodeError when the bucket's own parent is missing."""
+        bucket = path.rsplit("/", 1)[0]
+        with self._lock:
+            if bucket in self._buckets:
+                return
+        # Look before creating: a bucket usually exists already, and a create is checked against the parent's
+        # ACL before existence, so a client without write rights would be refused on the bucket, not on the
+        # node it writes (tests/test_acl.py names that node).
+        self._trip("read")
+        if self.zk.exists(bucket) is None:
+            self._trip("write")
+            with contextlib.suppress(NodeExistsError):
+                self.zk.create(bucket)
+        with self._lock:
+            self._buckets[bucket] = True
+
     def multi(self, *ops: Op) -> list[object]:
         """One multi-op round trip; a failed op comes back as its exception (read with aligner.ops)."""
         return self._multi(*ops)
@@ -121,3 +201,21 @@ class Store:
         """Like ``multi`` but returns at once; ``.get()`` gives the results."""
         self._trip("multi")
         return self.zk.transaction(ops).commit_async()
+
+
+def _numbers_of(path: str, names: list[str]) -> list[int]:
+    bad = next((n for n in names if not n.isdigit()), None)
+    if bad is not None:
+        raise MalformedNodeError(f"{path}/{bad}", "the name of a numbered node is not a number")
+    return [int(n) for n in names]
+
+
+class _LazyBuckets:
+    """The buckets of :meth:`Store.numbers_from_last`, each listed when the iteration reaches it."""
+
+    def __init__(self, store: Store, base: str, names: list[str]) -> None:
+        self.store, self.base, self.names = store, base, names
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for name in self.names:
+            yield self.store.bucket_numbers(self.base, name)

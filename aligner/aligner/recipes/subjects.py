@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from aligner.errors import MalformedNodeError, SubjectConflictError, UnknownSubjectError
@@ -64,21 +66,36 @@ class SubjectRecipes(Store):
         return [self.read(ProducerNode, lay.producer(subject, sink, p))[0]
                 for p in sorted(self._children(lay.producers(subject, sink)))]
 
-    def epoch_numbers(self, subject: str) -> list[int]:
+    def epoch_numbers(self, subject: str, since: int | None = None) -> list[int]:
+        """The subject's epoch numbers in order (with ``since``: at least those from ``since`` on)."""
         try:
-            names = self._children(self.layout.epochs(subject))
+            return self.numbers(self.layout.epochs(subject), since)
         except NoNodeError:
             raise UnknownSubjectError(subject) from None
-        out = []
-        for name in names:
-            if not name.isdigit():
-                raise MalformedNodeError(f"{self.layout.epochs(subject)}/{name}", "epoch node name is not a number")
-            out.append(int(name))
-        return sorted(out)
+
+    def epochs_from_last(self, subject: str) -> Iterable[list[int]]:
+        """The subject's epoch numbers a bucket at a time, the newest first (see ``Store.numbers_from_last``)."""
+        try:
+            return self.numbers_from_last(self.layout.epochs(subject))
+        except NoNodeError:
+            raise UnknownSubjectError(subject) from None
+
+    def epoch_count(self, subject: str) -> int:
+        """Epochs the subject holds in ZooKeeper (retention keeps it bounded), without listing them."""
+        try:
+            return self.count(self.layout.epochs(subject))
+        except NoNodeError:
+            raise UnknownSubjectError(subject) from None
+
+    def first_epoch(self, subject: str) -> int | None:
+        """The subject's first epoch held in ZooKeeper (None: none yet); one bucket listed, not all."""
+        try:
+            return self.first_number(self.layout.epochs(subject))
+        except NoNodeError:
+            raise UnknownSubjectError(subject) from None
 
     def _last_epoch(self, subject: str) -> int:
-        numbers = self.epoch_numbers(subject)
-        return numbers[-1] if numbers else -1
+        return next((numbers[-1] for numbers in self.epochs_from_last(subject) if numbers), -1)
 
     def first_retained(self, subject: str) -> int:
         """The subject's first retained epoch, retention's floor (0 when nothing was collected)."""

@@ -84,10 +84,10 @@ class JobEpochs:
 
     def _follow_wait(self, epoch: int) -> str:
         """What a follower waits for, and, when the line's records show it never comes, why (once, loudly)."""
-        numbers = self.jobs.job_epoch_numbers(self.line)
-        if not numbers or numbers[0] <= epoch:
+        first = self.jobs.first_job_epoch(self.line)
+        if first is None or first <= epoch:
             return f"{self.line} to decide job epoch {epoch}"
-        why = (f"{self.line} to decide job epoch {epoch}, which it never will: its job epochs run from {numbers[0]} "
+        why = (f"{self.line} to decide job epoch {epoch}, which it never will: its job epochs run from {first} "
                f"(it was not aligned when this version joined at {epoch}, or they were collected); stop this "
                f"version, align {self.line} and start the new version again under a new name")
         if self._never != epoch:

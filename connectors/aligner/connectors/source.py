@@ -123,8 +123,8 @@ class SubjectSource:
         self._by_topic: dict[tuple[str, int], _Part] = {}
         for subject, partitions in assignment.items():
             topic = ledger.subject(subject).topic
-            numbers = ledger.epoch_numbers(subject)
-            self.inputs[subject] = _Input(subject, topic, list(partitions), numbers[0] if numbers else 0)
+            first = ledger.first_epoch(subject)
+            self.inputs[subject] = _Input(subject, topic, list(partitions), first if first is not None else 0)
             for p in partitions:
                 part = _Part(subject, topic, p)
                 self.parts[(subject, p)] = part

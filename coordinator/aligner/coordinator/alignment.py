@@ -216,8 +216,8 @@ class Coordinator:
     def _record_from_start(self, job: str, subjects: Sequence[str], seq: int, version: int) -> AlignmentDecision:
         """Record the decision of a job aligned by construction: its first job epoch and where it starts."""
         line = self.jobs.epoch_line(job)
-        numbers = self.jobs.job_epoch_numbers(line)
-        first = self.jobs.job_epoch(line, numbers[0]) if numbers else None
+        number = self.jobs.first_job_epoch(line)
+        first = self.jobs.job_epoch(line, number) if number is not None else None
         starts = {} if first is None else {s: (span.first if span is not None else first.next[s])
                                            for s, span in first.covered.items() if s in subjects}
         decision = AlignmentDecision(job=job, subjects=tuple(subjects), phase=DecisionPhase.ALIGNED, seq=seq,

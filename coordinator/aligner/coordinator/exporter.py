@@ -50,11 +50,10 @@ class Snapshot:
 def take(ledger: Ledger) -> Snapshot:
     snap = Snapshot(taken=time.monotonic())
     for subject in ledger.subject_names():
-        numbers = ledger.epoch_numbers(subject)  # listed once: the count and the frontier both come from it
-        last = ledger.frontier(subject, numbers)
+        last = ledger.frontier(subject)  # the newest bucket's listing; the count from the buckets' stats
         age = None if last is None else max(0.0, (now_ms() - ledger.committed(subject, last).committed_at) / 1000)
         snap.subjects[subject] = (last, age)
-        snap.retained[subject] = (ledger.first_retained(subject), len(numbers))
+        snap.retained[subject] = (ledger.first_retained(subject), ledger.epoch_count(subject))
     coordinator = Coordinator(ledger)
     for job in coordinator.jobs.job_names():
         for row in coordinator.status(job)["sources"]:

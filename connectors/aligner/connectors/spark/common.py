@@ -152,10 +152,10 @@ def batch_epochs(options: Mapping[str, str], ledger: Ledger, subject: str) -> li
     except ValueError as exc:
         raise AlignedOptionError(str(exc)) from None
     if name == "asOf":
-        numbers = ledger.epoch_numbers(subject)  # raises UnknownSubjectError
-        if not numbers:
+        oldest = ledger.first_epoch(subject)  # raises UnknownSubjectError
+        if oldest is None:
             raise EpochNotCommittedError(subject, last, "the subject has no epochs yet")
-        first = numbers[0]  # epochs before the first one kept in ZooKeeper were garbage-collected
+        first = oldest  # epochs before the first one kept in ZooKeeper were garbage-collected
         if last < first:
             raise EpochNotCommittedError(subject, last, f"the subject's first epoch is {first}")
     return list(range(first, last + 1))

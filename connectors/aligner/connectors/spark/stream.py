@@ -118,8 +118,8 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _first_epoch(self, subject: str) -> int:
         if self.starting is not None:
             return self.starting
-        numbers = self._ledger.epoch_numbers(subject)  # raises UnknownSubjectError
-        return numbers[0] if numbers else 0
+        first = self._ledger.first_epoch(subject)  # raises UnknownSubjectError
+        return first if first is not None else 0
 
     def _next_uncommitted(self) -> dict[str, int]:
         """Per subject, one past its frontier: the first epoch not yet committed."""
