@@ -18,6 +18,7 @@ Environment:
     FAUST_JOB_OUTPUT_PARTITIONS  comma-separated output partitions this job writes (default: all); the old
                         and the new version of a hot-swap write different partitions of the same target
     FAUST_JOB_ASYNC     ``1``: the same function as an ``async def`` generator (agent style)
+    FAUST_JOB_BATCH     ``1``: the same function as a batch function (``@aligned.batch``: once per fetch)
     FAUST_JOB_PLAIN     ``1``: on a plain ``faust.App`` (Faust's defaults) instead of ``aligned.faust_app()``
     FAUST_JOB_PAUSE     ``EPOCH:POINT`` park the worker at a commit point (crash tests), e.g.
                         ``3:after_kafka_commit``; it prints ``paused EPOCH POINT`` and waits to be killed
@@ -87,6 +88,15 @@ def tag(record: SourceRecord, state: KeyedState) -> Iterator[tuple[bytes | None,
     yield record.key, json.dumps(out).encode()
 
 
+@aligned.batch
+def tag_batch(records: list[SourceRecord], state: KeyedState) -> Iterator[tuple[bytes | None, bytes]]:
+    """``tag`` as a batch function, called once per fetch; each result also says how many records its call
+    got (``n``)."""
+    for record in records:
+        for key, value in tag(record, state):
+            yield key, json.dumps({**json.loads(value), "n": len(records)}).encode()
+
+
 async def tag_async(record: SourceRecord, state: KeyedState):
     for kv in tag(record, state):
         yield kv
@@ -123,7 +133,8 @@ else:
 job = aligned.job(app, job_id=JOB_ID, inputs=INPUTS, output=OUTPUT, version=VERSION, interval=INTERVAL,
                   parallelism=PARALLELISM, follows=FOLLOWS, output_partitions=OUTPUT_PARTITIONS,
                   fault=pause_at(PAUSE),
-                  report=say)(tag_async if os.environ.get("FAUST_JOB_ASYNC") == "1" else tag)
+                  report=say)(tag_async if os.environ.get("FAUST_JOB_ASYNC") == "1" else
+                              tag_batch if os.environ.get("FAUST_JOB_BATCH") == "1" else tag)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 
-from aligner.connectors.runtime import KeyedState
+from aligner.connectors.runtime import KeyedState, batch
 from aligner.connectors.source import SourceRecord
 
 
@@ -43,6 +43,23 @@ def count_v1(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | 
     out = {"in": json.loads(record.value or b"null"), "p": record.partition, "o": record.offset, "count": count,
            "v": 1}
     yield record.key, json.dumps(out).encode()
+
+
+@batch
+def count_batch(records: list[SourceRecord], state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
+    """count_v1 as a batch function: one call per fetch, state read and written once per partition of the
+    batch, and each result says which call made it (``b``: first offset of the batch, ``n``: its size) and
+    the input epoch of its record, so a test can check that batches stay inside one job epoch."""
+    counts: dict[str, int] = {}
+    first = (records[0].partition, records[0].offset)
+    for record in records:
+        key = f"p{record.partition}"
+        count = counts[key] = counts.get(key, state.get(key, 0)) + 1
+        out = {"in": json.loads(record.value or b"null"), "p": record.partition, "o": record.offset,
+               "count": count, "e": record.epoch, "b": first, "n": len(records), "v": 1}
+        yield record.key, json.dumps(out).encode()
+    for key, count in counts.items():
+        state.put(key, count)
 
 
 tag_v2 = _version(tag_v1, 2)

@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 
 from aligner.connectors.faust.job import GROUP_SETTINGS, _sync_function, _tune
+from aligner.connectors.job_spec import takes_batch
 from aligner.connectors.reader import EpochReader
-from aligner.connectors.runtime import KeyedState
+from aligner.connectors.runtime import KeyedState, batch
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.source import SourceRecord
 from aligner.connectors.state import MemoryStore
@@ -368,19 +369,23 @@ def test_faust_worker_of_a_job_on_an_unknown_subject_exits_1_with_one_line(stack
     assert "Traceback" not in worker.stderr
 
 
-def test_faust_worker_killed_restarted_and_aligned_exactly_once(stack, root, ledger, subject_name, tmp_path, spawn):
+@pytest.mark.parametrize("shape", ["record", "batch"])
+def test_faust_worker_killed_restarted_and_aligned_exactly_once(stack, root, ledger, subject_name, tmp_path, spawn,
+                                                                shape):
+    """The job function per record, or per fetched batch (``@aligned.batch``)."""
     home, src, out, job, feeder = _fed_job(stack, root, ledger, subject_name, tmp_path, spawn, "faust")
-    worker = _start(spawn, root, home, job, src, out, pause="2:after_kafka_commit")
+    extra = {"batch": "1"} if shape == "batch" else {}
+    worker = _start(spawn, root, home, job, src, out, pause="2:after_kafka_commit", **extra)
     # 1. Killed between the Kafka commit and the ZooKeeper commit of epoch 2: that attempt never counts.
     worker.wait_line(lambda line: line == "paused 2 after_kafka_commit", timeout=60)
     worker.kill()
-    worker = _start(spawn, root, home, job, src, out)
+    worker = _start(spawn, root, home, job, src, out, **extra)
     opened = worker.wait_line(_is("open"), timeout=60)
     assert "next=2 " in opened and "attempt=2" in opened, opened
     # 2. Killed at an arbitrary point of a running epoch (its transaction open, records flushed or not).
     worker.wait_line(lambda line: (_committed(line) or 0) >= 4, timeout=60)
     worker.kill()
-    worker = _start(spawn, root, home, job, src, out)
+    worker = _start(spawn, root, home, job, src, out, **extra)
     worker.wait_line(_is("open"), timeout=60)
 
     # 3. The coordinator aligns the running Faust job like any other job.
@@ -392,7 +397,7 @@ def test_faust_worker_killed_restarted_and_aligned_exactly_once(stack, root, led
 
     # 4. Killed while aligned: it restarts aligned, from the alignment state of its last epoch.
     worker.kill()
-    worker = _start(spawn, root, home, job, src, out)
+    worker = _start(spawn, root, home, job, src, out, **extra)
     worker.wait_line(_is("open"), timeout=60)
     line = worker.wait_line(lambda line: _committed(line) is not None, timeout=60)
     assert "aligned=True" in line, line
@@ -409,6 +414,8 @@ def test_faust_worker_killed_restarted_and_aligned_exactly_once(stack, root, led
     # committed epoch after every crash.
     by_epoch = _check_exactly_once(ledger, stack.kafka, src, out, feeder)
     results = sum(len(rs) for rs in by_epoch.values())
+    if shape == "batch":
+        assert max(v["n"] for rs in by_epoch.values() for v in rs) > 1, "every call got one record: no batch path"
 
     # The broker holds more than that (the attempt killed after its Kafka commit); the stamps drop it.
     assert raw_count(stack.kafka, ledger.subject(out).topic, 4) > results
@@ -519,6 +526,34 @@ def test_async_generator_job_functions_run_on_the_faust_loop():
         assert list(call(rec, state)) == [(b"k", b"v"), (None, b"second")]
         assert list(call(rec, state)) == [(b"k", b"v"), (None, b"second")]
         assert state.get("n") == 2
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+
+def test_async_batch_job_functions_stay_batch_functions_on_the_faust_loop():
+    """An ``async def`` generator marked ``@batch`` gets the whole batch, awaited on the app's loop, and the
+    runtime still sees a batch function (one call per fetch)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        @batch
+        async def fn(records: list[SourceRecord], state: KeyedState):
+            await asyncio.sleep(0)
+            assert asyncio.get_running_loop() is loop
+            state.put("calls", state.get("calls", 0) + 1)
+            for r in records:
+                yield r.key, r.value
+
+        call = _sync_function(fn, loop)
+        assert takes_batch(call)
+        state = MemoryStore()
+        records = [SourceRecord("s", 0, o, 1, b"k%d" % o, b"v", 0) for o in range(3)]
+        assert list(call(records, state)) == [(b"k0", b"v"), (b"k1", b"v"), (b"k2", b"v")]
+        assert state.get("calls") == 1
+        assert not takes_batch(_sync_function(lambda r, s: [], loop))
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)

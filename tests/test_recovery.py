@@ -82,6 +82,38 @@ def test_state_bases_let_retention_collect_the_changelog_and_kills_restore_exact
     assert records and all(r.state_base is not None and 0 <= r.epoch - r.state_base < 3 for r in records.values())
 
 
+def test_batch_job_killed_again_and_again_outputs_every_result_once(stack, root, ledger, subject_name, spawn):
+    """A batch job function (``@batch``: one call per fetch) under SIGKILLs: every result once, the keyed
+    per-partition counts run on without a gap or a repeat, each call's records commit in one job epoch, and
+    the calls really got batches."""
+    raw, x = subject_name, f"{subject_name}-x"
+    for n in (raw, x):
+        create_subject(ledger, stack.kafka, n, 2)
+    kills_done = threading.Event()
+    gen = spawn.generator(raw, epochs=5000, per_epoch=10, pace=0.02, until=kills_done)
+    args = ["--zk", stack.zk, "--kafka", stack.kafka, "--root", root, "--job", f"{raw}-b",
+            "--function", "tests.jobs:count_batch", "--input", raw, "--output", x, "--interval", "0.05"]
+    for _ in range(5):
+        w = spawn.worker("aligner.connectors.worker", *args)
+        for _ in range(3):
+            w.wait_line(lambda line: line.startswith("committed"), timeout=LIVE)
+        w.kill()
+    kills_done.set()
+    gen.finished()
+    spawn.worker("aligner.connectors.worker", *args).finish(timeout=LIVE)
+    outputs = read_all(ledger, stack.kafka, x)
+    assert_exactly_once(outputs, gen.sent)
+    for p in (0, 1):
+        counts = sorted(v["count"] for _, v in outputs if v["p"] == p)
+        assert counts == list(range(1, len(counts) + 1)), f"partition {p}: the restored counts skip or repeat"
+    calls: dict[tuple[int, int], set[int]] = {}
+    for epoch, v in outputs:
+        calls.setdefault(tuple(v["b"]), set()).add(epoch)
+    assert all(len(epochs) == 1 for epochs in calls.values()), "a batch's results span output epochs"
+    assert max(v["n"] for _, v in outputs) > 1, "every call got a single record: no batch path"
+    assert len(calls) < len(outputs)
+
+
 def test_coordinator_killed_between_catch_up_and_aligned_resumes(stack, ledger, subject_name, cli_env, spawn):
     raw, x = subject_name, f"{subject_name}-x"
     for n in (raw, x):

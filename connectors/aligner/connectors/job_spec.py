@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from aligner.connectors.source import SourceRecord
 from aligner.connectors.state import StateStore
@@ -15,8 +15,37 @@ KeyedState = StateStore
 
 StateKind = Literal["memory", "rocksdb", "none"]
 
-JobFunction = Callable[[SourceRecord, KeyedState], Iterable[tuple[bytes | None, bytes]]]
-"""A job: for each input record, given the keyed state, the (key, value) records to emit."""
+Emitted = Iterable[tuple[bytes | None, bytes]]
+"""What a job function returns: the (key, value) records to emit, in order."""
+
+RecordFunction = Callable[[SourceRecord, KeyedState], Emitted]
+"""A job called once per input record, given the keyed state."""
+
+BatchFunction = Callable[[list[SourceRecord], KeyedState], Emitted]
+"""A job called once per fetched batch of input records (marked with :func:`batch`)."""
+
+JobFunction = RecordFunction | BatchFunction
+"""A job: a record function, or a batch function marked with :func:`batch`."""
+
+_BATCH = "__aligner_batch__"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def batch(fn: F) -> F:
+    """Mark a job function as taking a batch: ``fn(records, state)`` gets every record of one fetch (a list
+    of :class:`SourceRecord`, all in the same open job epoch, in the order a record function would see
+    them) and returns the records to emit, once per batch instead of once per record. For work that is
+    cheaper in bulk: a columnar library (``pandas.DataFrame([r.value for r in records])``), one lookup
+    for many keys, fewer Python calls per record. Exactly-once and state are as for a record function:
+    the batch's outputs and state changes commit with the job epoch it belongs to."""
+    setattr(fn, _BATCH, True)
+    return fn
+
+
+def takes_batch(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` was marked with :func:`batch`."""
+    return bool(getattr(fn, _BATCH, False))
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, cast
 
 from prometheus_client import Histogram
 from pydantic import BaseModel
 
+from aligner.connectors.job_spec import BatchFunction, Emitted, RecordFunction, batch, takes_batch
 from aligner.connectors.runtime import JobFunction, KeyedState
 from aligner.connectors.source import SourceRecord
 from aligner.models import WorkerEpochNode
@@ -73,19 +74,34 @@ class LatencyProbe:
         self.count, self.total, self.max, self.oldest, self.created_sum = 0, 0.0, 0.0, float("inf"), 0.0
 
     def wrap(self, fn: JobFunction) -> JobFunction:
-        def measured(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
-            self.offset += 1
-            created = self.event_time(record)
-            if created is not None:
-                lag = time.time() - created
-                self.count += 1
-                self.total += lag
-                self.created_sum += created
-                self.max = max(self.max, lag)
-                self.oldest = min(self.oldest, created)
-            return fn(record, state)
+        """``fn`` measuring every record it is given (a batch function stays one)."""
+        if takes_batch(fn):
+            whole = cast(BatchFunction, fn)
+
+            def measured_batch(records: list[SourceRecord], state: KeyedState) -> Emitted:
+                for record in records:
+                    self._observe(record)
+                return whole(records, state)
+
+            return batch(measured_batch)
+        each = cast(RecordFunction, fn)
+
+        def measured(record: SourceRecord, state: KeyedState) -> Emitted:
+            self._observe(record)
+            return each(record, state)
 
         return measured
+
+    def _observe(self, record: SourceRecord) -> None:
+        self.offset += 1
+        created = self.event_time(record)
+        if created is not None:
+            lag = time.time() - created
+            self.count += 1
+            self.total += lag
+            self.created_sum += created
+            self.max = max(self.max, lag)
+            self.oldest = min(self.oldest, created)
 
     def checkpoint(self, node: WorkerEpochNode) -> None:
         now = time.time()

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from aligner.alignment import State
 from aligner.connectors.idle import Idle
 from aligner.connectors.job_epochs import JobEpochs
-from aligner.connectors.job_spec import JobFunction, JobSpec, KeyedState, StateKind
+from aligner.connectors.job_spec import Emitted, JobFunction, JobSpec, KeyedState, StateKind, batch, takes_batch
 from aligner.connectors.sink import TRANSIENT, FaultHook, SinkProducer
 from aligner.connectors.source import SourceRecord, SubjectSource
 from aligner.connectors.source_alignment import SourceAlignment
@@ -39,7 +39,7 @@ from aligner.metrics import KAFKA_RETRIES
 from aligner.models import Mode, Span, SwapNode, WorkerEpochNode
 from aligner.zk import StoppedError
 
-__all__ = ["JobFunction", "JobSpec", "JobWorker", "KeyedState", "StateKind", "one_line"]
+__all__ = ["JobFunction", "JobSpec", "JobWorker", "KeyedState", "StateKind", "batch", "one_line"]
 
 log = logging.getLogger("aligner.runtime")
 
@@ -64,6 +64,7 @@ class JobWorker:
         self.spec = spec
         self.worker = worker
         self.fn = fn
+        self._batched = takes_batch(fn)
         self.fault = fault or (lambda point: None)
         self.on_commit = on_commit
         """Called after every committed job epoch (instrumentation, e.g. :class:`connectors.latency.LatencyProbe`)."""
@@ -161,23 +162,30 @@ class JobWorker:
 
     def _process(self, records: list[SourceRecord]) -> None:
         assert self.sink is not None
-        fn, state, send = self.fn, self.state, self.sink.send
         shadow = self.spec.shadow_subject
+        outputs = self._outputs(records)
         if self._voiding and shadow is not None:
             send_to = self.sink.send_to
-            for r in records:
-                for key, value in fn(r, state):  # voided at the target, kept in the shadow for comparison
-                    send_to(shadow, value, key)
+            for key, value in outputs:  # voided at the target, kept in the shadow for comparison
+                send_to(shadow, value, key)
         elif self._voiding:
-            for r in records:
-                for _ in fn(r, state):  # state advances; the output is voided
-                    pass
+            for _ in outputs:  # state advances; the output is voided
+                pass
         else:
-            for r in records:
-                for key, value in fn(r, state):
-                    send(value, key)
-                    self.records_out += 1
+            send, n = self.sink.send, 0
+            for key, value in outputs:
+                send(value, key)
+                n += 1
+            self.records_out += n
         self.records_in += len(records)
+
+    def _outputs(self, records: list[SourceRecord]) -> Emitted:
+        """The job function's outputs for one fetched batch: one call for a batch function, one per record
+        otherwise (lazily, so each record's outputs are sent before the next record is processed)."""
+        fn, state = self.fn, self.state
+        if self._batched:
+            return fn(records, state)  # type: ignore[arg-type]
+        return (kv for r in records for kv in fn(r, state))  # type: ignore[arg-type]
 
     def _drain_until(self, done: Callable[[], bool], stop: threading.Event, open_epoch: int,
                      until: float | None = None) -> bool:

@@ -14,6 +14,11 @@ Usage (see ``experiments/faust_job.py``)::
         state.put("n", n)
         yield record.key, record.value
 
+    @aligned.job(app, job_id="totals", inputs=["raw"], output="totals")
+    @aligned.batch                                 # once per fetched batch instead of once per record
+    def totals(records, state):
+        yield None, str(len(records)).encode()
+
     # faust -A experiments.faust_job worker -l warn      (or app.main() under ``python -m``)
 
 What Faust provides: the worker process and its lifecycle (``faust -A module worker``, signals,
@@ -68,5 +73,6 @@ from aligner.extras import require
 require("faust", "aligner.connectors.faust")  # one line naming the extra, not a No module named 'faust'
 
 from aligner.connectors.faust.job import AlignedJob, configure, faust_app, job  # noqa: E402
+from aligner.connectors.job_spec import batch  # noqa: E402
 
-__all__ = ["AlignedJob", "configure", "faust_app", "job"]
+__all__ = ["AlignedJob", "batch", "configure", "faust_app", "job"]

@@ -22,9 +22,9 @@ from mode import Service
 from mode import Worker as ModeWorker
 
 from aligner.connectors.faust.credentials import broker_credentials
-from aligner.connectors.runtime import JobSpec, JobWorker, KeyedState
+from aligner.connectors.job_spec import takes_batch
+from aligner.connectors.runtime import JobFunction, JobSpec, JobWorker, KeyedState, batch
 from aligner.connectors.sink import TRANSIENT, FaultHook
-from aligner.connectors.source import SourceRecord
 from aligner.ledger import Ledger
 from aligner.models import Mode
 from aligner.settings import Settings
@@ -119,22 +119,22 @@ def faust_app(app_id: str, *, kafka: str | None = None, **overrides: Any) -> fau
     return configure(faust.App(app_id, **settings))
 
 
-def _sync_function(fn: Callable[..., Any],
-                   loop: asyncio.AbstractEventLoop) -> Callable[[SourceRecord, KeyedState], Emitted]:
-    """A job function the worker thread can call: async ones are awaited on the Faust loop."""
+def _sync_function(fn: Callable[..., Any], loop: asyncio.AbstractEventLoop) -> JobFunction:
+    """A job function the worker thread can call: async ones are awaited on the Faust loop. ``item`` is a
+    record, or a list of them for a function marked with :func:`~aligner.connectors.runtime.batch`."""
     if inspect.isasyncgenfunction(fn):
-        async def collect(record: SourceRecord, state: KeyedState) -> list[tuple[bytes | None, bytes]]:
-            return [kv async for kv in fn(record, state)]
+        async def collect(item: Any, state: KeyedState) -> list[tuple[bytes | None, bytes]]:
+            return [kv async for kv in fn(item, state)]
     elif inspect.iscoroutinefunction(fn):
-        async def collect(record: SourceRecord, state: KeyedState) -> list[tuple[bytes | None, bytes]]:
-            return list(await fn(record, state) or ())
+        async def collect(item: Any, state: KeyedState) -> list[tuple[bytes | None, bytes]]:
+            return list(await fn(item, state) or ())
     else:
         return fn
 
-    def call(record: SourceRecord, state: KeyedState) -> Emitted:
-        return asyncio.run_coroutine_threadsafe(collect(record, state), loop).result()
+    def call(item: Any, state: KeyedState) -> Emitted:
+        return asyncio.run_coroutine_threadsafe(collect(item, state), loop).result()
 
-    return call
+    return batch(call) if takes_batch(fn) else call
 
 
 def _retrying(what: str, stop: threading.Event, attempt: Callable[[], Any],
@@ -357,7 +357,9 @@ def job(app: faust.App, *, job_id: str, inputs: Sequence[str], output: str, para
     ``app`` may be any ``faust.App``: the job sets what it needs on it (:func:`configure`) and starts
     with the app's services, without waiting for Faust's consumer group. The decorated function takes
     ``(record, state)`` (a :class:`SourceRecord` and the job's :class:`KeyedState`) and returns or
-    yields ``(key, value)`` byte pairs; it may be a plain function or an ``async def`` generator. The
+    yields ``(key, value)`` byte pairs; it may be a plain function or an ``async def`` generator. Marked
+    with :func:`~aligner.connectors.runtime.batch` (below ``@job``), it takes ``(records, state)``
+    instead: the records of one fetch, within one job epoch, once per fetch. The
     job starts in ``mode`` (own epochs every ``interval`` seconds) and the coordinator aligns it on
     its inputs. It waits for input as long as it takes. Connection settings come from ``settings``
     or the ``ALIGNER_*`` environment at worker start, the worker index from ``worker`` or
