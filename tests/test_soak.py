@@ -157,3 +157,33 @@ def test_a_frontier_frozen_while_its_input_is_frozen_too_is_not_its_stall(tmp_pa
     run.started = time.time() - 300
     soak.look_for_stalls(run, {"a": 3, "b": 7})  # b waits for a; a's own input (in) is not polled here
     assert soak.stalls == []
+
+
+def test_growth_is_judged_once_retention_holds_every_subject() -> None:
+    """With a minimum of epochs kept, a subject grows until it holds that many: growth is judged from the
+    first retention pass by which every subject's floor was raised, or not at all."""
+    from experiments.soak.verdict import figures, retention_window, verdict
+
+    gcs: list[dict[str, Any]] = [
+        {"at": 60.0, "rc": 0, "line": "retention pass: removed 0 epochs of 0 subjects, 0 nodes in 0.1s"},
+        {"at": 120.0, "rc": 0, "line": "retention pass: removed 9 epochs of 1 subjects, 20 nodes in 0.1s; floors a<9"},
+        {"at": 180.0, "rc": 1, "line": "retention pass failed: in<7"},
+        {"at": 240.0, "rc": 0, "line": "retention pass: removed 9 epochs of 2 subjects, 20 nodes in 0.1s; "
+                                       "floors a<18, in<3"},
+    ]
+    assert retention_window(100.0, gcs, ["a", "in"]) == 240.0
+    assert retention_window(300.0, gcs, ["a", "in"]) == 300.0
+    assert retention_window(100.0, gcs, ["a"]) == 120.0
+    assert retention_window(100.0, gcs, ["a", "b"]) is None
+    assert retention_window(100.0, gcs, []) == 100.0
+
+    def sample(t: float, znodes: int) -> dict[str, object]:
+        return {"t": t, "mntr": {"zk_znode_count": znodes, "zk_approximate_data_size": 1000},
+                "zk_dir_bytes": 0, "rss": {"zookeeper": 100, "broker": 100}, "cpu": {"broker": 5.0}, "status_s": 1.0}
+
+    filling = [sample(t, 100 * min(t, 240)) for t in range(0, 600, 20)]  # grows until 240 s, then flat
+    assert verdict([], None, 0, figures(filling, 100.0), check_growth=True)[0].startswith("growth after")
+    assert verdict([], None, 0, figures(filling, 100.0, 240.0), check_growth=True) == []
+    never = verdict([], None, 0, figures(filling, 100.0, None, never_held=["b"]), check_growth=True)
+    assert never == ["growth not measured: retention never raised the floor of b (each still held fewer epochs "
+                     "than it keeps)"]

@@ -19,10 +19,10 @@ from rich.console import Console
 
 from experiments.chaos import nemesis
 from experiments.chaos.nemesis import Fault
-from experiments.chaos.run import Interrupted, Run, execute, job_a_name
+from experiments.chaos.run import F_OUT, Interrupted, Run, execute, job_a_name
 from experiments.common import RESULTS
 from experiments.soak.plot import plot
-from experiments.soak.verdict import figures, verdict
+from experiments.soak.verdict import figures, floored, retention_window, verdict
 from experiments.soak.watch import Settings, Soak, Stalled
 
 console = Console(highlight=False)
@@ -63,7 +63,11 @@ def report_of(run: Run, soak: Soak, result: dict[str, Any] | None, minutes: floa
               check_growth: bool) -> dict[str, Any]:
     """Everything the soak measured, its figures and its verdict (one dict, written as JSON)."""
     done = [e for e in run.events if e["kind"] in nemesis.FAULT_WEIGHTS and "(none" not in e["target"]]
-    fig = figures(soak.samples, window)
+    retained = soak.settings.retention_every or soak.settings.gc_every
+    subjects = [x for x in soak.settings.gc_subjects if run.faust or x != F_OUT] if retained else []
+    start = retention_window(window, soak.gcs, subjects)
+    fig = figures(soak.samples, window, start,
+                  never_held=sorted(set(subjects) - floored(soak.gcs)) if start is None else None)
     reasons = verdict(soak.stalls, result, len(run.observations), fig, check_growth, soak.gcs)
     check = (result or {}).get("check")
     swaps = [e["at"] + e["duration"] for e in run.events
@@ -197,7 +201,9 @@ def summarize(report: dict[str, Any]) -> None:
                   f"(after {num(after['zk_data_bytes'], 1024)}), data dir KB/min {num(per_min['zk_dir_bytes'], 1024)}")
     console.print(f"RSS MB per 10 min after the window: {fig['rss_mb_per_10min_after_window']}")
     console.print(f"CPU % mean: {fig['cpu_percent_mean']}; max: {fig['cpu_percent_max']}")
-    console.print(f"aligner status: {fig['status_s']}; stalls: {len(report['stalls'])}; growth: "
+    held = (f"from {fig['growth_from_s']:.0f}s (retention held every subject)" if fig.get("growth_from_s") is not None
+            else f"not judged (retention never floored {', '.join(fig.get('retention_never_held') or [])})")
+    console.print(f"aligner status: {fig['status_s']}; stalls: {len(report['stalls'])}; growth {held}: "
                   f"{ {k: None if g is None else round(g['change'], 3) for k, g in fig['growth'].items()} }")
 
 

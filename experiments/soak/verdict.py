@@ -3,6 +3,7 @@ retention window fails it, with one line saying why."""
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -82,13 +83,43 @@ def growth(pts: list[tuple[float, float]]) -> dict[str, float] | None:
     return {"from": first, "to": last, "change": (last - first) / first if first else 0.0}
 
 
-def figures(samples: list[Sample], window: float) -> dict[str, Any]:
-    """Slopes over the whole soak and after the window, growth after it, CPU of every process group."""
-    out: dict[str, Any] = {"window_s": window, "slope_per_min": {}, "slope_per_min_after_window": {}, "growth": {}}
+FLOORS = re.compile(r"floors (.+)$")
+"""The part of a retention pass's line naming the subjects whose floor it raised: ``floors a<51, in<8``."""
+
+
+def floored(gcs: list[dict[str, Any]], until: float = float("inf")) -> set[str]:
+    """Subjects whose floor some successful retention pass up to ``until`` raised."""
+    out: set[str] = set()
+    for g in gcs:
+        if g["at"] <= until and g["rc"] == 0 and (m := FLOORS.search((g.get("line") or "").strip())):
+            out |= {part.split("<", 1)[0].strip() for part in m.group(1).split(",")}
+    return out
+
+
+def retention_window(window: float, gcs: list[dict[str, Any]], subjects: list[str]) -> float | None:
+    """Seconds into the soak from which growth is judged: ``window``, or later, the first retention pass by
+    which every subject had its floor raised at least once. Before that, a subject still fills up the epochs
+    the policy keeps at least (1,000 by default: 33 minutes for a subject with an epoch every 2 s), and its
+    growth is the policy's, not a leak. None while some subject never had a floor (growth not measurable)."""
+    for g in [{"at": 0.0}, *gcs]:
+        if floored(gcs, g["at"]) >= set(subjects):
+            return max(window, float(g["at"]))
+    return None
+
+
+def figures(samples: list[Sample], window: float, growth_from: float | None = None,
+            never_held: list[str] | None = None) -> dict[str, Any]:
+    """Slopes over the whole soak and after the window (warm-up), growth after ``growth_from`` (default: the
+    window; see :func:`retention_window`), CPU of every process group. ``never_held``: subjects retention
+    never floored, so that growth is not judged at all."""
+    start = window if growth_from is None else growth_from
+    out: dict[str, Any] = {"window_s": window, "growth_from_s": None if never_held else start,
+                           "retention_never_held": never_held or [], "slope_per_min": {},
+                           "slope_per_min_after_window": {}, "growth": {}}
     for name, get in REPORTED.items():
         out["slope_per_min"][name] = per_minute(points(samples, get))
         out["slope_per_min_after_window"][name] = per_minute(points(samples, get, window))
-        out["growth"][name] = growth(points(samples, get, window))
+        out["growth"][name] = None if never_held else growth(points(samples, get, start))
     groups = sorted({g for s in samples for g in s["rss"]})
     out["rss_mb_per_10min_after_window"] = {
         g: None if (m := per_minute(incarnation(samples, g, window))) is None else round(m * 10 / 2**20, 2)
@@ -118,12 +149,15 @@ def verdict(stalls: list[dict[str, Any]], result: dict[str, Any] | None, observa
             reasons.append(f"anomalies: { {k: v for k, v in totals.items() if v} }")
     if observations:
         reasons.append(f"{observations} components exited unasked (see the JSON's observations)")
-    if check_growth:
+    if check_growth and fig.get("retention_never_held"):
+        reasons.append("growth not measured: retention never raised the floor of "
+                       + ", ".join(fig["retention_never_held"]) + " (each still held fewer epochs than it keeps)")
+    elif check_growth:
         for name in GROWTH_CHECKED:
             g = fig["growth"].get(name)
             if g is None:
-                reasons.append(f"growth not measured: fewer than {2 * EDGE} samples of {name} after the "
-                               f"{fig['window_s']:.0f}s window")
+                reasons.append(f"growth not measured: fewer than {2 * EDGE} samples of {name} after "
+                               f"{fig.get('growth_from_s', fig['window_s']):.0f}s")
             elif g["change"] > GROWTH_LIMIT:
                 reasons.append(f"growth after the first retention window: {name} {g['change']:+.0%} "
                                f"({g['from']:,.0f} -> {g['to']:,.0f})")
