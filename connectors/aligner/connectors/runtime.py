@@ -64,7 +64,6 @@ class JobWorker:
         self.spec = spec
         self.worker = worker
         self.fn = fn
-        self._batched = takes_batch(fn)
         self.fault = fault or (lambda point: None)
         self.on_commit = on_commit
         """Called after every committed job epoch (instrumentation, e.g. :class:`connectors.latency.LatencyProbe`)."""
@@ -183,7 +182,7 @@ class JobWorker:
         """The job function's outputs for one fetched batch: one call for a batch function, one per record
         otherwise (lazily, so each record's outputs are sent before the next record is processed)."""
         fn, state = self.fn, self.state
-        if self._batched:
+        if takes_batch(fn):  # asked per fetch, not per record: ``fn`` may be replaced (benchmarks)
             return fn(records, state)  # type: ignore[arg-type]
         return (kv for r in records for kv in fn(r, state))  # type: ignore[arg-type]
 
