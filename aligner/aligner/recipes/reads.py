@@ -46,7 +46,24 @@ class EpochReads(SubjectRecipes):
             return hit
         node = self.epoch_node(subject, epoch)
         path = self.layout.epoch(subject, epoch)
-        present = set(self._children(path)) & set(node.writers)
+        return self._assemble(subject, epoch, node, set(self._children(path)) & set(node.writers))
+
+    def committed_if(self, subject: str, epoch: int) -> CommittedEpoch | None:
+        """``committed`` of an epoch that is committed, None for one that is not (yet); one read of the epoch
+        node and its children instead of ``is_committed`` and then ``committed`` reading both twice.
+        EpochNotCommittedError when the epoch node does not exist."""
+        hit = self.cached(subject, epoch)
+        if hit is not None:
+            return hit
+        node = self.epoch_node(subject, epoch)
+        children = set(self._children(self.layout.epoch(subject, epoch)))
+        if not node.writers or missing_writers(node, children):
+            return None
+        return self._assemble(subject, epoch, node, children & set(node.writers))
+
+    def _assemble(self, subject: str, epoch: int, node: EpochNode, present: set[str]) -> CommittedEpoch:
+        """The committed epoch from its node and its present writers' contributions (read pipelined)."""
+        path = self.layout.epoch(subject, epoch)
         self._trip("read")
         pending = {w: self.zk.get_async(f"{path}/{w}") for w in sorted(present)}
         contributions = {w: parse(ContributionNode, f"{path}/{w}", a.get()[0]) for w, a in pending.items()}

@@ -281,7 +281,8 @@ class JobWorker:
                                offsets=source.offsets(), load_from=source.load_from(), covered=covered,
                                alignment=self.alignment, state_from=self.io.inherited)
         self._commit(node, decided.await_target, stop)
-        ahead = source.second_last_ahead()
+        # The Ready test reads each subject's frontier: only a consumer still catching up needs it.
+        ahead = any(a.state is State.CATCHING_UP for a in self.alignment.values()) and source.second_last_ahead()
         for subject in self.spec.inputs:
             self.alignment[subject] = self.alignment[subject].caught_up(ahead)
             self._report(subject)

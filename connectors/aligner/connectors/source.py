@@ -86,6 +86,9 @@ class _Input:
     limit: int | None = None
     loaded: deque = field(default_factory=deque)  # CommittedEpoch, oldest first
     consumed: int = -1
+    frontier: int | None = None
+    """The subject's frontier as the last ``load`` found it (the epoch before the first uncommitted one:
+    committed epochs are a prefix); None when a limit stopped that load first."""
 
 
 CRAWL_RECORDS_PER_S = 1000
@@ -178,13 +181,16 @@ class SubjectSource:
         """Load newly committed epochs (up to the limits); returns how many were loaded."""
         loaded = 0
         for inp in self.inputs.values():
+            inp.frontier = None
             while inp.limit is None or inp.next_load <= inp.limit:
                 try:
-                    if not self.ledger.is_committed(inp.subject, inp.next_load):
-                        break
+                    committed = self.ledger.committed_if(inp.subject, inp.next_load)
                 except EpochNotCommittedError:  # not even created yet
+                    committed = None
+                if committed is None:
+                    inp.frontier = inp.next_load - 1 if inp.next_load > 0 else None
                     break
-                self._add(inp, self.ledger.committed(inp.subject, inp.next_load))
+                self._add(inp, committed)
                 inp.next_load += 1
                 loaded += 1
         self._advance_consumed()
@@ -233,7 +239,8 @@ class SubjectSource:
     def second_last_ahead(self) -> bool:
         """Thesis 5.6 Ready test: at or past the second-last committed epoch of every subject."""
         for subject, inp in self.inputs.items():
-            frontier = self.ledger.frontier(subject)
+            # What the last load found (it ran within this epoch) saves listing the subject's epochs each epoch.
+            frontier = inp.frontier if inp.frontier is not None else self.ledger.frontier(subject)
             if frontier is not None and frontier >= 1 and inp.consumed < frontier - 1:
                 return False
         return True

@@ -46,7 +46,7 @@ def wrap(obj, name):
 orig_aligned_run = bp.aligned_run
 
 
-def aligned_run(worker, first, n):
+def aligned_run(worker, first, fn, n):
     global active, epochs
     if not getattr(worker, "_zk_wrapped", False):
         zk = worker.ledger.zk
@@ -70,7 +70,7 @@ def aligned_run(worker, first, n):
         print("note: the source's consumer was reopened by its watchdog; wrapped again", flush=True)
     active = True
     try:
-        return orig_aligned_run(worker, first, n)
+        return orig_aligned_run(worker, first, fn, n)
     finally:
         active = False
         epochs += n
