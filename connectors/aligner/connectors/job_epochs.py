@@ -35,6 +35,8 @@ class JobEpochs:
         self.idle = idle
         self._never: int | None = None
         """The epoch last found never to be decided by the line (warned once)."""
+        self._last: JobEpochNode | None = None
+        """The job epoch ``covered`` returned last (immutable once recorded): the next epoch starts from it."""
 
     def covered(self, epoch: int, alignments: Mapping[str, ConsumerAlignment], old_decides: Callable[[int], bool],
                 inputs_finished: Callable[[], bool], stop: threading.Event) -> dict[str, Span | None]:
@@ -48,16 +50,19 @@ class JobEpochs:
             frontier, finished = self._observe(start) if recorded is None and not follow else ({}, {})
             decided = coverage.step(_coverage(recorded), follow, start, self.per, frontier, finished)
             if decided.next is Next.DECIDED:
+                self._last = recorded
                 return dict(decided.coverage.covered)  # type: ignore[union-attr]
             if decided.next is Next.DECIDE:
                 assert decided.coverage is not None
                 self.idle.got_input()
-                return self.jobs.fix_job_epoch(self.line, epoch, decided.coverage.covered,
-                                               decided.coverage.next).covered
+                self._last = self.jobs.fix_job_epoch(self.line, epoch, decided.coverage.covered,
+                                                     decided.coverage.next)
+                return self._last.covered
             self._wait(epoch, decided.next, start, stop)
 
     def _start(self, epoch: int, alignments: Mapping[str, ConsumerAlignment]) -> dict[str, int]:
-        previous = self.jobs.job_epoch(self.line, epoch - 1)
+        last = self._last
+        previous = last if last is not None and last.epoch == epoch - 1 else self.jobs.job_epoch(self.line, epoch - 1)
         return coverage.starts(epoch, alignments, previous.next if previous else None, self.follows)
 
     def _observe(self, start: Mapping[str, int] | None) -> tuple[dict[str, int | None], dict[str, int | None]]:
@@ -101,8 +106,8 @@ class JobEpochs:
     def _committed_prefix(self, subject: str, start: int, per: int) -> int:
         n = 0
         while n < per:
-            try:
-                if not self.ledger.is_committed(subject, start + n):
+            try:  # read whole: the source loads the same epochs next, from the ledger's cache
+                if self.ledger.committed_if(subject, start + n) is None:
                     break
             except AlignerError:
                 break
