@@ -12,7 +12,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from aligner.connectors.kafka import consumer_config
+from aligner.connectors.kafka import LINGER_MS, consumer_config
 from aligner.connectors.sink import SinkProducer
 from aligner.ledger import Ledger
 
@@ -20,7 +20,7 @@ RESULTS = Path(os.environ.get("ALIGNER_RESULTS") or Path(__file__).resolve().par
 """Where results go; ALIGNER_RESULTS moves them (the benchmarks' smoke test writes to a temporary folder)."""
 
 PRODUCER_SETTINGS = {
-    "linger.ms": 5,
+    "linger.ms": LINGER_MS,
     "batch.num.messages": 10000,
     "queue.buffering.max.messages": 1_000_000,
     "transaction.timeout.ms": 60000,

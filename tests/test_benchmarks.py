@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SMOKE = {
     "bench_sink": ["--rounds", "1", "--records", "20000"],
+    "bench_batches": ["--epochs", "2", "--rate", "100"],
     "bench_zk_ops": ["--epochs", "2", "--records", "2", "--kazoo-ops", "20"],
     "bench_reader": ["--records", "20000", "--rounds", "1"],
     "bench_pipeline": ["--records", "20000", "--rounds", "1"],

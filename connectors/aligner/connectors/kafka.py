@@ -181,10 +181,19 @@ def transactional_id(subject: str, sink: str, producer: str) -> str:
     return f"aligner.{subject}.{sink}.{producer}"
 
 
+LINGER_MS = 1000
+"""How long a sink's producer holds records to fill a batch. An epoch's records are read only once it
+commits, and the commit flushes (librdkafka sends at once on flush, whatever the linger), so lingering
+costs no latency; a full batch (``batch.num.messages``) goes at once, so it costs no throughput either.
+What it saves is batches: at 150 records/s and 0.5 s epochs, 37 batches per partition per epoch with
+5 ms, 1 with 1 s (/tmp measurement in README "Always on"), and the embedded broker's fetches cost time
+per batch held in a partition (PLATFORM.md, experiments/bench_fetch.py)."""
+
+
 def producer_config(bootstrap: str, txn_id: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A transactional producer tuned for epochs of many small records (one transaction per epoch)."""
     return {
-        "linger.ms": 5,
+        "linger.ms": LINGER_MS,
         "batch.num.messages": 10000,
         "queue.buffering.max.messages": 1_000_000,
         "transaction.timeout.ms": 60000,
