@@ -340,6 +340,34 @@ def test_retention_run_collects_a_running_chain_and_stops_on_sigterm(stack, ledg
     running.set()
 
 
+def test_align_runs_beside_the_retention_loop_and_its_passes_wait_for_it(stack, ledger, cli_env, subject_name,
+                                                                          spawn):
+    """The retention loop, as ``aligner stack up`` starts it, holds the coordinators' election only during a
+    pass: an ``aligner align`` run beside it gets its turn (it used to wait for the loop forever) and
+    passes go on once it is done."""
+    from aligner.connectors.runtime import JobSpec
+    from tests.jobs import tag_v1
+
+    raw, out = subject_name, f"{subject_name}-out"
+    for name in (raw, out):
+        create_subject(ledger, stack.kafka, name, 2)
+    running = threading.Event()
+    spawn.generator(raw, epochs=100_000, per_epoch=4, pace=0.02, until=running)
+    job = f"{raw}-a"
+    spawn.job(JobSpec(job=job, inputs=(raw,), output=out, interval=0.1), tag_v1)
+    keeper = spawn.worker("aligner.coordinator", "retention", "run", "--every", "0.3",
+                          env=_retention_env(cli_env, 20))
+    wait_for(lambda: "retention: leading" in keeper.stderr and "retention pass" in keeper.stderr, LIVE,
+             "the loop to lead and run a pass", on_wait=keeper.healthy)
+    done = run_cli(cli_env, "align", job, "--timeout", "120", "--json", timeout=180)
+    assert done.returncode == 0, done.stderr
+    passes = keeper.stderr.count("retention pass")
+    wait_for(lambda: keeper.stderr.count("retention pass") > passes, LIVE, "passes to go on after the align",
+             on_wait=keeper.healthy)
+    assert _sigterm(keeper) < STOPS_WITHIN
+    running.set()
+
+
 def test_only_the_leader_collects_and_a_standby_takes_over(stack, ledger, cli_env, subject_name, spawn):
     ledger.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
     env = _retention_env(cli_env, 10)

@@ -305,3 +305,8 @@ class JobLedger:
     def election(self, identifier: str) -> Any:
         """The coordinators' leader election: kazoo's Election recipe on this session."""
         return self.zk.Election(self.layout.election, identifier)
+
+    def retention_election(self, identifier: str) -> Any:
+        """The retention loops' leader election (one collects, the others stand by); a pass also holds the
+        coordinators' election while it runs, so it never overlaps an alignment or a hot-swap."""
+        return self.zk.Election(self.layout.retention_election, identifier)

@@ -21,6 +21,7 @@ the ACL policy (:mod:`aligner.acl_policy`) gives a node the permissions its decl
     {root}/jobs/{job}/swap                            SwapNode (coordinator)
     {root}/spark/queries/{query}/batches/{bucket}/{batch:012d}/{subject}   what a Spark micro-batch read
     {root}/coordinator/election                       leader election of coordinators
+    {root}/coordinator/retention                      leader election of retention loops
     {root}/acl                                        the ACL grants (admin only)
 
 Numbered nodes (epochs, job and worker epochs, a Spark sink's epoch records, a query's batch records) sit
@@ -125,6 +126,7 @@ NODES: tuple[Node, ...] = (
     Node("spark/queries/{query}/batches/{bucket}/{batch}/{subject}", "job", "rwcd", "what a micro-batch read"),
     Node("coordinator", "admin", ""),
     Node("coordinator/election", "admin", "", "kazoo's Election recipe"),
+    Node("coordinator/retention", "admin", "", "kazoo's Election recipe among retention loops"),
 )
 """Every node the product writes, parents before children."""
 
@@ -252,6 +254,10 @@ class Layout:
     @property
     def election(self) -> str:
         return f"{self.coordinator}/election"
+
+    @property
+    def retention_election(self) -> str:
+        return f"{self.coordinator}/retention"
 
     # ---- Spark queries and the grants ----------------------------------------------------------
 

@@ -1,10 +1,13 @@
 """The leading coordinator applies retention by itself, so ZooKeeper state is bounded by policy, not uptime.
 
-``aligner retention run`` contends for coordinator leadership (kazoo's Election recipe on the ledger's
-election node, the same one ``aligner align``/``hotswap`` hold); a second instance waits as a standby and
-takes over when the leader's session goes. The leader runs one :func:`aligner.coordinator.gc.collect`
-pass every interval, logs one line per pass and exports Prometheus metrics. Before each pass it checks
-it still leads (a session that expired lost the lock node), so two instances never collect at once.
+``aligner retention run`` contends for leadership among retention loops (kazoo's Election recipe on
+``coordinator/retention``); a second instance waits as a standby and takes over when the leader's session
+goes. The leader runs one :func:`aligner.coordinator.gc.collect` pass every interval, logs one line per
+pass and exports Prometheus metrics. Before each pass it checks it still leads (a session that expired
+lost the lock node), so two instances never collect at once. Each pass also holds the coordinators'
+election (the one ``aligner align``/``hotswap`` hold while they work) for the pass only: a pass never
+overlaps an alignment or a hot-swap, and one of those waits at most one pass (holding that election
+between passes made every ``align`` wait for the loop forever).
 ZooKeeper outages are ridden out by the ledger's retrying session; the stop flag ends every wait. The
 Election recipe's own calls block while ZooKeeper is away (kazoo queues them until it is back), so they
 run on a helper thread the loop waits for in slices: SIGTERM stops it within a second, outage or not.
@@ -42,6 +45,8 @@ _CONTEND = 0.5
 """Seconds a standby waits on the election lock before contending again."""
 _SLICE = 0.2
 """Seconds between looks at the stop flag while an election call is in flight."""
+_PASS_WAIT = 5.0
+"""Seconds a pass waits for the coordinators' election before the leader checks its own again."""
 
 T = TypeVar("T")
 
@@ -74,7 +79,7 @@ class RetentionLoop:
 
     def run(self) -> None:
         """Contend, lead, and contend again after losing leadership, until the stop flag is set."""
-        election = JobLedger(self.ledger).election(self.me)
+        election = JobLedger(self.ledger).retention_election(self.me)
         waiting_said = False
         while not self.stop.is_set():
             try:
@@ -89,7 +94,7 @@ class RetentionLoop:
                 continue
             if not acquired:
                 if not waiting_said:
-                    self.say(f"retention: standby ({self.me}); another coordinator leads")
+                    self.say(f"retention: standby ({self.me}); another retention loop leads")
                     waiting_said = True
                 continue
             try:
@@ -131,6 +136,8 @@ class RetentionLoop:
         return bool(contenders) and contenders[0] == self.me
 
     def _lead(self, election: Any) -> None:
+        coordinators = JobLedger(self.ledger).election(f"retention-{self.me}")
+        busy_said = False
         while not self.stop.is_set():
             try:
                 still = self.leads(election)
@@ -140,7 +147,26 @@ class RetentionLoop:
                 self.say("retention: lost leadership; contending again")
                 return
             LEADER.set(1)
-            self.once()
+            try:
+                free = self._stoppable(lambda: coordinators.lock.acquire(timeout=min(self.every, _PASS_WAIT)))
+            except StoppedError:
+                return
+            except LockTimeout:
+                free = False
+            except KazooException as exc:  # ZooKeeper down: the next interval tries again
+                log.warning("retention: coordinators' election unavailable (%s); retrying", type(exc).__name__)
+                free = False
+            if not free:
+                if not busy_said:
+                    self.say("retention: a coordinator (align or hotswap) is at work; passes wait for it")
+                    busy_said = True
+                continue  # a new try at once: the acquire above waited already
+            busy_said = False
+            try:
+                self.once()
+            finally:
+                with contextlib.suppress(KazooException, StoppedError):
+                    self._stoppable(coordinators.lock.release)
             self.stop.wait(self.every)
 
     def once(self) -> dict[str, Any] | None:
