@@ -118,9 +118,12 @@ def test_growth_is_judged_after_the_window_only() -> None:
     assert verdict([], None, 0, growing, check_growth=False) == []
     assert verdict([], None, 0, figures(warm[:12], window=10), check_growth=True)[0].startswith("growth not measured")
     leaky = [{**sample(60 * t, 1000), "rss": {"zookeeper": 100, "broker": 2**20 * 100 * t, "A-0": 50 + 2**20 * t},
-              "pids": {"zookeeper": 1, "broker": 2, "A-0": 3}} for t in range(20)]
+              "pids": {"zookeeper": 1, "broker": 2, "A-0": 3}} for t in range(25)]
     reasons = verdict([], None, 0, figures(leaky, window=600), check_growth=True)  # 1 MB a minute
     assert [r for r in reasons if "RSS" in r] == ["RSS grows over 1 MB per 10 min after the window: A-0 +10.00"]
+    short = figures(leaky[:19], window=600)  # A-0 lived 8 minutes after the window: its start-up, not judged
+    assert short["rss_mb_per_10min_after_window"]["A-0"] is None
+    assert not [r for r in verdict([], None, 0, short, check_growth=True) if "RSS" in r]
     assert not any("broker" in r for r in reasons)  # the embedded broker keeps every record: not held to it
     gcs: list[dict[str, Any]] = [{"at": 20.0, "rc": 0},
                                  {"at": 40.0, "rc": 1, "stderr": "aligner: error: job 'A' does not read 'in'\n"}]
