@@ -225,6 +225,10 @@ def test_a_swap_in_flight_and_a_shadow_lane_hold_their_epochs(ledger, subject_na
     assert not ledger.zk.exists(lay.producer(target, old, "0")) and ledger.zk.exists(lay.producer(target, new, "0"))
     again = collect(ledger, policy=tight)  # a second pass over a swapped-out job is uneventful
     assert again["jobs"][old] == {"deleted_nodes": 0, "swapped_out": True}
+    from aligner.coordinator.alignment import Coordinator
+
+    row = Coordinator(ledger).status(old)  # status and the exporter still show it (they failed on it)
+    assert row["swapped_to"] == new and [s["state"] for s in row["sources"]] == ["swapped out"]
 
 
 def test_batched_deletes_fall_back_one_by_one_when_a_node_changed_meanwhile(ledger, subject_name):

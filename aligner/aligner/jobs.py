@@ -105,6 +105,10 @@ class JobLedger:
         except BadVersionError:
             raise AlignerError(f"command node of {job}/{subject} changed concurrently; another coordinator?") from None
 
+    def has_sources(self, job: str) -> bool:
+        """Whether the job's source state is there (retention removes a swapped-out job's)."""
+        return self.zk.exists(self.layout.sources(job)) is not None
+
     def consumers(self, job: str, subject: str) -> dict[int, ConsumerNode]:
         path = self.layout.consumers(job, subject)
         try:

@@ -89,9 +89,19 @@ class Coordinator:
     def status(self, job: str) -> dict[str, Any]:
         node = self.jobs.job(job)
         decision, _ = self.jobs.decision(job)
-        return {"job": job, "version": node.version, "output": node.output, "parallelism": node.parallelism,
-                "decision": decision.phase if decision else None,
-                "sources": [self.source_status(job, s) for s in node.inputs]}
+        swap, _ = self.jobs.swap(job)
+        row = {"job": job, "version": node.version, "output": node.output, "parallelism": node.parallelism,
+               "decision": decision.phase if decision else None,
+               "swapped_to": swap.new if swap is not None and swap.old == job and swap.phase == "done" else None}
+        if row["swapped_to"] is not None and not self.jobs.has_sources(job):
+            # Retention removed the swapped-out version's source state: nothing to report but that.
+            row["sources"] = [{"subject": s, "state": "swapped out", "mode": "-", "subject_epoch": None,
+                               "job_epoch": None, "consumers": 0, "lag_epochs": 0, "lag_seconds": 0.0,
+                               "last_committed": self.ledger.frontier(s), "waiting_seconds": None}
+                              for s in node.inputs]
+        else:
+            row["sources"] = [self.source_status(job, s) for s in node.inputs]
+        return row
 
     # ---- protocol -----------------------------------------------------------------------------
 
