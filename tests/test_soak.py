@@ -57,7 +57,7 @@ def test_smoke_soak_samples_everything_and_passes(soak: tuple[subprocess.Popen[s
     answered = [s for s in report["samples"] if s["mntr"] is not None]
     assert answered and all(set(s["mntr"]) >= MNTR_FIELDS for s in answered)
     assert any(s["status_s"] is not None for s in report["samples"])
-    assert report["check"]["retained_window"] is False and report["check"]["records_checked"] > 0
+    assert report["check"]["records_checked"] > 0  # the window retention kept (it runs, as in make soak)
     assert report["faults_total"] >= 2 and report["swaps"], (report["faults_by_kind"], report["swaps"])
     assert report["gc"] and all(g["rc"] == 0 for g in report["gc"]), report["gc"]  # retention passed beside them
     assert (out / "soak.png").stat().st_size > 0
