@@ -37,9 +37,9 @@ def chaos(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
 def test_short_seeded_chaos_run_has_no_anomalies(chaos: tuple[subprocess.Popen[str], Path]) -> None:
     proc, out = chaos
     try:
-        output, _ = proc.communicate(timeout=180)
+        output, _ = proc.communicate(timeout=420)  # ~1 minute alone; a liveness bound for a busy machine
     except subprocess.TimeoutExpired:
-        pytest.fail("the chaos run took longer than 3 minutes")
+        pytest.fail("the chaos run took longer than 7 minutes")
     report = json.loads((out / f"seed-{SEED}.json").read_text())
     assert report.get("error") is None, output[-4000:]
     assert report["faults_total"] >= FAULTS, report["faults_by_kind"]
