@@ -20,6 +20,14 @@ LIVE = 180
 """Liveness bound (seconds) on waits for progress: generous, for a busy machine; never a speed check."""
 
 
+def assert_counts_run_on(outputs: list[tuple[int, dict]]) -> None:
+    """The keyed per-partition counts of ``count_v1``/``count_batch`` run 1..n on each of the 2 partitions:
+    restored state neither skipped nor repeated an input."""
+    for p in (0, 1):
+        counts = sorted(v["count"] for _, v in outputs if v["p"] == p)
+        assert counts == list(range(1, len(counts) + 1)), f"partition {p}: the restored counts skip or repeat"
+
+
 def test_job_killed_twenty_times_outputs_every_result_once(stack, root, ledger, subject_name, spawn):
     raw, x = subject_name, f"{subject_name}-x"
     for n in (raw, x):
@@ -74,9 +82,7 @@ def test_state_bases_let_retention_collect_the_changelog_and_kills_restore_exact
     spawn.worker("aligner.connectors.worker", *args).finish(timeout=LIVE)
     outputs = read_all(ledger, stack.kafka, x)
     assert_exactly_once(outputs, gen.sent)
-    for p in (0, 1):
-        counts = sorted(v["count"] for _, v in outputs if v["p"] == p)
-        assert counts == list(range(1, len(counts) + 1)), f"partition {p}: the restored counts skip or repeat"
+    assert_counts_run_on(outputs)
     jobs = JobLedger(ledger)
     records = jobs.worker_epochs(job, 0)
     assert records and all(r.state_base is not None and 0 <= r.epoch - r.state_base < 3 for r in records.values())
@@ -103,9 +109,7 @@ def test_batch_job_killed_again_and_again_outputs_every_result_once(stack, root,
     spawn.worker("aligner.connectors.worker", *args).finish(timeout=LIVE)
     outputs = read_all(ledger, stack.kafka, x)
     assert_exactly_once(outputs, gen.sent)
-    for p in (0, 1):
-        counts = sorted(v["count"] for _, v in outputs if v["p"] == p)
-        assert counts == list(range(1, len(counts) + 1)), f"partition {p}: the restored counts skip or repeat"
+    assert_counts_run_on(outputs)
     calls: dict[tuple[int, int], set[int]] = {}
     for epoch, v in outputs:
         calls.setdefault(tuple(v["b"]), set()).add(epoch)
