@@ -125,6 +125,12 @@ def test_growth_is_judged_after_the_window_only() -> None:
     assert short["rss_mb_per_10min_after_window"]["A-0"] is None
     assert not [r for r in verdict([], None, 0, short, check_growth=True) if "RSS" in r]
     assert not any("broker" in r for r in reasons)  # the embedded broker keeps every record: not held to it
+    # A-0 restarted at minute 12: its first 5 minutes climb (warm-up), then it is flat for 15: not a leak.
+    restarted = [{**s, "rss": {**s["rss"], "A-0": 2**20 * (50 + min(t - 12, 5) * 3 if t >= 12 else 50 + t)},
+                  "pids": {**s["pids"], "A-0": 4 if t >= 12 else 3}} for t, s in enumerate(leaky + leaky[:8])]
+    for i, s in enumerate(restarted):
+        s["t"] = 60 * i
+    assert figures(restarted, window=600)["rss_mb_per_10min_after_window"]["A-0"] == 0.0
     gcs: list[dict[str, Any]] = [{"at": 20.0, "rc": 0},
                                  {"at": 40.0, "rc": 1, "stderr": "aligner: error: job 'A' does not read 'in'\n"}]
     assert verdict([], None, 0, flat, check_growth=False, gcs=gcs) == [

@@ -41,6 +41,9 @@ RSS_SLOPE_LIMIT = 1.0
 RSS_MIN_SPAN = 600.0
 """Seconds a process must have lived after the window for its RSS slope to be judged: a component the
 nemesis kills every few minutes has only short runs, whose slope is its start-up, not a leak."""
+PROCESS_WARMUP = 300.0
+"""Seconds of a process's own life before its RSS slope counts (its warm-up, as the soak's window is the
+chain's)."""
 NOT_HELD_TO_IT = {
     "broker": "the embedded broker (Tansu 0.6, memory storage) keeps every record it was sent and refuses "
               "DeleteRecords: its RSS follows the data written, which a Kafka broker bounds with retention.ms",
@@ -60,14 +63,16 @@ def points(samples: list[Sample], get: Getter, after: float = 0.0) -> list[tuple
 
 
 def incarnation(samples: list[Sample], group: str, after: float) -> list[tuple[float, float]]:
-    """RSS points of the longest-lived process of ``group`` after ``after`` (a restart starts from scratch:
-    a slope across it says nothing about a leak)."""
+    """RSS points of the longest-lived process of ``group`` after ``after`` and after its own warm-up
+    (a restart starts from scratch: a slope across it, or over a process's first minutes while its caches
+    and the interpreter's arenas fill, says nothing about a leak)."""
     runs: dict[int, list[tuple[float, float]]] = {}
     for s in samples:
         pid = s.get("pids", {}).get(group)
-        if s["t"] >= after and pid is not None and group in s["rss"]:
+        if pid is not None and group in s["rss"]:
             runs.setdefault(pid, []).append((float(s["t"]), float(s["rss"][group])))
-    return max(runs.values(), key=len, default=[])
+    warm = [[p for p in pts if p[0] >= max(after, pts[0][0] + PROCESS_WARMUP)] for pts in runs.values()]
+    return max(warm, key=len, default=[])
 
 
 def per_minute(pts: list[tuple[float, float]]) -> float | None:

@@ -379,7 +379,9 @@ def _spawn_component(name: str, workdir: Path, port: int, tie_to_parent: bool,
         if not cfg.exists():
             _write_zoo_cfg(workdir, port, tls)
         classpath = ZK_CLASSPATH if tls is None else (*ZK_CLASSPATH, *ZK_TLS_CLASSPATH)
-        argv = [_java(), "-Xmx512m", "-Dzookeeper.log.dir=" + str(workdir),
+        # The heap fixed and touched at start (as ZooKeeper's admin guide advises: no heap resizing, no
+        # swapping): the JVM's RSS is flat from the first second, so what grows is the ledger's data.
+        argv = [_java(), "-Xms512m", "-Xmx512m", "-XX:+AlwaysPreTouch", "-Dzookeeper.log.dir=" + str(workdir),
                 "-cp", ":".join(classpath), "org.apache.zookeeper.server.ZooKeeperServerMain", str(cfg)]
     else:
         url = f"tcp://127.0.0.1:{port}"
