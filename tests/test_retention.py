@@ -161,6 +161,43 @@ def test_policy_pass_keeps_min_epochs_and_what_a_consumer_needs(stack, ledger, c
     assert ledger.committed(raw, 1500).epoch == 1500  # the first retained epoch reads as ever
 
 
+def test_a_retained_output_epoch_keeps_its_lineage_when_retention_removed_its_inputs(stack, ledger, subject_name):
+    """Each subject keeps by its own policy: an input with more epochs loses them first. The lineage of an output
+    epoch still retained names the inputs retention removed (``collected``) instead of failing on them, and says
+    so when the micro-batch's read record went with them."""
+    from aligner.errors import EpochCollectedError
+    from aligner.lineage import flatten, subject_epoch_lineage
+
+    raw, out = subject_name, f"{subject_name}-out"
+    create_subject(ledger, stack.kafka, raw, 1)
+    ledger.register_subject(SubjectNode(name=out, topic=out, partitions=1))
+    _write_epochs(ledger, raw, "gen", 0, 40)  # in: 40 epochs; out: 4, each of a micro-batch reading 10
+    _write_epochs(ledger, out, "sq", 0, 4)
+    lay, lineage = ledger.layout, SparkLineageLedger(ledger)
+    for b in range(4):
+        ledger.zk.create(lay.spark_sink_epoch(out, "sq", b), SparkSinkEpochNode(query="q", batch=b, epoch=b).dump(),
+                         makepath=True)
+        lineage.record_source_batch(SparkSourceBatchNode(query="q", batch=b, subject=raw, first=10 * b,
+                                                         last=10 * b + 9))
+    before = flatten(subject_epoch_lineage(ledger, out, 1))
+    assert before == {raw: list(range(10, 20)), out: [1]}
+
+    collect(ledger, policy=RetentionPolicy(hours=0, min_epochs=5))  # in keeps 35..39, out keeps all 4
+    assert ledger.first_retained(raw) == 35 and ledger.first_retained(out) == 0
+    assert ledger.numbers(lay.query_batches("q")) == [3]  # batches 0..2 read only removed epochs
+
+    tree = subject_epoch_lineage(ledger, out, 1)
+    (producer,) = tree["producers"]
+    assert producer["aligned"] is None and "micro-batch 1 of query q" in producer["inputs_collected"]
+    assert flatten(tree) == {out: [1]}
+    last = subject_epoch_lineage(ledger, out, 3)  # its batch record stays; of its inputs, 30..34 are gone
+    (producer,) = last["producers"]
+    assert producer["aligned"] is True and flatten(last) == {raw: list(range(30, 40)), out: [3]}
+    assert [i["epoch"] for i in producer["inputs"] if i.get("collected")] == list(range(30, 35))
+    with pytest.raises(EpochCollectedError, match="earliest retained epoch is 35"):
+        subject_epoch_lineage(ledger, raw, 12)  # asked for directly, a removed epoch is an error
+
+
 def test_a_job_whose_workers_have_not_reported_holds_retention(ledger, subject_name):
     """A worker that has not started yet reads from the start of retention: nothing moves until it reports."""
     out = f"{subject_name}-out"

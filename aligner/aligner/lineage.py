@@ -16,7 +16,7 @@ from typing import Any
 
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from aligner.errors import EpochNotCommittedError, LineageError, UnknownJobError
+from aligner.errors import EpochCollectedError, EpochNotCommittedError, LineageError, UnknownJobError
 from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Ledger
@@ -59,7 +59,7 @@ def job_epoch_lineage(ledger: Ledger, job: str, epoch: int, depth: int = 16) -> 
         return entry
     entry["aligned"] = True
     entry["inputs"] = [
-        subject_epoch_lineage(ledger, subject, e, depth - 1)
+        subject_epoch_lineage(ledger, subject, e, depth - 1, inner=True)
         for subject, span in sorted(covered.covered.items()) if span is not None
         for e in range(span.first, span.last + 1)
     ] if depth > 0 else []
@@ -77,18 +77,31 @@ def spark_epoch_lineage(ledger: Ledger, subject: str, sink: str, epoch: int, dep
                    "query": written.query, "batch": written.batch}
     read = records.source_batch(written.query, written.batch) if written.query else {}
     entry["aligned"] = bool(read)
+    if not read and written.query and records.batch_collected(written.query, written.batch):
+        # Retention keeps each subject by its own policy: the batch's inputs went, and with them the record
+        # of what it read. Said as such, not as an unaligned write.
+        entry["aligned"] = None
+        entry["inputs_collected"] = (f"retention removed the record of what micro-batch {written.batch} of "
+                                     f"query {written.query} read (its input epochs were out of retention)")
     entry["inputs"] = [
-        subject_epoch_lineage(ledger, node.subject, e, depth - 1)
+        subject_epoch_lineage(ledger, node.subject, e, depth - 1, inner=True)
         for node in read.values() for e in range(node.first, node.last + 1)
     ] if depth > 0 else []
     return entry
 
 
-def subject_epoch_lineage(ledger: Ledger, subject: str, epoch: int, depth: int = 16) -> Tree:
+def subject_epoch_lineage(ledger: Ledger, subject: str, epoch: int, depth: int = 16, inner: bool = False) -> Tree:
     """The tree of an epoch of ``subject``: the jobs and Spark sinks that wrote it and, through them,
     their inputs. A writer that is neither (a plain producer, the epoch marker) ends the walk."""
-    if not ledger.is_committed(subject, epoch):
-        raise LineageError(f"epoch {epoch} of {subject!r} is not committed; it has no lineage yet")
+    try:
+        if not ledger.is_committed(subject, epoch):
+            raise LineageError(f"epoch {epoch} of {subject!r} is not committed; it has no lineage yet")
+    except EpochCollectedError:
+        if not inner:
+            raise
+        # An input of a retained epoch that retention removed: part of the cut (a read of it says "out of
+        # retention"), the end of the walk.
+        return {"subject": subject, "epoch": epoch, "producers": [], "collected": True}
     records, jobs = SparkLineageLedger(ledger), JobLedger(ledger)
     producers: list[Tree] = []
     for sink in sorted({split_writer(w)[0] for w in ledger.epoch_node(subject, epoch).writers}):
@@ -241,6 +254,13 @@ class SparkLineageLedger:
             return sorted(self.ledger.zk.get_children(self.ledger.layout.spark_queries))
         except NoNodeError:
             return []
+
+    def batch_collected(self, query: str, batch: int) -> bool:
+        """Whether retention removed ``batch``'s record: the query's oldest recorded batch is a later one."""
+        with contextlib.suppress(NoNodeError):
+            numbers = self.ledger.numbers(self.query_batches_path(query))
+            return bool(numbers) and numbers[0] > batch
+        return False
 
     def last_batch(self, query: str) -> int | None:
         """The newest micro-batch a query recorded (None: none)."""
