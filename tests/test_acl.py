@@ -291,3 +291,53 @@ def test_cli_acl_and_clear_denial(secured: Secured, cli_env: dict[str, str]) -> 
     assert grants is not None and grants.jobs["job-b"] == ["reader"]
     refused = run_cli(env, "--zk-auth", READER, "acl", "grant", "--subject", "x", "--identity", "reader")
     assert refused.returncode == 1 and f"{secured.root}/acl" in refused.stderr and "Traceback" not in refused.stderr
+
+
+# ---- secure by default: an identity set and no grant yet -------------------------------------------------
+
+
+def test_an_identity_without_grants_creates_nodes_only_it_may_write(stack: StackInfo, root: str,
+                                                                    cli_env: dict[str, str]) -> None:
+    """No window where the tree is open: before the first grant, a node created with an identity is writable
+    by that identity only (readable by anyone), kazoo's own recipe nodes too; another identity or an
+    unauthenticated client is refused with a line saying why; the admin's first grant then applies the policy,
+    and ``aligner status`` says which of the three states the tree is in."""
+    env = {**cli_env, "ALIGNER_ROOT": root}
+    with Ledger.connect(stack.zk, root, auth=ADMIN) as admin:
+        admin.register_subject(SubjectNode(name="in-a", topic="in-a", partitions=1))
+        admin.zk.kazoo.ensure_path(admin.layout.election)  # as the Election recipe does, through kazoo alone
+        for path in (root, admin.layout.subject("in-a"), admin.layout.election):
+            acls, _ = admin.zk.get_acls(path)
+            assert {(a.id.scheme, a.perms) for a in acls} == {("digest", Permissions.ALL),
+                                                               ("world", Permissions.READ)}, path
+        status = json.loads(run_cli(env, "status", "--json").stdout)["acls"]
+        assert status["mode"] == "creator-only" and status["in_force"]
+        for auth, who in ((SINK, "'sink-a'"), ("", "an unauthenticated client")):
+            with Ledger.connect(stack.zk, root, auth=auth) as other:
+                assert other.subject("in-a").partitions == 1  # reading stays open
+                with pytest.raises(AccessDeniedError, match="ACLs are not set up yet") as info:
+                    other.claim("in-a", "k", "0", [0], lambda: {0: 0})
+                assert who in str(info.value)
+
+        AclLedger(admin).grant(parse_zk_auth(ADMIN), SINK.removeprefix("digest:"), subjects=["in-a"])
+        status = json.loads(run_cli(env, "status", "--json").stdout)["acls"]
+        assert status["mode"] == "policy" and status["admin"] == "admin"
+        assert "ZooKeeper ACLs: in force: admin 'admin'" in run_cli(env, "status").stdout
+        with Ledger.connect(stack.zk, root, auth=SINK) as sink:
+            lease = sink.claim("in-a", "k", "0", [0], lambda: {0: 0})
+            sink.ensure_epoch("in-a", lease.next_epoch)
+
+
+def test_the_first_grant_names_a_node_another_identity_made_before_it(stack: StackInfo, root: str) -> None:
+    with Ledger.connect(stack.zk, root, auth=SINK) as sink:  # a sink started before the admin set up the tree
+        sink.register_subject(SubjectNode(name="in-a", topic="in-a", partitions=1))
+    with Ledger.connect(stack.zk, root, auth=ADMIN) as admin:
+        with pytest.raises(AccessDeniedError, match="identity 'sink-a' created it before the first grant") as info:
+            AclLedger(admin).grant(parse_zk_auth(ADMIN), SINK.removeprefix("digest:"), subjects=["in-a"])
+        assert info.value.path == root
+
+
+def test_a_tree_created_without_identities_is_shown_open(ledger: Ledger, cli_env: dict[str, str]) -> None:
+    ledger.register_subject(SubjectNode(name="in-a", topic="in-a", partitions=1))
+    status = json.loads(run_cli({**cli_env, "ALIGNER_ROOT": ledger.layout.root}, "status", "--json").stdout)
+    assert status["acls"]["mode"] == "open" and not status["acls"]["in_force"]

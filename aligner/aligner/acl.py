@@ -5,8 +5,8 @@ service sits above the ledger.
 
 The grants live in ZooKeeper at ``{root}/acl`` (admin-only), so that every client computes the ACL of
 a node it creates from its path (:func:`acl_for`) and nodes created later get the right ACL; granting
-re-applies the ACLs to existing nodes (:class:`AclLedger`). Without grants (or without
-``ALIGNER_ZK_AUTH``) nodes are created open, exactly as before.
+re-applies the ACLs to existing nodes (:class:`AclLedger`). Without ``ALIGNER_ZK_AUTH`` nodes are created
+open; with it and no grants yet, writable by their creator only.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import logging
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import NoAuthError, NoNodeError
+from kazoo.security import Permissions
 
 from aligner.acl_policy import (
     ALL,
@@ -31,7 +32,7 @@ from aligner.acl_policy import (
     parse_identity,
     rule,
 )
-from aligner.errors import AlignerError, MalformedNodeError
+from aligner.errors import AccessDeniedError, AlignerError, MalformedNodeError
 from aligner.ledger import Ledger
 from aligner.settings import ZkAuth
 from aligner.zk import RetryingClient
@@ -102,7 +103,10 @@ class AclLedger:
             current = self._parse(raw) if raw else None
             if current is None:  # the first grant: the containers exist before anything is written under them
                 for c in ("", *(f"/{c}" for c in CONTAINERS)):
-                    self.zk.ensure_path(self.root + c)
+                    try:
+                        self.zk.ensure_path(self.root + c)
+                    except AccessDeniedError:
+                        raise self._foreign(self.root + c.rsplit("/", 1)[0]) from None
             seen.append((current, _granted(current or admin, identity, subjects, jobs, reader)))
             return seen[-1][1].dump()
 
@@ -132,9 +136,48 @@ class AclLedger:
                         count += 1
                     except NoNodeError:
                         pass  # removed meanwhile (gc)
+                    except NoAuthError:
+                        raise self._foreign(p) from None
                     except Exception as exc:
                         raise self.zk.denied(exc, "setting the ACL", p) from None
         return count
+
+    def _foreign(self, path: str) -> AccessDeniedError:
+        """A node whose ACL this identity may not change: one made before the first grant by another identity
+        (writable by its creator only) says so."""
+        error = self.zk.denied(NoAuthError(), "setting the ACL", path)
+        with contextlib.suppress(Exception):
+            acls, _stat = self.zk.get_acls(path)
+            owners = sorted(who.split(":", 1)[1] for who, perms in map(describe, acls)
+                            if who.startswith("digest:") and perms == "ALL")
+            if owners:
+                return AccessDeniedError("setting the ACL", path, self.zk.policy.identity,
+                                         f"identity {owners[0]!r} created it before the first grant and alone may "
+                                         f"change it; with identities set, the admin makes the first grant before "
+                                         f"other identities write (or {owners[0]!r} removes the node)")
+        assert isinstance(error, AccessDeniedError)
+        return error
+
+    def state(self) -> dict[str, Any]:
+        """Whether ACLs are in force on the tree, for ``aligner status``: ``mode`` is "policy" (grants made),
+        "creator-only" (identities set, no grant yet) or "open" (created without an identity)."""
+        grants, _ = self.grants()
+        if grants is not None:
+            readers = ", ".join(grants.readers) if grants.readers else "anyone"
+            return {"in_force": True, "mode": "policy", "admin": grants.admin, "identities": len(grants.identities),
+                    "line": f"in force: admin {grants.admin!r}, {len(grants.identities)} identities, "
+                            f"reading by {readers}"}
+        try:
+            acls, _stat = self.zk.get_acls(self.root)
+        except NoNodeError:
+            return {"in_force": False, "mode": "open", "line": "no tree yet"}
+        if any(a.id.scheme == "world" and a.perms == Permissions.ALL for a in acls):
+            return {"in_force": False, "mode": "open",
+                    "line": "off: nodes are open to anyone (set ALIGNER_ZK_AUTH and make the first grant, "
+                            "`aligner acl grant`, to apply the policy)"}
+        return {"in_force": True, "mode": "creator-only",
+                "line": "creator only: no grant yet, each node is writable by the identity that created it "
+                        "(the admin's first grant applies the policy)"}
 
     def _walk(self, top: str, recursive: bool) -> Iterator[list[str]]:
         """Batches of existing paths, breadth first (each batch's ACL writes are pipelined)."""

@@ -15,8 +15,8 @@ Roles (ZooKeeper digest identities):
 The permissions of each node are in its declaration (:data:`aligner.layout.NODES`); this module turns
 a declaration and the grants into a ZooKeeper ACL. It sits below the ZooKeeper client (which gives
 every node it creates the ACL of its path); the grants themselves are read and written by the grant
-service above the ledger (:mod:`aligner.acl`). Without grants (or without ``ALIGNER_ZK_AUTH``) nodes
-are created open, exactly as before.
+service above the ledger (:mod:`aligner.acl`). Without ``ALIGNER_ZK_AUTH`` nodes are created open, as
+ZooKeeper does; with it and no grants yet, writable by their creator only (:data:`CREATOR_ONLY`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import threading
 from kazoo.security import ACL, Permissions, make_acl, make_digest_acl_credential
 from pydantic import BaseModel, Field
 
-from aligner.errors import AlignerError, MalformedNodeError
+from aligner.errors import AccessDeniedError, AlignerError, MalformedNodeError
 from aligner.layout import CONTAINERS, Layout, declared
 from aligner.settings import ZkAuth
 
@@ -36,8 +36,8 @@ log = logging.getLogger("aligner.acl")
 GRANTS = "acl"
 """Name of the grants node under the root (``Layout.grants``)."""
 
-__all__ = ["ALL", "CONTAINERS", "GRANTS", "AclPolicy", "Grants", "acl_for", "describe", "digest_id",
-           "parse_identity", "rule"]
+__all__ = ["ALL", "CONTAINERS", "CREATOR_ONLY", "GRANTS", "NOT_SET_UP", "AclPolicy", "Grants", "acl_for", "describe",
+           "digest_id", "parse_identity", "rule"]
 
 
 class Grants(BaseModel):
@@ -67,6 +67,13 @@ def digest_id(user: str, password: str) -> str:
 # ---- the policy: path -> ACL (pure) -------------------------------------------------------------------
 
 ALL = "rwcda"
+
+CREATOR_ONLY = [make_acl("auth", "", all=True), make_acl("world", "anyone", read=True)]
+"""Before the first grant, with an identity set: every permission for the creating identity (ZooKeeper's
+``auth`` scheme), reading for anyone. The admin's first grant replaces it by the policy's ACLs."""
+NOT_SET_UP = ("ACLs are not set up yet: with ALIGNER_ZK_AUTH set, a node is writable by the identity that "
+              "created it only, until the admin identity makes the first grant (`aligner acl grant`); make "
+              "it before other identities write")
 
 _OTHER = "rwcd"
 """Nodes under a subject or job that no declaration names: its grantees own them."""
@@ -102,11 +109,12 @@ def _digest_acl(digest: str, letters: str) -> ACL:
                     delete="d" in letters, admin="a" in letters)
 
 
-def acl_for(root: str, path: str, grants: Grants | None) -> list[ACL] | None:
-    """The ACL a node at ``path`` gets when created (and when grants are re-applied); None without grants
-    (kazoo's open ACL, as without security)."""
+def acl_for(root: str, path: str, grants: Grants | None, identified: bool = False) -> list[ACL] | None:
+    """The ACL a node at ``path`` gets when created (and when grants are re-applied). Without grants: with
+    an identity (``identified``), writable by its creator only and readable by anyone, so there is no window
+    in which the tree is open; without one, None (kazoo's open ACL, as ZooKeeper does)."""
     if grants is None:
-        return None
+        return CREATOR_ONLY if identified else None
     scope, name, letters = rule(root, path)
     if scope == "subject":
         users = set(grants.subjects.get(name or "", ()))
@@ -170,7 +178,11 @@ class AclPolicy:
         self.loaded.set()
 
     def acl(self, path: str) -> list[ACL] | None:
-        return acl_for(self.root, path, self.grants)
+        return acl_for(self.root, path, self.grants, identified=self.auth is not None)
+
+    def denied(self, op: str, path: str) -> AccessDeniedError:
+        """The one-line error of a refused request; before the first grant it says why."""
+        return AccessDeniedError(op, path, self.identity, NOT_SET_UP if self.grants is None else None)
 
 
 # ---- grants and their application (through the ledger's retrying client) ----------------------------

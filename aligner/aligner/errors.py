@@ -140,10 +140,11 @@ class AccessDeniedError(AlignerError):
     """ZooKeeper refused an operation under its ACLs (NoAuth): names the path, the operation and the
     identity, and how an admin grants access. Nothing was changed."""
 
-    def __init__(self, op: str, path: str, identity: str) -> None:
+    def __init__(self, op: str, path: str, identity: str, why: str | None = None) -> None:
         super().__init__(
-            f"ZooKeeper denied {op} of {path} to {identity}: the ACL policy does not grant it "
-            "(an admin grants access with `aligner acl grant`; `aligner acl show PATH` prints who may do what)"
+            f"ZooKeeper denied {op} of {path} to {identity}: " + (why or
+            "the ACL policy does not grant it (an admin grants access with `aligner acl grant`; "
+            "`aligner acl show PATH` prints who may do what)")
         )
         self.op = op
         self.path = path

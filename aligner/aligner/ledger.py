@@ -29,7 +29,7 @@ import time
 from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
-from aligner.acl_policy import AclPolicy
+from aligner.acl_policy import CREATOR_ONLY, AclPolicy
 from aligner.errors import StoppedError, UnreachableError
 from aligner.layout import Layout, epoch_name
 from aligner.recipes.claims import Claim, Lease
@@ -63,8 +63,9 @@ class Ledger(SparkBatchRecipes):
         """
         security = zk_security(auth)
         reconnect = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0)
+        # With an identity, what kazoo's recipes create themselves (an election's nodes) is never open either.
         zk = KazooClient(hosts=hosts, timeout=SESSION_TIMEOUT, connection_retry=reconnect,
-                         **security.kazoo_options())
+                         default_acl=CREATOR_ONLY if security.auth is not None else None, **security.kazoo_options())
         started = zk.start_async()
         deadline = None if timeout is None else time.monotonic() + timeout
         probe_at = time.monotonic() + TLS_PROBE_AFTER

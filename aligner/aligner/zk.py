@@ -39,7 +39,7 @@ from kazoo.retry import ForceRetryError, KazooRetry
 from kazoo.retry import InterruptedError as RetryInterrupted
 
 from aligner.acl_policy import AclPolicy
-from aligner.errors import AccessDeniedError, StoppedError
+from aligner.errors import StoppedError
 from aligner.metrics import ZK_CONNECTED, ZK_OUTAGES
 from aligner.ops import VERB, Check, Create, Delete, Op, SetData
 from aligner.watches import SharedWatches, Watches
@@ -98,7 +98,7 @@ class Transaction:
         """A multi-op refused under the ACLs fails as a whole: raise it, naming the refused op's path."""
         for op, result in zip(self.ops, results, strict=False):
             if isinstance(result, NoAuthError):
-                raise AccessDeniedError(VERB[type(op)], op.path, self._client.policy.identity)
+                raise self._client.policy.denied(VERB[type(op)], op.path)
         return results
 
 
@@ -125,7 +125,7 @@ class _Deferred:
         try:
             result = self._client.call(again)
         except NoAuthError:
-            raise AccessDeniedError(self._op, self._path, self._client.policy.identity) from None
+            raise self._client.policy.denied(self._op, self._path) from None
         return self._check(result) if self._check is not None else result
 
 
@@ -274,7 +274,7 @@ class RetryingClient:
 
     def denied(self, exc: BaseException, op: str, path: str) -> BaseException:
         """``exc`` as the caller should see it: a NoAuth becomes one clear :class:`AccessDeniedError`."""
-        return AccessDeniedError(op, path, self.policy.identity) if isinstance(exc, NoAuthError) else exc
+        return self.policy.denied(op, path) if isinstance(exc, NoAuthError) else exc
 
     def _guarded(self, op: str, path: str, send: Callable[[], Any]) -> Any:
         try:
@@ -325,7 +325,7 @@ class RetryingClient:
         return self._guarded("delete", path, lambda: self.kazoo.delete_async(path, version=version))
 
     def ensure_path(self, path: str) -> Any:
-        if self.policy.grants is None:
+        if self.policy.acl(path) is None:
             return self._guarded("create", path, lambda: self.kazoo.ensure_path_async(path))
         # Like kazoo's ensure_path (exists first, then create from the deepest existing node down),
         # but each node gets the ACL of its own path.

@@ -41,19 +41,22 @@ def _job_rows(led: Ledger) -> list[dict[str, Any]]:
 @app.command()
 def status(as_json: JsonFlag = False) -> None:
     """Subjects with their epochs, sinks and producers."""
+    from aligner.acl import AclLedger
     from aligner.lineage import query_statuses
 
     with ledger() as led:
         rows = [_subject_status(led, n) for n in led.subject_names()]
         jobs = _job_rows(led)
         queries = query_statuses(led)
-    if emit({"subjects": rows, "jobs": jobs, "spark_queries": queries}, as_json):
+        acls = AclLedger(led).state()
+    if emit({"subjects": rows, "jobs": jobs, "spark_queries": queries, "acls": acls}, as_json):
         return
     subjects_table(rows)
     if jobs:
         jobs_table(jobs)
     if queries:
         queries_table(queries)
+    out.print(f"ZooKeeper ACLs: {acls['line']}", markup=False)
 
 
 @app.command()
