@@ -38,9 +38,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aligner.errors import StackError
 from aligner.extras import install_hint, missing
+
+if TYPE_CHECKING:
+    from aligner.coordinator.ensemble import ZkEnsemble
 
 ZK_CLASSPATH = ("/usr/share/java/zookeeper.jar", "/etc/zookeeper/conf")
 ZK_TLS_CLASSPATH = ("/usr/share/java/netty-codec.jar",)
@@ -417,17 +421,27 @@ def _await_ready(name: str, proc: subprocess.Popen[bytes], port: int, workdir: P
 class EmbeddedStack:
     """Starts, health-checks and stops ZooKeeper + Tansu; usable as a context manager."""
 
-    def __init__(self, workdir: Path | None = None, tie_to_parent: bool = True, zk_tls: bool = False) -> None:
-        """``zk_tls``: ZooKeeper serves only a TLS client port (see the module docstring); off by default."""
+    def __init__(self, workdir: Path | None = None, tie_to_parent: bool = True, zk_tls: bool = False,
+                 zk_servers: int = 1) -> None:
+        """``zk_tls``: ZooKeeper serves only a TLS client port (see the module docstring); off by default.
+        ``zk_servers`` > 1: a ZooKeeper ensemble of that many servers (:attr:`ensemble`) instead of one."""
+        if zk_servers > 1 and zk_tls:
+            raise StackError("a ZooKeeper ensemble with TLS is not supported by the embedded stack yet")
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="aligner-stack-"))
         self.tie_to_parent = tie_to_parent
         self.zk_tls = zk_tls
+        self.zk_servers = zk_servers
         self.tls: TlsFiles | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
         self.info: StackInfo | None = None
+        from aligner.coordinator.ensemble import ZkEnsemble  # it builds on this module's helpers
+
+        self.ensemble = ZkEnsemble(self.workdir, zk_servers, tie_to_parent) if zk_servers > 1 else None
 
     def start(self, timeout: float = 60.0) -> StackInfo:
+        if self.ensemble is not None:
+            return self._start_with_ensemble(self.ensemble, timeout)
         zk_port, kafka_port = free_port(), free_port()
         try:
             self.tls = make_tls(self.workdir) if self.zk_tls else None
@@ -445,6 +459,20 @@ class EmbeddedStack:
                               workdir=str(self.workdir), zk_pid=zk.pid, kafka_pid=kafka.pid, zk_tls=self.zk_tls)
         return self.info
 
+    def _start_with_ensemble(self, ensemble: ZkEnsemble, timeout: float) -> StackInfo:
+        kafka_port = free_port()
+        try:
+            kafka = _spawn_component(KAFKA, self.workdir, kafka_port, self.tie_to_parent)
+            self._procs.append(kafka)
+            hosts = ensemble.start(max(timeout, 120.0))
+            _await_ready(KAFKA, kafka, kafka_port, self.workdir, timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.info = StackInfo(zk=hosts, kafka=f"127.0.0.1:{kafka_port}", workdir=str(self.workdir),
+                              zk_pid=ensemble.pids()[0], kafka_pid=kafka.pid)
+        return self.info
+
     def pid(self, name: str) -> int | None:
         """The live process of component ``name`` (the newest one after restarts), None when it is down."""
         marker = "ZooKeeperServerMain" if name == ZOOKEEPER else tansu_binary()
@@ -455,6 +483,8 @@ class EmbeddedStack:
         """Start a component that died again, on its port and data directory (what it had comes back)."""
         if self.info is None:
             raise StackError("the stack was never started")
+        if name == ZOOKEEPER and self.ensemble is not None:
+            raise StackError("restart the ensemble's servers one by one (EmbeddedStack.ensemble.restart)")
         if self.pid(name) is not None:
             raise StackError(f"{name} is still running (pid {self.pid(name)})")
         port, tls = self.info.port(name), self.info.tls_files() if name == ZOOKEEPER else None
@@ -468,6 +498,8 @@ class EmbeddedStack:
         return list(self._procs)
 
     def stop(self) -> None:
+        if self.ensemble is not None:
+            self.ensemble.stop()
         for proc in reversed(self._procs):
             _kill_group(proc.pid)
             with contextlib.suppress(Exception):

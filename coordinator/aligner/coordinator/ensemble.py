@@ -1,0 +1,181 @@
+"""A ZooKeeper ensemble on loopback: N servers of Debian's ZooKeeper with quorum and election ports, the
+shape users deploy (three or five servers), for tests, the chaos checker and ``aligner stack up --zk-servers``.
+
+Each server has its own data directory (``zk-{i}/``, with its ``myid``), configuration and log, and can be
+killed, paused and restarted alone: a restarted server rejoins the quorum from its data. The leader is found
+with the ``srvr`` four-letter word, as an operator would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from aligner.coordinator.stack import (
+    ZK_CLASSPATH,
+    _java,
+    _kill_group,
+    _spawn,
+    _zk_ok,
+    free_port,
+    wait_for,
+)
+from aligner.errors import StackError
+
+ENSEMBLE_HEAP = "256m"
+"""Heap of each server (fixed and touched at start, as the single embedded server's): three of them on a
+2-core machine stay at ~300 MB each."""
+
+
+@dataclass(frozen=True)
+class ServerPorts:
+    client: int
+    quorum: int
+    election: int
+
+
+def _mode(port: int) -> str | None:
+    """``leader``, ``follower`` (or ``standalone``) from ``srvr``; None when the server does not serve."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"srvr")
+            data = b""
+            while chunk := s.recv(4096):
+                data += chunk
+    except OSError:
+        return None
+    for line in data.decode(errors="replace").splitlines():
+        if line.startswith("Mode:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+class ZkEnsemble:
+    """``servers`` ZooKeeper servers on loopback forming one ensemble; its children die with the caller
+    unless ``tie_to_parent`` is False."""
+
+    def __init__(self, workdir: Path, servers: int = 3, tie_to_parent: bool = True) -> None:
+        if servers < 3 or servers % 2 == 0:
+            raise StackError(f"a ZooKeeper ensemble has an odd number of servers, at least 3 (got {servers})")
+        self.workdir = workdir
+        self.servers = servers
+        self.tie_to_parent = tie_to_parent
+        self.ports = [ServerPorts(free_port(), free_port(), free_port()) for _ in range(servers)]
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    @property
+    def hosts(self) -> str:
+        """The client connect string naming every server."""
+        return ",".join(f"127.0.0.1:{p.client}" for p in self.ports)
+
+    def _dir(self, i: int) -> Path:
+        return self.workdir / f"zk-{i}"
+
+    def _write_cfg(self, i: int) -> Path:
+        data = self._dir(i) / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        (data / "myid").write_text(f"{i + 1}\n")
+        cfg = self._dir(i) / "zoo.cfg"
+        peers = "".join(f"server.{j + 1}=127.0.0.1:{p.quorum}:{p.election}\n" for j, p in enumerate(self.ports))
+        cfg.write_text(
+            "tickTime=500\ninitLimit=20\nsyncLimit=10\n"
+            f"dataDir={data}\nclientPort={self.ports[i].client}\nclientPortAddress=127.0.0.1\n"
+            "admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,mntr\n"
+            "autopurge.snapRetainCount=3\nautopurge.purgeInterval=1\n"
+            "maxClientCnxns=0\nminSessionTimeout=1000\nforceSync=no\n"
+            f"{peers}"
+        )
+        return cfg
+
+    def _start_one(self, i: int) -> None:
+        cfg = self._dir(i) / "zoo.cfg"
+        if not cfg.exists():
+            self._write_cfg(i)
+        argv = [_java(), f"-Xms{ENSEMBLE_HEAP}", f"-Xmx{ENSEMBLE_HEAP}", "-XX:+AlwaysPreTouch",
+                f"-Dzookeeper.log.dir={self._dir(i)}", "-cp", ":".join(ZK_CLASSPATH),
+                "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)]
+        self._procs[i] = _spawn(argv, self._dir(i), "zookeeper.log", self.tie_to_parent)
+
+    def start(self, timeout: float = 120.0) -> str:
+        """Start every server; returns once a quorum serves (a leader and every other server following)."""
+        try:
+            for i in range(self.servers):
+                self._dir(i).mkdir(parents=True, exist_ok=True)
+                self._start_one(i)
+            self.wait_serving(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self.hosts
+
+    def wait_serving(self, timeout: float, servers: list[int] | None = None) -> None:
+        """Until a leader serves and each of ``servers`` (default: every live one) answers as a member."""
+        def ready() -> bool:
+            for i in servers or []:
+                proc = self._procs[i]
+                if proc.poll() is not None:
+                    raise StackError(f"ZooKeeper server {i + 1} exited (code {proc.returncode}); "
+                                     f"see {self._dir(i) / 'zookeeper.log'}")
+            wanted = servers if servers is not None else [i for i in self._procs if self.pid(i) is not None]
+            modes = {i: _mode(self.ports[i].client) for i in range(self.servers)}
+            return "leader" in modes.values() and all(modes[i] in ("leader", "follower") for i in wanted)
+
+        wait_for(ready, timeout, f"a ZooKeeper ensemble of {self.servers} to elect a leader", interval=0.2)
+
+    def pid(self, i: int) -> int | None:
+        proc = self._procs.get(i)
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def pids(self) -> list[int]:
+        return [p for i in range(self.servers) if (p := self.pid(i)) is not None]
+
+    def mode(self, i: int) -> str | None:
+        return _mode(self.ports[i].client)
+
+    def leader(self) -> int:
+        """Index of the serving leader (raises when there is none right now)."""
+        for i in range(self.servers):
+            if self.pid(i) is not None and self.mode(i) == "leader":
+                return i
+        raise StackError("no ZooKeeper server is the leader right now")
+
+    def kill(self, i: int) -> None:
+        """SIGKILL server ``i`` (its data stays: :meth:`restart` brings it back)."""
+        proc = self._procs.get(i)
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+    def pause(self, i: int) -> None:
+        pid = self.pid(i)
+        if pid is not None:
+            os.kill(pid, signal.SIGSTOP)
+
+    def resume(self, i: int) -> None:
+        pid = self.pid(i)
+        if pid is not None:
+            os.kill(pid, signal.SIGCONT)
+
+    def restart(self, i: int, timeout: float = 120.0) -> None:
+        """Start server ``i`` again on its data; returns once it serves as a member of the quorum."""
+        if self.pid(i) is not None:
+            raise StackError(f"ZooKeeper server {i + 1} is still running (pid {self.pid(i)})")
+        self._start_one(i)
+        self.wait_serving(timeout, [i])
+
+    def ok(self, i: int) -> bool:
+        return _zk_ok(self.ports[i].client)
+
+    def stop(self) -> None:
+        for proc in self._procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
+            _kill_group(proc.pid)
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=5)
+        self._procs.clear()

@@ -1,0 +1,110 @@
+"""A ZooKeeper ensemble of three servers (issue 20, items 1 and 2): the shape users deploy.
+
+The chain of ``test_faults`` (an outside producer, the epoch marker, a job of two workers, every one a real
+process) runs against three ZooKeeper servers on loopback with the coordinator's retention loop beside it and
+an alignment in flight; the leader is SIGKILLed and restarted, then a follower SIGSTOPped past the session
+timeout (one at a time: three servers keep a quorum through one loss, not two). Every input has exactly one result, no component exits, and each stops on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.ensemble import ZkEnsemble
+from aligner.coordinator.stack import EmbeddedStack, StackInfo, wait_for
+from aligner.errors import StackError
+from aligner.ledger import Ledger
+from tests.helpers import Worker
+from tests.test_faults import LIVE, Chain, OutsideProducer
+
+PAUSED = 15.0
+"""A follower stopped longer than the 10 s session timeout: its clients must move to another server."""
+
+
+@pytest.fixture
+def ensemble_stack() -> Iterator[tuple[EmbeddedStack, StackInfo]]:
+    stack = EmbeddedStack(zk_servers=3)
+    info = stack.start()
+    try:
+        yield stack, info
+    finally:
+        stack.stop()
+
+
+@pytest.fixture
+def ensemble_chain(ensemble_stack: tuple[EmbeddedStack, StackInfo]) -> Iterator[tuple[Chain, ZkEnsemble]]:
+    stack, info = ensemble_stack
+    assert stack.ensemble is not None
+    root = f"/aligner-ensemble-{uuid.uuid4().hex[:8]}"
+    name = f"e-{uuid.uuid4().hex[:8]}"
+    ledger = Ledger.connect(info.zk, root)
+    c = Chain(info, root, name, f"{name}-out", f"{name}-job", ledger)
+    try:
+        create_subject(ledger, info.kafka, c.inp, 2)
+        create_subject(ledger, info.kafka, c.out, 2)
+        yield c, stack.ensemble
+    finally:
+        if c.producer is not None:
+            c.producer.stop.set()
+            c.producer.thread.join(30)
+        for i in range(stack.ensemble.servers):
+            stack.ensemble.resume(i)
+        for w in c.procs:
+            w.stop()
+            print(f"--- {' '.join(w.args[:12])}: exit {w.proc.returncode}\n{w.stderr}")
+        ledger.close()
+
+
+def _moves(chain: Chain, what: str) -> None:
+    """The job commits output epochs again: three past the frontier seen now."""
+    start = chain.ledger.frontier(chain.out) or 0
+    wait_for(lambda: (chain.ledger.frontier(chain.out) or 0) >= start + 3, LIVE, f"the job to commit again {what}",
+             interval=0.2, on_wait=chain.alive)
+
+
+def test_leader_killed_and_follower_paused_under_a_running_chain_exactly_once(
+        ensemble_chain: tuple[Chain, ZkEnsemble]) -> None:
+    chain, ensemble = ensemble_chain
+    assert [ensemble.mode(i) for i in range(3)].count("leader") == 1
+    chain.producer = OutsideProducer(chain.info.kafka, chain.inp)
+    chain.start_marker()
+    for i in range(2):
+        chain.start_worker(i)
+    keeper = Worker("aligner.coordinator", *chain.cli_args(), "retention", "run", "--every", "1")
+    chain.procs.append(keeper)
+    _moves(chain, "on the ensemble")
+    align = Worker("aligner.coordinator", *chain.cli_args(), "align", chain.job, "--timeout", str(LIVE))
+
+    leader = ensemble.leader()
+    ensemble.kill(leader)  # while the alignment runs: a new leader is elected, sessions survive
+    assert align.proc.wait(LIVE + 30) == 0, align.stderr
+    _moves(chain, "after the leader was killed")
+
+    ensemble.restart(leader, LIVE)  # the old leader rejoins from its data (a quorum of 3 survives one loss)
+    assert sorted(ensemble.mode(i) or "" for i in range(3)) == ["follower", "follower", "leader"]
+    follower = next(i for i in range(3) if ensemble.mode(i) == "follower")
+    ensemble.pause(follower)
+    try:
+        time.sleep(PAUSED)  # the pause is the test's input, not a wait for progress
+        chain.alive()
+        _moves(chain, "with a follower paused")
+    finally:
+        ensemble.resume(follower)
+    _moves(chain, "with every server back")
+
+    sent = chain.producer.close()
+    chain.alive()
+    chain.drain_and_check(sent)
+    chain.terminate_all()
+
+
+def test_an_ensemble_needs_an_odd_number_of_servers(tmp_path) -> None:
+    with pytest.raises(StackError, match="odd number of servers, at least 3"):
+        ZkEnsemble(tmp_path, 2)
+    with pytest.raises(StackError, match="TLS is not supported"):
+        EmbeddedStack(zk_tls=True, zk_servers=3)
