@@ -54,8 +54,9 @@ JOB1, JOB2 = "job1", "job2"
 
 
 @contextlib.contextmanager
-def open_stack(external: bool) -> Iterator[StackInfo]:
-    """A fresh embedded stack, or (``external``) the one named by ``ALIGNER_ZK``/``ALIGNER_KAFKA``."""
+def open_stack(external: bool, zk_servers: int = 1) -> Iterator[StackInfo]:
+    """A fresh embedded stack (``zk_servers`` > 1: with a ZooKeeper ensemble), or (``external``) the one named
+    by ``ALIGNER_ZK``/``ALIGNER_KAFKA``."""
     logging.getLogger("kazoo").setLevel(logging.ERROR)
     if external:
         from aligner.settings import Settings
@@ -63,7 +64,7 @@ def open_stack(external: bool) -> Iterator[StackInfo]:
         s = Settings()
         yield StackInfo(zk=s.zk, kafka=s.kafka, workdir="", zk_pid=0, kafka_pid=0)
         return
-    with EmbeddedStack() as info:
+    with EmbeddedStack(zk_servers=zk_servers) as info:
         yield info
 
 

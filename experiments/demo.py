@@ -226,12 +226,18 @@ class Run:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--external", action="store_true", help="use the stack of ALIGNER_ZK / ALIGNER_KAFKA")
+    ap.add_argument("--zk-servers", type=int, default=1, choices=(1, 3, 5),
+                    help="ZooKeeper servers of the embedded stack (3 or 5: an ensemble on loopback)")
+    ap.add_argument("--spark-master", default=None,
+                    help="the Spark master (default ALIGNER_SPARK_MASTER, else local[2]), e.g. spark://host:7077")
     args = ap.parse_args(argv)
+    if args.spark_master:
+        os.environ["ALIGNER_SPARK_MASTER"] = args.spark_master
     t0 = time.monotonic()
     # External stacks outlive a run: every run gets its own root there.
     root = f"{ROOT}-{int(time.time())}" if args.external else ROOT
     checkpoints = os.environ.get("ALIGNER_SPARK_CHECKPOINTS")  # shared with the executors of a cluster
-    with open_stack(args.external) as info, tempfile.TemporaryDirectory(dir=checkpoints) as tmp:
+    with open_stack(args.external, args.zk_servers) as info, tempfile.TemporaryDirectory(dir=checkpoints) as tmp:
         console.print(f"[bold]stack[/] ZooKeeper {info.zk}, Kafka {info.kafka}, root {root}")
         led = Ledger.connect(info.zk, root)
         try:

@@ -20,14 +20,15 @@ console = Console(highlight=False)
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
 
-def one_run(seed: int, faults: int, duration: float, out: Path, rate: float, faust: bool = True) -> dict[str, Any]:
+def one_run(seed: int, faults: int, duration: float, out: Path, rate: float, faust: bool = True,
+            zk_servers: int = 1) -> dict[str, Any]:
     """One run: print the schedule, play it, check, and write the JSON report and the PNG timeline."""
     plan, ops = nemesis.schedule(seed, faults, duration, faust=faust)
     console.print(f"[bold]chaos run, seed {seed}[/]: {len(plan)} faults, {len(ops)} coordinator operations")
     for f in sorted(plan + ops, key=lambda f: f.at):
         console.print("  " + f.describe())
     outdir = out / f"seed-{seed}"
-    run = Run(seed, plan, ops, outdir, rate=rate, faust=faust, say=console.print)
+    run = Run(seed, plan, ops, outdir, rate=rate, faust=faust, say=console.print, zk_servers=zk_servers)
     try:
         result = execute(run, drain_timeout=600)
     except (KeyboardInterrupt, Interrupted):
@@ -37,7 +38,8 @@ def one_run(seed: int, faults: int, duration: float, out: Path, rate: float, fau
         result = {"error": f"{type(exc).__name__}: {exc}", "check": None}
     done = [e for e in run.events if e["kind"] in nemesis.FAULT_WEIGHTS and "(none" not in e["target"]]
     report = {
-        "seed": seed, "faust": faust, "faults_requested": faults, "duration": duration, "rate": rate,
+        "seed": seed, "faust": faust, "zk_servers": zk_servers, "faults_requested": faults, "duration": duration,
+        "rate": rate,
         "started": run.started, "schedule": nemesis.as_json(plan), "operations": nemesis.as_json(ops),
         "faults_total": len(done), "faults_by_kind": dict(Counter(e["kind"] for e in done)),
         "events": run.events, "observations": [asdict(o) for o in run.observations],
@@ -71,12 +73,15 @@ def main(
     rate: Annotated[float, typer.Option(min=1, help="Input records per second")] = 150.0,
     faust: Annotated[bool, typer.Option(help="Run job F on Faust (and its kills)")] = True,
     out: Annotated[Path, typer.Option(help="Directory of reports, timelines and logs")] = RESULTS / "chaos",
+    zk_servers: Annotated[int, typer.Option(
+        min=1, help="ZooKeeper servers: 3 or 5 run an ensemble on loopback, whose leader the ZooKeeper faults hit")]
+    = 1,
 ) -> None:
     """Run the chain under a seeded nemesis and check every subject; exit 1 on any anomaly."""
     reports = []
     try:
         for i in range(runs):
-            reports.append(one_run(seed + i, faults, duration, out, rate, faust))
+            reports.append(one_run(seed + i, faults, duration, out, rate, faust, zk_servers))
     except (KeyboardInterrupt, Interrupted):
         console.print("[red]interrupted[/]: every process of the run was stopped")
         sys.exit(130)

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from aligner.connectors.subjects import create_subject
+from aligner.coordinator.ensemble import ZkEnsemble
 from aligner.coordinator.stack import EmbeddedStack, StackInfo
+from aligner.errors import StackError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from experiments.chaos.nemesis import KILLS, Fault
@@ -110,6 +112,10 @@ class Run:
     rebuilding it from its input's first epoch, which retention may have collected."""
     retained: bool = False
     """Epochs were collected (a soak's ``aligner gc``): the checker checks the retained window."""
+    zk_servers: int = 1
+    """ZooKeeper servers: 3 or 5 run an ensemble, whose faults hit the leader (a pause, or a kill and restart
+    of it) while the others keep the quorum."""
+    ensemble: ZkEnsemble | None = None
 
     # ---- plumbing ----------------------------------------------------------------------------
 
@@ -174,6 +180,11 @@ class Run:
     zk_proc: Proc | None = None
 
     def zk_pid(self) -> int | None:
+        """The ZooKeeper server the faults hit: the only one, or an ensemble's leader."""
+        if self.ensemble is not None:
+            with contextlib.suppress(StackError):
+                return self.ensemble.pid(self.ensemble.leader())
+            return None
         if self.zk_proc is not None:
             return self.zk_proc.pid if self.zk_proc.alive() else None
         assert self.info is not None
@@ -370,6 +381,14 @@ class Run:
             yield from self.pause(self.zk_pid(), False, f.duration)
         elif f.kind == "pause-broker":
             yield from self.pause(self.info.kafka_pid, False, f.duration)
+        elif f.kind == "restart-zk" and self.ensemble is not None:
+            ensemble = self.ensemble
+            with contextlib.suppress(StackError):
+                leader = ensemble.leader()
+                ev["target"] = f"server {leader + 1} (leader)"
+                ensemble.kill(leader)
+                yield from wait_until(time.time() + f.duration)
+                ensemble.start_server(leader)  # it rejoins the quorum from its data
         elif f.kind == "restart-zk":
             pid = self.zk_pid()
             if pid is not None:
@@ -417,7 +436,11 @@ class Run:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
         self.paused.clear()
-        if self.zk_pid() is None:
+        if self.ensemble is not None:
+            for i in range(self.ensemble.servers):
+                if self.ensemble.pid(i) is None:
+                    self.ensemble.start_server(i)
+        elif self.zk_pid() is None:
             self.start_zk()
 
     led: Ledger | None = None
@@ -435,7 +458,8 @@ def _hard_stop(run: Run) -> None:
             signal_group(proc.popen.pid, signal.SIGKILL)
     if run.zk_proc is not None and run.zk_proc.popen is not None:
         signal_group(run.zk_proc.popen.pid, signal.SIGKILL)
-    for pid in (run.info.zk_pid, run.info.kafka_pid) if run.info is not None else ():
+    servers = run.ensemble.pids() if run.ensemble is not None else []
+    for pid in (*servers, run.info.zk_pid, run.info.kafka_pid) if run.info is not None else ():
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     run.say(f"[red]stopped[/]: the run did not unwind within {STOP_GRACE:.0f}s of the signal; everything was killed")
@@ -468,13 +492,15 @@ def interrupts_unwind(run: Run) -> Iterator[None]:
 def execute(run: Run, drain_timeout: float = 600.0) -> dict[str, Any]:
     """Run the chain under the nemesis and return what the checker needs (raises on a broken run)."""
     run.outdir.mkdir(parents=True, exist_ok=True)
-    stack = EmbeddedStack(workdir=run.outdir / "stack")
+    stack = EmbeddedStack(workdir=run.outdir / "stack", zk_servers=run.zk_servers)
+    run.ensemble = stack.ensemble
     (run.outdir / "stack").mkdir(parents=True, exist_ok=True)
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)
     try:
         with interrupts_unwind(run):
             run.info = stack.start()
-            run.zk_argv = Path(f"/proc/{run.info.zk_pid}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
+            if run.ensemble is None:
+                run.zk_argv = Path(f"/proc/{run.info.zk_pid}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
             run.say(f"stack: ZooKeeper {run.info.zk} (pid {run.info.zk_pid}), Kafka {run.info.kafka} "
                     f"(pid {run.info.kafka_pid}); logs in {run.outdir}")
             run.led = Ledger.connect(run.info.zk, ROOT)
@@ -550,6 +576,10 @@ def _drain(run: Run, until: Callable[[Callable[[], bool], str], None]) -> dict[s
     run.say(f"{run.rel():7.1f}s  producer: sent {produced['sent']}, acked {len(produced['acked'])}")
     marker = run.procs["marker"]
     marker.supervised = False
+    # A marker the nemesis just restarted is let past its start-up (its first epoch): a SIGTERM while the
+    # interpreter still imports ends it by the default action (exit -15), which says nothing about the product.
+    until(lambda: not marker.alive() or (marker.stdout_lines() or [""])[-1].startswith("epoch "),
+          "the restarted marker's first epoch")
     if marker.terminate(30) != 0:
         run.observe("marker", f"SIGTERM: exit {marker.returncode()}", marker)
     assert run.led is not None and run.info is not None

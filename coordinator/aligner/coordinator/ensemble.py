@@ -92,6 +92,11 @@ class ZkEnsemble:
         )
         return cfg
 
+    def start_server(self, i: int) -> None:
+        """Start server ``i`` again without waiting (a caller's loop watches it rejoin)."""
+        if self.pid(i) is None:
+            self._start_one(i)
+
     def _start_one(self, i: int) -> None:
         cfg = self._dir(i) / "zoo.cfg"
         if not cfg.exists():
@@ -165,7 +170,7 @@ class ZkEnsemble:
         """Start server ``i`` again on its data; returns once it serves as a member of the quorum."""
         if self.pid(i) is not None:
             raise StackError(f"ZooKeeper server {i + 1} is still running (pid {self.pid(i)})")
-        self._start_one(i)
+        self.start_server(i)
         self.wait_serving(timeout, [i])
 
     def ok(self, i: int) -> bool:
