@@ -164,7 +164,8 @@ def detached_stack_down(env: dict[str, str]) -> None:
     state = Path(env["ALIGNER_HOME"]) / "stack.json"
     pids: list[int] = []
     with contextlib.suppress(OSError, ValueError):
-        pids = [v for k, v in json.loads(state.read_text()).items() if k.endswith("_pid")]
+        saved = json.loads(state.read_text())
+        pids = [v for k, v in saved.items() if k.endswith("_pid")] + list(saved.get("zk_pids", []))
     try:
         down = run_cli(env, "stack", "down", timeout=120)
     finally:

@@ -2,8 +2,10 @@
 
 The chain of ``test_faults`` (an outside producer, the epoch marker, a job of two workers, every one a real
 process) runs against three ZooKeeper servers on loopback with the coordinator's retention loop beside it and
-an alignment in flight; the leader is SIGKILLed and restarted, then a follower SIGSTOPped past the session
-timeout (one at a time: three servers keep a quorum through one loss, not two). Every input has exactly one result, no component exits, and each stops on SIGTERM.
+an alignment in flight; the leader is SIGKILLed and restarted, then a follower SIGSTOPped past the
+session timeout (one at a time: three servers keep a quorum through one loss, not two). Every input has
+exactly one result, no component exits, and each stops on SIGTERM. ``aligner stack up --zk-servers 3`` is
+tested with the detached stack (``test_stack.py``).
 """
 
 from __future__ import annotations
@@ -108,3 +110,4 @@ def test_an_ensemble_needs_an_odd_number_of_servers(tmp_path) -> None:
         ZkEnsemble(tmp_path, 2)
     with pytest.raises(StackError, match="TLS is not supported"):
         EmbeddedStack(zk_tls=True, zk_servers=3)
+

@@ -21,6 +21,7 @@ from aligner.connectors.marker import EpochMarker
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import _alive, wait_for
 from aligner.ledger import Ledger
+from aligner.models import SubjectNode
 from tests.conftest import ROOT, run_cli
 from tests.helpers import detached_stack_down
 
@@ -192,3 +193,38 @@ def test_stack_up_no_retention_runs_zookeeper_and_the_broker_only(home_env: dict
     info = json.loads(up.stdout)
     assert info["actions"] == {"zookeeper": "started", "kafka": "started"} and info["retention_pid"] == 0
     assert _states(home_env) == {"zookeeper": "up", "kafka": "up"}
+
+
+def test_stack_up_zk_servers_runs_an_ensemble_and_restarts_a_dead_server(home_env: dict[str, str]) -> None:
+    """``aligner stack up --zk-servers 3``: three servers, each shown by ``stack status``; a killed one is shown
+    down (the others serve), restarted by ``stack up`` on its port and data, and stopped by ``stack down``."""
+    env = home_env
+    up = run_cli(env, "stack", "up", "--zk-servers", "3", "--no-retention", "--json")
+    assert up.returncode == 0, up.stderr
+    info = json.loads(up.stdout)
+    servers = ["zookeeper-1", "zookeeper-2", "zookeeper-3"]
+    assert info["actions"] == {**dict.fromkeys(servers, "started"), "kafka": "started"}
+    assert info["zk"].count(",") == 2 and len(info["zk_pids"]) == 3
+    assert _states(env) == {**dict.fromkeys(servers, "up"), "kafka": "up"}
+    shown = run_cli(env, "stack", "status", "--no-probe")
+    assert shown.returncode == 0 and "ZooKeeper server 2" in shown.stdout
+
+    os.kill(info["zk_pids"][1], signal.SIGKILL)
+    wait_for(lambda: _states(env)["zookeeper-2"] == "down", 30, "server 2 to be shown down")
+    with Ledger.connect(info["zk"], env["ALIGNER_ROOT"]) as led:  # two of three keep the quorum
+        led.register_subject(SubjectNode(name="s", topic="s", partitions=1))
+    again = run_cli(env, "stack", "up", "--json")
+    assert again.returncode == 0, again.stderr
+    restarted = json.loads(again.stdout)
+    assert restarted["actions"] == {"zookeeper-1": "running", "zookeeper-2": "restarted", "zookeeper-3": "running",
+                                    "kafka": "running"}
+    assert restarted["zk"] == info["zk"] and restarted["zk_pids"][1] != info["zk_pids"][1]
+    assert _states(env) == {**dict.fromkeys(servers, "up"), "kafka": "up"}
+    refused = run_cli(env, "stack", "up", "--zk-servers", "5")
+    assert refused.returncode == 1 and "runs 3 ZooKeeper server(s)" in refused.stderr
+    assert run_cli(env, "stack", "up", "--zk-servers", "2").returncode == 2
+
+    down = run_cli(env, "stack", "down")
+    assert down.returncode == 0, down.stderr
+    assert down.stdout.count("stopped ZooKeeper server") == 3
+    assert not any(_alive(p) for p in restarted["zk_pids"])

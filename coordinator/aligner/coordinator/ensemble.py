@@ -55,6 +55,23 @@ def _mode(port: int) -> str | None:
     return None
 
 
+def server_dir(workdir: Path, i: int) -> Path:
+    """Server ``i``'s directory (0-based): its zoo.cfg, data (with ``myid``) and log."""
+    return workdir / f"zk-{i}"
+
+
+def spawn_server(workdir: Path, i: int, tie_to_parent: bool) -> subprocess.Popen[bytes]:
+    """Start server ``i`` of the ensemble in ``workdir`` on its existing zoo.cfg and data."""
+    home = server_dir(workdir, i)
+    argv = [_java(), f"-Xms{ENSEMBLE_HEAP}", f"-Xmx{ENSEMBLE_HEAP}", "-XX:+AlwaysPreTouch",
+            f"-Dzookeeper.log.dir={home}", "-cp", ":".join(ZK_CLASSPATH),
+            "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(home / "zoo.cfg")]
+    return _spawn(argv, home, SERVER_LOG, tie_to_parent)
+
+
+SERVER_LOG = "zookeeper.log"
+
+
 class ZkEnsemble:
     """``servers`` ZooKeeper servers on loopback forming one ensemble; its children die with the caller
     unless ``tie_to_parent`` is False."""
@@ -74,7 +91,7 @@ class ZkEnsemble:
         return ",".join(f"127.0.0.1:{p.client}" for p in self.ports)
 
     def _dir(self, i: int) -> Path:
-        return self.workdir / f"zk-{i}"
+        return server_dir(self.workdir, i)
 
     def _write_cfg(self, i: int) -> Path:
         data = self._dir(i) / "data"
@@ -98,13 +115,9 @@ class ZkEnsemble:
             self._start_one(i)
 
     def _start_one(self, i: int) -> None:
-        cfg = self._dir(i) / "zoo.cfg"
-        if not cfg.exists():
+        if not (self._dir(i) / "zoo.cfg").exists():
             self._write_cfg(i)
-        argv = [_java(), f"-Xms{ENSEMBLE_HEAP}", f"-Xmx{ENSEMBLE_HEAP}", "-XX:+AlwaysPreTouch",
-                f"-Dzookeeper.log.dir={self._dir(i)}", "-cp", ":".join(ZK_CLASSPATH),
-                "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)]
-        self._procs[i] = _spawn(argv, self._dir(i), "zookeeper.log", self.tie_to_parent)
+        self._procs[i] = spawn_server(self.workdir, i, self.tie_to_parent)
 
     def start(self, timeout: float = 120.0) -> str:
         """Start every server; returns once a quorum serves (a leader and every other server following)."""
@@ -125,7 +138,7 @@ class ZkEnsemble:
                 proc = self._procs[i]
                 if proc.poll() is not None:
                     raise StackError(f"ZooKeeper server {i + 1} exited (code {proc.returncode}); "
-                                     f"see {self._dir(i) / 'zookeeper.log'}")
+                                     f"see {self._dir(i) / SERVER_LOG}")
             wanted = servers if servers is not None else [i for i in self._procs if self.pid(i) is not None]
             modes = {i: _mode(self.ports[i].client) for i in range(self.servers)}
             return "leader" in modes.values() and all(modes[i] in ("leader", "follower") for i in wanted)

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aligner.errors import StackError
 from aligner.extras import install_hint, missing
@@ -57,9 +57,28 @@ _PR_SET_PDEATHSIG = 1
 
 ZOOKEEPER, KAFKA, RETENTION = "zookeeper", "kafka", "retention"
 LABELS = {ZOOKEEPER: "ZooKeeper", KAFKA: "Kafka (Tansu)", RETENTION: "Retention (coordinator)"}
-_CMDLINE_MARK = {ZOOKEEPER: b"ZooKeeperServerMain", KAFKA: b"tansu", RETENTION: b"retention"}
+_CMDLINE_MARK = {ZOOKEEPER: b"org.apache.zookeeper.server.", KAFKA: b"tansu", RETENTION: b"retention"}
 """What a component's command line contains: a pid reused by another program is not ours."""
 _LOGS = {ZOOKEEPER: "zookeeper.log", KAFKA: "tansu.log", RETENTION: "retention.log"}
+
+
+def server_name(i: int) -> str:
+    """The component name of server ``i`` (0-based) of an ensemble: ``zookeeper-1`` ..."""
+    return f"{ZOOKEEPER}-{i + 1}"
+
+
+def server_index(name: str) -> int | None:
+    head, sep, tail = name.partition("-")
+    return int(tail) - 1 if head == ZOOKEEPER and sep and tail.isdigit() else None
+
+
+def _kind(name: str) -> str:
+    return ZOOKEEPER if server_index(name) is not None else name
+
+
+def label(name: str) -> str:
+    i = server_index(name)
+    return LABELS[name] if i is None else f"ZooKeeper server {i + 1}"
 
 __all__ = ["KAFKA", "LABELS", "RETENTION", "ZOOKEEPER", "Component", "EmbeddedStack", "StackError", "StackInfo",
            "TlsFiles", "components", "free_port", "make_tls", "read_stack", "stack_down", "stack_up", "wait_for"]
@@ -82,6 +101,10 @@ class StackInfo:
     """The stack's ``aligner retention run`` (0: started with ``--no-retention``)."""
     retention_port: int = 0
     """Its Prometheus metrics port."""
+    zk_ports: tuple[int, ...] = ()
+    """A ZooKeeper ensemble's client ports, one per server (empty: one server, ``zk_pid``)."""
+    zk_pids: tuple[int, ...] = ()
+    """Its servers' pids, in the same order."""
 
     def tls_files(self) -> TlsFiles | None:
         return TlsFiles(Path(self.workdir) / TLS_DIR) if self.zk_tls else None
@@ -94,15 +117,28 @@ class StackInfo:
         return env
 
     def address(self, name: str) -> str:
+        if (i := server_index(name)) is not None:
+            return f"127.0.0.1:{self.zk_ports[i]}"
         return {ZOOKEEPER: self.zk, KAFKA: self.kafka}.get(name, f"127.0.0.1:{self.retention_port}")
 
     def port(self, name: str) -> int:
         return int(self.address(name).rsplit(":", 1)[1])
 
     def pid(self, name: str) -> int:
+        if (i := server_index(name)) is not None:
+            return self.zk_pids[i]
         return {ZOOKEEPER: self.zk_pid, KAFKA: self.kafka_pid}.get(name, self.retention_pid)
 
+    def names(self) -> list[str]:
+        """Its components: ZooKeeper (or each server of its ensemble), the broker, the retention loop."""
+        zk = [server_name(i) for i in range(len(self.zk_pids))] or [ZOOKEEPER]
+        return [*zk, KAFKA, *([RETENTION] if self.retention_pid else [])]
+
     def with_pid(self, name: str, pid: int) -> StackInfo:
+        if (i := server_index(name)) is not None:
+            pids = list(self.zk_pids)
+            pids[i] = pid
+            return replace(self, zk_pids=tuple(pids), zk_pid=pids[0])
         if name == ZOOKEEPER:
             return replace(self, zk_pid=pid)
         return replace(self, kafka_pid=pid) if name == KAFKA else replace(self, retention_pid=pid)
@@ -302,7 +338,7 @@ def _runs(pid: int, name: str) -> bool:
     if not _alive(pid):
         return False
     try:
-        return _CMDLINE_MARK[name] in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return _CMDLINE_MARK[_kind(name)] in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True  # no /proc: trust the pid
 
@@ -469,8 +505,10 @@ class EmbeddedStack:
         except BaseException:
             self.stop()
             raise
+        pids = ensemble.pids()
         self.info = StackInfo(zk=hosts, kafka=f"127.0.0.1:{kafka_port}", workdir=str(self.workdir),
-                              zk_pid=ensemble.pids()[0], kafka_pid=kafka.pid)
+                              zk_pid=pids[0], kafka_pid=kafka.pid, zk_ports=tuple(p.client for p in ensemble.ports),
+                              zk_pids=tuple(pids))
         return self.info
 
     def pid(self, name: str) -> int | None:
@@ -547,7 +585,8 @@ def read_stack(home: Path) -> StackInfo | None:
     try:
         raw = json.loads(path.read_text())
         known = {f.name for f in fields(StackInfo)}
-        return StackInfo(**{k: v for k, v in raw.items() if k in known})
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known}
+        return StackInfo(**values)
     except FileNotFoundError:
         return None
     except (ValueError, TypeError) as exc:
@@ -561,18 +600,22 @@ def component(info: StackInfo, name: str) -> Component:
         state = "down"
     elif _paused(pid):
         state = "paused"
-    elif _zk_ok(port, info.tls_files()) if name == ZOOKEEPER else _tcp_ok(port):
+    elif _zk_ok(port, info.tls_files()) if _kind(name) == ZOOKEEPER else _tcp_ok(port):
         state = "up"
     else:
         state = "not answering"
     data = {ZOOKEEPER: str(workdir / "zk-data"), KAFKA: "in memory (lost when the broker stops)"}.get(
         name, f"none (collects {info.root} by the retention policy)")
-    return Component(name, LABELS[name], state, pid, info.address(name), port, data, str(workdir / _LOGS[name]))
+    log = str(workdir / _LOGS[_kind(name)])
+    if (i := server_index(name)) is not None:
+        from aligner.coordinator.ensemble import SERVER_LOG, server_dir
+
+        data, log = str(server_dir(workdir, i) / "data"), str(server_dir(workdir, i) / SERVER_LOG)
+    return Component(name, label(name), state, pid, info.address(name), port, data, log)
 
 
 def components(info: StackInfo) -> list[Component]:
-    names = [ZOOKEEPER, KAFKA, *([RETENTION] if info.retention_pid else [])]
-    return [component(info, n) for n in names]
+    return [component(info, n) for n in info.names()]
 
 
 def _port_free(port: int) -> OSError | None:
@@ -589,16 +632,21 @@ def _restart(info: StackInfo, name: str, timeout: float) -> int:
     """Start a component that is down on its own port and data directory; returns its pid."""
     workdir, port = Path(info.workdir), info.port(name)
     if not workdir.is_dir():
-        raise StackError(f"cannot restart {LABELS[name]}: its data dir {workdir} is gone; "
+        raise StackError(f"cannot restart {label(name)}: its data dir {workdir} is gone; "
                          f"`aligner stack down` then `aligner stack up` starts a new stack")
     taken = _port_free(port)
     if taken is not None:
-        raise StackError(f"cannot restart {LABELS[name]} on port {port}: {taken.strerror or taken} "
+        raise StackError(f"cannot restart {label(name)} on port {port}: {taken.strerror or taken} "
                          f"(another process holds it); free the port and run `aligner stack up` again")
     tls = info.tls_files() if name == ZOOKEEPER else None
-    proc = _spawn_component(name, workdir, port, tie_to_parent=False, tls=tls)
+    if (i := server_index(name)) is not None:
+        from aligner.coordinator.ensemble import spawn_server
+
+        proc = spawn_server(workdir, i, tie_to_parent=False)
+    else:
+        proc = _spawn_component(name, workdir, port, tie_to_parent=False, tls=tls)
     try:
-        _await_ready(name, proc, port, workdir, timeout, tls)
+        _await_ready(_kind(name), proc, port, workdir, timeout, tls)
     except BaseException:
         _kill_group(proc.pid)
         raise
@@ -606,7 +654,7 @@ def _restart(info: StackInfo, name: str, timeout: float) -> int:
 
 
 def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False, retention: bool = True,
-             root: str = "/aligner") -> tuple[StackInfo, dict[str, str]]:
+             root: str = "/aligner", zk_servers: int = 1) -> tuple[StackInfo, dict[str, str]]:
     """Start the detached stack, or restart only its components that are down.
 
     ``retention`` (a new stack only; a running one keeps what it was started with): also run the
@@ -622,12 +670,17 @@ def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False, retention:
         if info is not None and zk_tls and not info.zk_tls:
             raise StackError(f"the embedded stack in {home} runs ZooKeeper without TLS; "
                              "`aligner stack down` then `aligner stack up --zk-tls` starts one with TLS")
+        if info is not None and zk_servers > 1 and len(info.zk_pids) != zk_servers:
+            raise StackError(f"the embedded stack in {home} runs {len(info.zk_pids) or 1} ZooKeeper server(s); "
+                             f"`aligner stack down` then `aligner stack up --zk-servers {zk_servers}` starts "
+                             f"an ensemble")
         if info is None:
             workdir = home / "stack"
             workdir.mkdir(parents=True, exist_ok=True)  # an earlier stack's ZooKeeper data is kept, not wiped
-            info = replace(EmbeddedStack(workdir=workdir, tie_to_parent=False, zk_tls=zk_tls).start(timeout), root=root)
+            new = EmbeddedStack(workdir=workdir, tie_to_parent=False, zk_tls=zk_tls, zk_servers=zk_servers)
+            info = replace(new.start(timeout), root=root)
             _write_state(home, info)
-            actions = {ZOOKEEPER: "started", KAFKA: "started"}
+            actions = dict.fromkeys(info.names(), "started")
             if retention:
                 info = _start_retention(info, timeout)
                 _write_state(home, info)
@@ -661,12 +714,12 @@ def stack_down(home: Path) -> list[str]:
             info = None  # a corrupt state file: nothing to stop, remove it below
         done: list[str] = []
         if info is not None:
-            for name in (RETENTION, KAFKA, ZOOKEEPER):
+            for name in reversed(info.names()):
                 pid = info.pid(name)
                 if pid and _runs(pid, name):
                     _kill_group(pid)
                     lost = " (its topics were in memory)" if name == KAFKA else ""
-                    done.append(f"stopped {LABELS[name]} pid {pid} on {info.address(name)}{lost}")
+                    done.append(f"stopped {label(name)} pid {pid} on {info.address(name)}{lost}")
         workdir = Path(info.workdir) if info is not None else home / "stack"
         if workdir.exists():
             if workdir.resolve().is_relative_to(home.resolve()):

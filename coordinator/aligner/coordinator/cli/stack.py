@@ -28,12 +28,17 @@ def stack_up(
                       ] = False,
     retention: Annotated[bool, typer.Option("--retention/--no-retention", help="Also run the coordinator's "
                                             "retention loop (`aligner retention run`) with a new stack")] = True,
+    zk_servers: Annotated[int, typer.Option("--zk-servers", min=1, help="ZooKeeper servers of a new stack: 3 or 5 "
+                                            "start an ensemble on loopback (quorum and election ports)")] = 1,
 ) -> None:
     """Start ZooKeeper and Tansu (and with --retention the retention loop, which keeps ZooKeeper bounded by
     ALIGNER_RETENTION_*: 24 h, >= 1,000 epochs), or restart only the components that are down (same port
     and data)."""
+    if zk_servers > 1 and (zk_servers % 2 == 0 or zk_tls):
+        raise typer.BadParameter("an ensemble has an odd number of servers (3, 5, ...), without --zk-tls",
+                                 param_hint="--zk-servers")
     info, actions = stack_mod.stack_up(state.settings.home, zk_tls=zk_tls, retention=retention,
-                                       root=state.settings.root)
+                                       root=state.settings.root, zk_servers=zk_servers)
     if emit({**asdict(info), "actions": actions}, as_json):
         return
     for comp in stack_mod.components(info):
