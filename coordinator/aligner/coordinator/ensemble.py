@@ -27,6 +27,10 @@ from aligner.coordinator.stack import (
 )
 from aligner.errors import StackError
 
+ZK_LOGGING = ("/usr/share/java/maven3-slf4j-provider.jar", "/usr/share/java/maven-shared-utils.jar")
+"""An SLF4J binding Debian ships (Maven's simple logger): with it each server's log says what the quorum did
+(elections, syncs, truncations); without it ZooKeeper logs nothing (SLF4J's no-op logger)."""
+
 ENSEMBLE_HEAP = "256m"
 """Heap of each server (fixed and touched at start, as the single embedded server's): three of them on a
 2-core machine stay at ~300 MB each."""
@@ -60,11 +64,15 @@ def server_dir(workdir: Path, i: int) -> Path:
     return workdir / f"zk-{i}"
 
 
+def _logging() -> tuple[str, ...]:
+    return ZK_LOGGING if all(Path(p).exists() for p in ZK_LOGGING) else ()
+
+
 def spawn_server(workdir: Path, i: int, tie_to_parent: bool) -> subprocess.Popen[bytes]:
     """Start server ``i`` of the ensemble in ``workdir`` on its existing zoo.cfg and data."""
     home = server_dir(workdir, i)
     argv = [_java(), f"-Xms{ENSEMBLE_HEAP}", f"-Xmx{ENSEMBLE_HEAP}", "-XX:+AlwaysPreTouch",
-            f"-Dzookeeper.log.dir={home}", "-cp", ":".join(ZK_CLASSPATH),
+            f"-Dzookeeper.log.dir={home}", "-cp", ":".join((*ZK_CLASSPATH, *_logging())),
             "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(home / "zoo.cfg")]
     return _spawn(argv, home, SERVER_LOG, tie_to_parent)
 
