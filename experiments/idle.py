@@ -17,9 +17,7 @@ the chain did not come up or stood still, 130 when stopped by a signal.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import os
 import shutil
 import signal
@@ -34,9 +32,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from aligner.coordinator.stack import EmbeddedStack
-from aligner.ledger import Ledger
-from experiments.chaos.run import F_OUT, ROOT, Interrupted, Run, interrupts_unwind
+from experiments.chaos.run import F_OUT, Interrupted, Run, run_stack
 from experiments.common import RESULTS
 from experiments.soak.probes import CpuMeter, process_table, tree
 from experiments.soak.watch import UPSTREAM, frontiers
@@ -221,26 +217,10 @@ def play(run: Run, seconds: float, warmup: float) -> dict[str, Any]:
 
 
 def execute(run: Run, seconds: float, warmup: float) -> dict[str, Any]:
-    """The embedded stack around :func:`play`, torn down on every path as the chaos run does."""
+    """The chaos run's stack around :func:`play`, torn down on every path."""
     shutil.rmtree(run.outdir, ignore_errors=True)  # a former run's ZooKeeper data and logs: start afresh
-    run.outdir.mkdir(parents=True, exist_ok=True)
-    stack = EmbeddedStack(workdir=run.outdir / "stack")
-    (run.outdir / "stack").mkdir(parents=True, exist_ok=True)
-    logging.getLogger("kazoo").setLevel(logging.CRITICAL)
-    try:
-        with interrupts_unwind(run):
-            run.info = stack.start()
-            console.print(f"stack: ZooKeeper {run.info.zk} (pid {run.info.zk_pid}), Kafka {run.info.kafka} "
-                          f"(pid {run.info.kafka_pid}); logs in {run.outdir}")
-            run.led = Ledger.connect(run.info.zk, ROOT)
-            return play(run, seconds, warmup)
-    finally:
-        for proc in list(run.procs.values()):
-            proc.kill()
-        if run.led is not None:
-            with contextlib.suppress(Exception):  # a ledger that cannot close must not keep the stack up
-                run.led.close()
-        stack.stop()
+    with run_stack(run):
+        return play(run, seconds, warmup)
 
 
 def show(report: dict[str, Any]) -> None:

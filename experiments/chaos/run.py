@@ -489,8 +489,10 @@ def interrupts_unwind(run: Run) -> Iterator[None]:
             signal.signal(s, h)
 
 
-def execute(run: Run, drain_timeout: float = 600.0) -> dict[str, Any]:
-    """Run the chain under the nemesis and return what the checker needs (raises on a broken run)."""
+@contextlib.contextmanager
+def run_stack(run: Run) -> Iterator[Run]:
+    """The run's embedded stack (an ensemble with ``run.zk_servers`` > 1) and ledger, under the first-signal
+    unwinding; every process the run started, and the stack, are stopped on every path."""
     run.outdir.mkdir(parents=True, exist_ok=True)
     stack = EmbeddedStack(workdir=run.outdir / "stack", zk_servers=run.zk_servers)
     run.ensemble = stack.ensemble
@@ -504,16 +506,22 @@ def execute(run: Run, drain_timeout: float = 600.0) -> dict[str, Any]:
             run.say(f"stack: ZooKeeper {run.info.zk} (pid {run.info.zk_pid}), Kafka {run.info.kafka} "
                     f"(pid {run.info.kafka_pid}); logs in {run.outdir}")
             run.led = Ledger.connect(run.info.zk, ROOT)
-            return _play(run, drain_timeout)
+            yield run
     finally:
         for proc in list(run.procs.values()):
             proc.kill()
         if run.zk_proc is not None:
             run.zk_proc.kill()
         if run.led is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # a ledger that cannot close must not keep the stack up
                 run.led.close()
         stack.stop()
+
+
+def execute(run: Run, drain_timeout: float = 600.0) -> dict[str, Any]:
+    """Run the chain under the nemesis and return what the checker needs (raises on a broken run)."""
+    with run_stack(run):
+        return _play(run, drain_timeout)
 
 
 def _play(run: Run, drain_timeout: float) -> dict[str, Any]:
