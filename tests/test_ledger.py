@@ -8,6 +8,7 @@ from aligner.errors import (
     AlignerError,
     EpochNotCommittedError,
     FencedError,
+    LedgerRollbackError,
     MalformedNodeError,
     PartitionClaimedError,
     SubjectConflictError,
@@ -89,6 +90,20 @@ def test_an_older_incarnation_is_fenced(ledger, subject_name):
     with pytest.raises(FencedError):
         _commit_empty(ledger, old)
     _commit_empty(ledger, new)
+
+
+def test_a_ledger_that_went_back_in_time_is_said_so_not_taken_for_fencing(ledger, subject_name):
+    """An ensemble that lost acknowledged writes (a ZooKeeper bug class): the producer node names this
+    incarnation but an epoch older than the one ZooKeeper acknowledged. Simulated by writing the node's
+    earlier content back (what a lost transaction leaves); a commit then stops with that cause."""
+    _subject(ledger, subject_name)
+    first = ledger.claim(subject_name, "a", "0", [0], lambda: {0: 0})
+    before = _commit_empty(ledger, first)  # epoch 0
+    after = _commit_empty(ledger, before)  # epoch 1: what ZooKeeper will forget
+    path = ledger.layout.producer(subject_name, "a", "0")
+    ledger.zk.set(path, before.node.dump())
+    with pytest.raises(LedgerRollbackError, match="ZooKeeper lost acknowledged writes.*committed epoch 1"):
+        _commit_empty(ledger, after)
 
 
 def test_a_range_that_does_not_continue_the_last_epoch_is_refused(ledger, subject_name):

@@ -65,6 +65,11 @@ class FencedError(AlignerError):
     """A newer incarnation of the same producer took over; this one must stop writing."""
 
 
+class LedgerRollbackError(AlignerError):
+    """ZooKeeper answered with state older than what it had acknowledged to this client: the ensemble lost
+    committed transactions. Nothing is written on such a ledger."""
+
+
 class DataLossError(AlignerError):
     """Kafka no longer holds offsets that a committed epoch names (e.g. the broker lost its log)."""
 

@@ -10,7 +10,7 @@ from typing import Any
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.retry import ForceRetryError
 
-from aligner.errors import AlignerError, FencedError, MalformedNodeError
+from aligner.errors import AlignerError, FencedError, LedgerRollbackError, MalformedNodeError
 from aligner.models import ContributionNode, EpochNode, ProducerNode, Range, WritersNode
 from aligner.ops import Check, Create, Op, SetData, first_failure, raise_failure
 from aligner.recipes.claims import ClaimRecipes, Lease
@@ -142,12 +142,33 @@ class CommitRecipes(ClaimRecipes):
             c, result = contributions[failed // 2], results[failed]
             subject, writer = c.lease.subject, c.lease.writer
             if isinstance(result, BadVersionError):
+                self._rolled_back(c.lease)
                 raise FencedError(f"producer {writer} of {subject!r} was fenced by a newer incarnation")
             if isinstance(result, NoNodeError):
                 raise AlignerError(f"epoch node {epoch} of {subject!r} missing: call ensure_epoch first")
             if isinstance(result, NodeExistsError):
                 raise AlignerError(f"producer {writer} already committed epoch {epoch} of {subject!r}")
         raise results[failed]  # type: ignore[misc]
+
+    def _rolled_back(self, lease: Lease) -> None:
+        """A version check that failed because ZooKeeper went back in time, not because another incarnation
+        wrote: the node still names this incarnation but an earlier commit than the one ZooKeeper already
+        acknowledged to it. Said as such (the ensemble lost acknowledged writes), not as fencing."""
+        n = lease.node
+        path = self.layout.producer(lease.subject, n.sink, n.producer)
+        try:
+            current, version = self.read(ProducerNode, path)
+        except NoNodeError:
+            return
+        behind = (current.committed_epoch if current.committed_epoch is not None else -1) < (
+            n.committed_epoch if n.committed_epoch is not None else -1)
+        if current.owner == n.owner and current.incarnation == n.incarnation and (version < lease.version or behind):
+            raise LedgerRollbackError(
+                f"ZooKeeper lost acknowledged writes: producer {lease.writer} of {lease.subject!r} committed epoch "
+                f"{n.committed_epoch} (node version {lease.version}), and {path} is back at epoch "
+                f"{current.committed_epoch} (version {version}); the ensemble lost committed transactions "
+                f"(a ZooKeeper server bug; see README, ZooKeeper ensemble), so this producer stops rather than "
+                f"write on a ledger that forgot what it acknowledged")
 
     @staticmethod
     def _check_contribution(c: Contribution, epoch: int) -> None:
