@@ -110,7 +110,7 @@ class ZkEnsemble:
         cfg.write_text(
             "tickTime=500\ninitLimit=20\nsyncLimit=10\n"
             f"dataDir={data}\nclientPort={self.ports[i].client}\nclientPortAddress=127.0.0.1\n"
-            "admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,mntr\n"
+            "admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,mntr,cons\n"
             "autopurge.snapRetainCount=3\nautopurge.purgeInterval=1\n"
             "maxClientCnxns=0\nminSessionTimeout=1000\nforceSync=no\n"
             f"{peers}"

@@ -402,7 +402,7 @@ def _write_zoo_cfg(workdir: Path, port: int, tls: TlsFiles | None = None) -> Pat
         f"dataDir={data}\n"
         f"{listen}"
         "admin.enableServer=false\n"
-        "4lw.commands.whitelist=ruok,srvr,mntr\n"
+        "4lw.commands.whitelist=ruok,srvr,mntr,cons\n"
         "autopurge.snapRetainCount=3\n"  # snapshots and logs pruned hourly: the data dir stays bounded
         "autopurge.purgeInterval=1\n"
         "maxClientCnxns=0\n"

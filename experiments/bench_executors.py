@@ -1,0 +1,220 @@
+"""Executors' footprint (issue 20 item 4): ZooKeeper sessions and requests, and Kafka connections, that the
+Spark executors' Python workers open per micro-batch of an aligned passthrough query (local[2]).
+
+Measured from outside, as an operator would: ZooKeeper's ``cons`` four-letter word lists every client
+connection with its session id and the requests it sent; ``/proc/net/tcp`` and each process's open sockets
+map a connection to the process holding it. The driver is this process; every other descendant holding a
+connection is an executor's Python worker. Kafka connections are counted as new client ports towards the
+broker, sampled every 0.2 s: a lower bound (a client that lives less than a sample interval is missed).
+The baseline is the micro-batch itself: the goal is no ZooKeeper session per task (at most one per worker
+process, reused across batches) and no Kafka client per task.
+
+    python -m experiments.bench_executors --seconds 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from aligner.connectors.sink import SinkProducer
+from aligner.connectors.spark.job import stop_query
+from aligner.connectors.spark.lineage import sink_lineage, source_batch
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.stack import EmbeddedStack, wait_for
+from aligner.ledger import Ledger
+from experiments.common import value, write_results
+
+ROOT = "/bench-executors"
+X, Y, SINK = "ex-x", "ex-y", "ex"
+PARTITIONS = 2
+PING_EVERY = 10.0 / 3
+"""kazoo pings an idle session about every third of its 10 s timeout: those requests are not the product's."""
+
+
+def cons(port: int) -> dict[int, tuple[str, int]]:
+    """ZooKeeper's connections: client port -> (session id, requests received)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+        s.sendall(b"cons")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    out: dict[int, tuple[str, int]] = {}
+    for line in data.decode(errors="replace").splitlines():
+        line = line.strip()
+        if not line.startswith("/127.0.0.1:") or "sid=" not in line:
+            continue
+        client = int(line.split(":", 1)[1].split("[", 1)[0])
+        fields = dict(kv.split("=", 1) for kv in line.split("(", 1)[1].rstrip(")").split(",") if "=" in kv)
+        out[client] = (fields["sid"], int(fields.get("recved", "0")))
+    return out
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(") ", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = set(), [root]
+    while todo:
+        p = todo.pop()
+        for c in children.get(p, []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def sockets_of(pids: set[int]) -> dict[int, int]:
+    """Socket inode -> pid, for the given processes."""
+    out: dict[int, int] = {}
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    out[int(link[8:-1])] = pid
+        except OSError:
+            continue
+    return out
+
+
+def tcp_connections() -> list[tuple[int, int, int]]:
+    """(local port, remote port, inode) of every established loopback TCP connection."""
+    out = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        parts = line.split()
+        if parts[3] != "01":  # ESTABLISHED
+            continue
+        local, remote = parts[1], parts[2]
+        out.append((int(local.split(":")[1], 16), int(remote.split(":")[1], 16), int(parts[9])))
+    return out
+
+
+class Sampler(threading.Thread):
+    """Every 0.2 s: which process holds which ZooKeeper and broker connection, and ZooKeeper's counters."""
+
+    def __init__(self, zk_port: int, kafka_port: int) -> None:
+        super().__init__(daemon=True, name="footprint-sampler")
+        self.zk_port, self.kafka_port = zk_port, kafka_port
+        self.stop = threading.Event()
+        self.me = os.getpid()
+        self.zk: dict[int, tuple[int, str, int]] = {}
+        """client port -> (pid, session id, requests received at the last sample)."""
+        self.kafka: dict[int, int] = {}
+        """client port -> pid, for every connection to the broker seen."""
+
+    def run(self) -> None:
+        while not self.stop.wait(0.2):
+            self.sample()
+
+    def sample(self) -> None:
+        pids = _descendants(self.me) | {self.me}
+        owners = sockets_of(pids)
+        try:
+            counters = cons(self.zk_port)
+        except OSError:
+            return
+        for local, remote, inode in tcp_connections():
+            pid = owners.get(inode)
+            if pid is None:
+                continue
+            if remote == self.zk_port and local in counters:
+                sid, recved = counters[local]
+                self.zk[local] = (pid, sid, recved)
+            elif remote == self.kafka_port:
+                self.kafka.setdefault(local, pid)
+
+    def executors(self) -> dict[str, Any]:
+        zk = [(pid, sid, n) for pid, sid, n in self.zk.values() if pid != self.me]
+        return {"zk_sessions": len({sid for _, sid, _ in zk}), "zk_processes": len({pid for pid, _, _ in zk}),
+                "zk_requests": sum(n for _, _, n in zk),
+                "kafka_connections": sum(1 for pid in self.kafka.values() if pid != self.me),
+                "worker_processes": len({pid for pid, _, _ in zk} | {p for p in self.kafka.values() if p != self.me})}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=60.0, help="measured seconds of input")
+    ap.add_argument("--interval", type=float, default=0.5, help="seconds between X epochs")
+    args = ap.parse_args()
+    logging.getLogger("kazoo").setLevel(logging.ERROR)
+    from aligner.connectors.spark.session import local_session
+
+    with EmbeddedStack() as info, tempfile.TemporaryDirectory() as checkpoint:
+        led = Ledger.connect(info.zk, ROOT)
+        for name in (X, Y):
+            create_subject(led, info.kafka, name, PARTITIONS, value_format="bytes")
+        spark = local_session("local[2]", "bench-executors", **{"spark.ui.showConsoleProgress": "false"})
+        conn = {"zk": info.zk, "kafka": info.kafka, "root": ROOT}
+        query = (spark.readStream.format("aligned").options(**conn, subject=X).load().select("key", "value")
+                 .writeStream.format("aligned").options(**conn, subject=Y, sinkId=SINK)
+                 .option("checkpointLocation", checkpoint).start())
+        sampler = Sampler(info.port("zookeeper"), info.port("kafka"))
+        sampler.start()
+        n = 0
+        with SinkProducer(led, info.kafka, X, "gen", 0, list(range(PARTITIONS))) as p:
+            def epoch() -> int:
+                nonlocal n
+                p.begin()
+                for _ in range(20):
+                    p.send(value(n), partition=n % PARTITIONS)
+                    n += 1
+                return p.commit().epoch
+
+            warm = epoch()  # the JVM, the Python workers and the first batch: not measured
+            wait_for(lambda: len(sink_lineage(led, Y, SINK)) >= 1, 600, "the warm-up micro-batch")
+            for _ in range(3):
+                epoch()
+                time.sleep(args.interval)
+            wait_for(lambda: len(sink_lineage(led, Y, SINK)) >= 2, 600, "warm micro-batches")
+            time.sleep(1.0)
+            before, batches_before, t0 = sampler.executors(), len(sink_lineage(led, Y, SINK)), time.monotonic()
+            last = warm
+            while time.monotonic() - t0 < args.seconds:
+                last = epoch()
+                time.sleep(args.interval)
+        wait_for(lambda: any(r.last >= last for node in sink_lineage(led, Y, SINK).values()
+                             for r in source_batch(led, node.query, node.batch).values()), 300,
+                 "the query to write the last X epoch")
+        sampler.sample()
+        after, batches, elapsed = sampler.executors(), len(sink_lineage(led, Y, SINK)) - batches_before, \
+            time.monotonic() - t0
+        sampler.stop.set()
+        stop_query(query)
+        spark.stop()
+        led.close()
+    requests = after["zk_requests"] - before["zk_requests"]
+    pings = after["zk_sessions"] * elapsed / PING_EVERY
+    payload = {
+        "seconds": round(elapsed, 1), "micro_batches": batches, "tasks_per_batch": 2 * PARTITIONS,
+        "executor_zk_sessions": after["zk_sessions"], "executor_processes_with_zk": after["zk_processes"],
+        "executor_zk_sessions_opened_while_measured": after["zk_sessions"] - before["zk_sessions"],
+        "executor_zk_requests_per_batch": round(requests / max(batches, 1), 2),
+        "executor_zk_requests_per_batch_less_pings": round((requests - pings) / max(batches, 1), 2),
+        "executor_kafka_connections_opened_per_batch": round(
+            (after["kafka_connections"] - before["kafka_connections"]) / max(batches, 1), 2),
+        "executor_worker_processes": after["worker_processes"],
+    }
+    print(f"{batches} micro-batches in {elapsed:.0f} s ({payload['tasks_per_batch']} tasks each), local[2]")
+    print(f"executors: {payload['executor_zk_sessions']} ZooKeeper sessions in {payload['executor_processes_with_zk']} "
+          f"processes ({payload['executor_zk_sessions_opened_while_measured']} opened while measured); "
+          f"{payload['executor_zk_requests_per_batch_less_pings']} ZooKeeper requests per micro-batch "
+          f"(pings left out); at least {payload['executor_kafka_connections_opened_per_batch']} Kafka connections "
+          f"opened per micro-batch")
+    print(f"results: {write_results('bench_executors', payload)}")
+
+
+if __name__ == "__main__":
+    main()
