@@ -102,7 +102,7 @@ def test_a_ledger_that_went_back_in_time_is_said_so_not_taken_for_fencing(ledger
     after = _commit_empty(ledger, before)  # epoch 1: what ZooKeeper will forget
     path = ledger.layout.producer(subject_name, "a", "0")
     ledger.zk.set(path, before.node.dump())
-    with pytest.raises(LedgerRollbackError, match="ZooKeeper lost acknowledged writes.*committed epoch 1"):
+    with pytest.raises(LedgerRollbackError, match=r"ZooKeeper lost acknowledged writes.*committed epoch 1"):
         _commit_empty(ledger, after)
 
 
