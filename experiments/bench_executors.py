@@ -4,8 +4,10 @@ Spark executors' Python workers open per micro-batch of an aligned passthrough q
 Measured from outside, as an operator would: ZooKeeper's ``cons`` four-letter word lists every client
 connection with its session id and the requests it sent; ``/proc/net/tcp`` and each process's open sockets
 map a connection to the process holding it. The driver is this process; every other descendant holding a
-connection is an executor's Python worker. Kafka connections are counted as new client ports towards the
-broker, sampled every 0.2 s: a lower bound (a client that lives less than a sample interval is missed).
+connection is a Python worker: in local mode those run the executors' tasks and also the data source's
+driver-side calls (planning, the stream writer, its commit), which PySpark runs in Python workers too.
+Kafka connections are counted as new client ports towards the broker, sampled every 0.2 s: a lower bound
+(a client that lives less than a sample interval is missed).
 The baseline is the micro-batch itself: the goal is no ZooKeeper session per task (at most one per worker
 process, reused across batches) and no Kafka client per task.
 
