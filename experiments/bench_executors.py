@@ -112,7 +112,7 @@ class Sampler(threading.Thread):
         self.zk_port, self.kafka_port = zk_port, kafka_port
         self.stop = threading.Event()
         self.me = os.getpid()
-        self.zk: dict[int, tuple[int, str, int]] = {}
+        self.zk_conns: dict[int, tuple[int, str, int]] = {}
         """client port -> (pid, session id, requests received at the last sample)."""
         self.kafka: dict[int, int] = {}
         """client port -> pid, for every connection to the broker seen."""
@@ -134,12 +134,12 @@ class Sampler(threading.Thread):
                 continue
             if remote == self.zk_port and local in counters:
                 sid, recved = counters[local]
-                self.zk[local] = (pid, sid, recved)
+                self.zk_conns[local] = (pid, sid, recved)
             elif remote == self.kafka_port:
                 self.kafka.setdefault(local, pid)
 
     def executors(self) -> dict[str, Any]:
-        zk = [(pid, sid, n) for pid, sid, n in self.zk.values() if pid != self.me]
+        zk = [(pid, sid, n) for pid, sid, n in self.zk_conns.values() if pid != self.me]
         return {"zk_sessions": len({sid for _, sid, _ in zk}), "zk_processes": len({pid for pid, _, _ in zk}),
                 "zk_requests": sum(n for _, _, n in zk),
                 "kafka_connections": sum(1 for pid in self.kafka.values() if pid != self.me),

@@ -175,11 +175,14 @@ def test_embedded_zookeeper_purges_its_data_dir_and_answers_mntr(stack) -> None:
     figures: dict[str, str] = {}
 
     def mntr() -> bool:  # "not currently serving requests" until the server has loaded its database
-        with socket.create_connection((host, int(port)), timeout=10) as s:
-            s.sendall(b"mntr")
-            reply = b""
-            while chunk := s.recv(65536):
-                reply += chunk
+        try:
+            with socket.create_connection((host, int(port)), timeout=10) as s:
+                s.sendall(b"mntr")
+                reply = b""
+                while chunk := s.recv(65536):
+                    reply += chunk
+        except OSError:  # a server still starting may reset the connection
+            return False
         figures.update(line.split("\t", 1) for line in reply.decode().splitlines() if "\t" in line)
         return "zk_znode_count" in figures
 

@@ -16,12 +16,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from aligner.coordinator.stack import (
+from aligner.coordinator.processes import (
     ZK_CLASSPATH,
     _java,
     _kill_group,
     _spawn,
-    _zk_ok,
     free_port,
     wait_for,
 )
@@ -193,9 +192,6 @@ class ZkEnsemble:
             raise StackError(f"ZooKeeper server {i + 1} is still running (pid {self.pid(i)})")
         self.start_server(i)
         self.wait_serving(timeout, [i])
-
-    def ok(self, i: int) -> bool:
-        return _zk_ok(self.ports[i].client)
 
     def stop(self) -> None:
         for proc in self._procs.values():

