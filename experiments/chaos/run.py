@@ -571,6 +571,10 @@ def _play(run: Run, drain_timeout: float) -> dict[str, Any]:
 
     until(lambda: len(done) == len(loops) - 1, "the coordinator's last operations")
     produced = _drain(run, until)
+    retention = run.procs.get("retention")
+    if retention is not None:  # the checker reads a ledger nothing removes from meanwhile (a soak's loop)
+        retention.supervised = False
+        retention.terminate(30)
     drained = run.rel()
     run.say(f"{drained:7.1f}s  drained; checking every subject by epoch")
     from experiments.chaos.checker import check
