@@ -318,6 +318,34 @@ def test_a_changelog_goes_only_below_every_workers_state_base(ledger, subject_na
     assert ledger.epoch_numbers(changelog) == list(range(10, 30))
 
 
+def test_a_swapped_out_versions_changelog_goes_once_the_new_version_has_its_own_state(ledger, subject_name):
+    """Found by the 2-hour soak: every hot-swap left the old version's changelog, kept at the policy's 1,000
+    epochs for ever, so ZooKeeper grew with each swap. Once the old version is swapped out, its sink finished
+    and each version following it committed a record for every worker (they restore from their own
+    changelog), all of the old changelog's epochs go; not before."""
+    raw, target = subject_name, f"{subject_name}-t"
+    old, new = f"{subject_name}-v1", f"{subject_name}-v2"
+    changelog = f"{old}.state"
+    for name, parts in ((raw, 1), (target, 1), (changelog, 1)):
+        ledger.register_subject(SubjectNode(name=name, topic=name, partitions=parts))
+    _write_epochs(ledger, changelog, old, 0, 30)
+    ledger.finish(_write_epochs(ledger, target, old, 0, 15))
+    jobs = JobLedger(ledger)
+    jobs.register(JobNode(job=old, inputs=(raw,), output=target, parallelism=1))
+    jobs.register(JobNode(job=new, inputs=(raw,), output=target, parallelism=1, follows=old))
+    jobs.write_swap(SwapNode(old=old, new=new, target=target, epoch=14, phase=Phase.DONE), -1)
+    policy = RetentionPolicy(hours=0, min_epochs=1000)
+    collect(ledger, policy=policy)
+    assert ledger.epoch_numbers(changelog) == list(range(30))  # v2 has no record yet: it may inherit again
+    jobs.ensure_worker_path(new, 0)
+    ledger.multi(jobs.worker_epoch_op(new, 0, WorkerEpochNode(epoch=15, mode="aligned", offsets={}, load_from={},
+                                                                state_base=15)))
+    report = collect(ledger, policy=policy)
+    assert report["subjects"][changelog] == {"first_retained": 30, "deleted_epochs": 30}
+    assert ledger.epoch_numbers(changelog) == [] and ledger.first_retained(changelog) == 30
+    assert collect(ledger, policy=policy)["subjects"][changelog]["deleted_epochs"] == 0  # and stays so
+
+
 def test_a_changelog_no_job_owns_is_never_collected(ledger, subject_name):
     changelog = f"{subject_name}.state"
     ledger.register_subject(SubjectNode(name=changelog, topic=changelog, partitions=1))

@@ -9,7 +9,8 @@ written before anything is deleted, so reading a collected epoch is a clear out-
 Below it go the epochs, the Spark sinks' lineage records and the producer nodes of swapped-out jobs;
 Spark queries' micro-batch records whose epochs are all gone; worker records but the last N; job
 epochs below the output's floor but the last N; and what a job swapped out leaves (worker, source
-and decision state, once its sink finished). A job's changelog (``{job}.state``) is collected like a
+and decision state, once its sink finished; its changelog too, once every version following it committed
+a record for each worker). A job's changelog (``{job}.state``) is collected like a
 subject but never below a state base a retained worker epoch restores from (the oldest retained
 record's ``state_base`` of each worker; a record without one holds the whole changelog), and a
 changelog no job owns is never collected. This module chooses; ``aligner.retention`` deletes.
@@ -60,6 +61,21 @@ class Needs:
                 self._consumers(node)
                 self._state_bases(node)
         self._swaps_in_flight()
+        self.dropped: set[str] = {f"{n.job}{CHANGELOG_SUFFIX}" for n in self.nodes if self._state_handed_over(n)}
+        """Changelogs of swapped-out versions that nothing reads again: all their epochs go."""
+
+    def _state_handed_over(self, node: JobNode) -> bool:
+        """A swapped-out version whose sink finished, and each version following it has a committed record for
+        every worker: those restore from their own changelog (a new version that inherited the state wrote it
+        whole into its own with its first epoch), so the old changelog is read by nobody again."""
+        if not self.swapped_out(node.job) or not self.finished_sink(self.ledger, node.job, self.swaps[node.job].target):
+            return False
+        for n in self.nodes:
+            if n.follows == node.job:
+                workers = self.jobs.worker_ids(n.job)
+                if len(workers) < n.parallelism or not all(self.jobs.worker_epoch_numbers(n.job, w) for w in workers):
+                    return False
+        return True
 
     def swapped_out(self, job: str) -> bool:
         swap = self.swaps.get(job)
@@ -138,6 +154,9 @@ def subject_floors(ledger: Ledger, policy: RetentionPolicy, needs: Needs,
         if not collectable(subject, needs.changelogs):
             continue
         numbers = ledger.epoch_numbers(subject)
+        if subject in needs.dropped:  # a swapped-out version's changelog: nothing reads it again
+            floors[subject] = max(numbers[-1] + 1 if numbers else 0, ledger.first_retained(subject)), numbers
+            continue
         floor = retention_floor(numbers, ledger.frontier(subject, numbers), partial(ledger.epoch_time, subject),
                                 now_ms, policy, needs.of(subject), ledger.first_retained(subject))
         floors[subject] = floor, numbers
