@@ -145,7 +145,6 @@ class AclLedger:
     def _foreign(self, path: str) -> AccessDeniedError:
         """A node whose ACL this identity may not change: one made before the first grant by another identity
         (writable by its creator only) says so."""
-        error = self.zk.denied(NoAuthError(), "setting the ACL", path)
         with contextlib.suppress(Exception):
             acls, _stat = self.zk.get_acls(path)
             owners = sorted(who.split(":", 1)[1] for who, perms in map(describe, acls)
@@ -155,8 +154,7 @@ class AclLedger:
                                          f"identity {owners[0]!r} created it before the first grant and alone may "
                                          f"change it; with identities set, the admin makes the first grant before "
                                          f"other identities write (or {owners[0]!r} removes the node)")
-        assert isinstance(error, AccessDeniedError)
-        return error
+        return self.zk.policy.denied("setting the ACL", path)
 
     def state(self) -> dict[str, Any]:
         """Whether ACLs are in force on the tree, for ``aligner status``: ``mode`` is "policy" (grants made),
