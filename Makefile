@@ -27,16 +27,18 @@ zookeeper:
 # The whole suite: ruff, mypy, then every test against the real embedded stack (about 25 minutes on 2 cores).
 test: setup typecheck
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -ra --durations=20
+	$(PY) -m pytest -q -ra --durations=20 -m "not long"
 
 # The pure tests only (protocol machines and their properties, models, layers, codecs): no stack, under a minute.
 test-unit: setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -m "not stack"
 
-# The long forms (not in make test): the compressed soak, 15 minutes of the chaos chain at 0.05 s epochs with
-# a fault every ~30 s, a hot-swap every 5 minutes and the coordinator's retention loop every 30 s (2 minutes kept).
+# The long forms (not in make test): the tests marked long (the rest of the Spark cluster's faults), then the
+# compressed soak, 15 minutes of the chaos chain at 0.05 s epochs with a fault every ~30 s, a hot-swap every
+# 5 minutes and the coordinator's retention loop every 30 s (2 minutes kept).
 test-long: setup
+	$(PY) -m pytest -q -ra --durations=20 -m long
 	$(PY) -m experiments.soak --minutes 15 --interval 0.05 --sample 30 --swap-every 300 \
 	  --retention-every 30 --keep-epochs 1 --keep-seconds 120 --window 120
 

@@ -5,7 +5,8 @@ test can check each X record's result reaches Y exactly once. Runs ``Trigger.Ava
 ``--checkpoint`` and prints ``jvm PID`` (the Spark driver JVM, to be SIGKILLed with this process)
 once the session is up, then ``done`` when every X epoch committed at start is written.
 ``--pause-after-commit B`` hangs the driver right after batch B's ZooKeeper commit, before Spark's
-commit log records it.
+commit log records it. ``--master spark://...`` runs it on a standalone cluster; ``--conf K=V`` and
+``--sink-option K=V`` (repeatable) set Spark and sink options (e.g. the sink's ``hangTask``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ def main() -> None:
     for name in ("zk", "kafka", "root", "source", "target", "sink", "checkpoint"):
         ap.add_argument(f"--{name}", required=True)
     ap.add_argument("--pause-after-commit", default=None, help="hang after this batch's ZooKeeper commit")
+    ap.add_argument("--master", default="local[2,2]")
+    ap.add_argument("--conf", action="append", default=[], help="a Spark setting K=V")
+    ap.add_argument("--sink-option", action="append", default=[], help="an option K=V of the aligned sink")
     args = ap.parse_args()
 
     from pyspark.sql import functions as F
@@ -31,8 +35,9 @@ def main() -> None:
     from aligner.connectors.spark.session import local_session
 
     # A short-lived driver: the C1 JIT alone and the serial GC start it seconds faster.
-    spark = local_session("local[2,2]", "spark-relay",
-                          **{"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"})
+    conf = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+            **dict(kv.split("=", 1) for kv in args.conf)}
+    spark = local_session(args.master, "spark-relay", **conf)
     say(f"jvm {spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()}")
     conn = {"zk": args.zk, "kafka": args.kafka, "root": args.root}
     j_of = F.udf(lambda value: json.loads(value)["j"], LongType())
@@ -42,6 +47,7 @@ def main() -> None:
                                              F.col("offset").alias("src_offset"),
                                              j_of("value").alias("j"))).alias("value")))
     writer = out.writeStream.format("aligned").options(**conn, subject=args.target, sinkId=args.sink)
+    writer = writer.options(**dict(kv.split("=", 1) for kv in args.sink_option))
     if args.pause_after_commit is not None:
         writer = writer.option("pauseAfterCommit", args.pause_after_commit)
     query = writer.option("checkpointLocation", args.checkpoint).trigger(availableNow=True).start()

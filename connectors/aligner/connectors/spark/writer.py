@@ -4,7 +4,8 @@ Options: ``zk``, ``kafka``, ``root``, ``subject`` (the target), ``sinkId`` (the 
 ledger, stable across restarts of the query) and ``producers`` (default: the subject's partition
 count). Testing aids: ``failFirstAttemptAfter`` = N makes every task's first attempt flush its first
 N records (or more: whole Arrow batches) to Kafka and then fail; ``pauseAfterCommit`` = B makes the
-driver hang right after batch B's ZooKeeper commit, before Spark's commit log records it (to be killed).
+driver hang right after batch B's ZooKeeper commit, before Spark's commit log records it (to be killed);
+``hangTask`` holds one task's first attempt inside its write (:mod:`aligner.connectors.spark.faults`).
 
 Input: a ``value`` column (binary or string) and optionally ``key``; without a ``value`` column
 every row is written as a JSON object of its columns (timestamps as epoch milliseconds,
@@ -66,6 +67,7 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 from aligner.connectors.kafka import end_offsets, transactional_id
 from aligner.connectors.sink import partitions_for
 from aligner.connectors.spark.common import AlignedOptionError, Connection, int_option, ledger_for, opt
+from aligner.connectors.spark.faults import TaskHang
 from aligner.connectors.spark.job_node import (
     awaits,
     batch_writes,
@@ -121,6 +123,7 @@ class SinkSpec:
     pause_after_commit: int | None = None
     job: str | None = None
     """Run as this registered aligned job (:mod:`aligner.connectors.spark.job`): the sink id is the job id."""
+    hang: TaskHang | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SinkSpec:
@@ -138,7 +141,7 @@ class SinkSpec:
         producers = int_option(options, "producers", 0, minimum=1) if opt(options, "producers") else 0
         fault = int_option(options, "failFirstAttemptAfter", None, minimum=1)
         pause = int_option(options, "pauseAfterCommit", None)
-        return cls(conn, sink, producers or 0, fault, pause, job)
+        return cls(conn, sink, producers or 0, fault, pause, job, TaskHang.from_options(options))
 
 
 def load_slots(ledger: Ledger, subject: str, sink: str, slots: range | list[int]) -> list[Lease]:
@@ -400,6 +403,12 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
                     raise AlignerError(f"injected failure of task {slot} attempt 0 after {out.records} records")
             if out is None:
                 return SlotCommit(slot=slot, epoch=None, attempt=None, query=query)
+            if self.spec.hang is not None:
+                out.producer.kp.flush(30)
+                self.spec.hang.at("write", ctx, slot)
+                message = out.finish(query)
+                self.spec.hang.at("precommit", ctx, slot)
+                return message
             return out.finish(query)
         finally:
             if out is not None:

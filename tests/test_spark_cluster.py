@@ -1,0 +1,125 @@
+"""The Spark relay X -> Y on a standalone cluster (a master and two workers of pyspark's own ``spark-class``,
+one core each, so tasks run in executor JVMs apart from the driver), under the faults of that shape:
+an executor SIGKILLed inside a write task and at its pre-commit, two attempts of one write task at once
+(speculation), a worker SIGKILLed and restarted, the driver SIGKILLed and restarted. Every X record's
+result reaches Y exactly once (every record counted, tests/relay.py). ``make test`` runs the pre-commit
+kill and speculation; ``make test-long`` the rest (about a minute each on 2 cores).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from aligner.coordinator.processes import wait_for
+from aligner.coordinator.spark_cluster import SparkCluster, executor_of
+from tests.helpers import raw_count
+from tests.relay import LIVE, check, fill, kill, start, wait_batch
+
+pytest.importorskip("pyspark")
+
+EPOCHS = 4
+RECORDS = 40
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    spark = SparkCluster(tmp_path / "spark", workers=2, cores=1, memory="1g")
+    try:
+        spark.start(LIVE)
+        yield spark
+    finally:
+        spark.stop()
+
+
+def _names(tmp_path: Path) -> tuple[str, str]:
+    return "cx-" + tmp_path.name[-8:], "cy-" + tmp_path.name[-8:]
+
+
+def _hung_task(path: Path, worker) -> int:
+    """The process id of the held task attempt, once it is held."""
+    wait_for(lambda: path.exists() or worker.proc.poll() is not None, LIVE, "a write task to reach its hold point")
+    assert worker.proc.poll() is None, f"the Spark driver exited: {worker.stderr()}"
+    return int(path.read_text())
+
+
+def _hold(batch: int, point: str, path: Path, seconds: int = 3600) -> list[str]:
+    opts = {"hangTask": f"{batch}/0", "hangAt": point, "hangFile": str(path), "hangSeconds": str(seconds)}
+    return [arg for k, v in opts.items() for arg in ("--sink-option", f"{k}={v}")]
+
+
+@pytest.mark.parametrize("point", [pytest.param("write", marks=pytest.mark.long), "precommit"])
+def test_executor_killed_inside_a_write_task(point, cluster, stack, root, ledger, tmp_path, spawn):
+    """SIGKILL the executor JVM running slot 0's write in batch 1: with its records flushed to Kafka and the
+    transaction open, or with the transaction committed and the commit message not yet returned."""
+    source, target = _names(tmp_path)
+    fill(ledger, stack.kafka, source, target, EPOCHS, RECORDS)
+    hang = tmp_path / "hang"
+    worker, _ = start(spawn, stack, root, source, target, tmp_path / "cp", "--master", cluster.url,
+                      *_hold(1, point, hang))
+    executor = executor_of(_hung_task(hang, worker))
+    assert executor in cluster.executors(), "the held task does not run in one of the cluster's executors"
+    os.kill(executor, signal.SIGKILL)
+    worker.finish(LIVE)
+    check(ledger, stack.kafka, source, target, EPOCHS, RECORDS)
+    if point == "precommit":  # the killed attempt's transaction is in Kafka, stamped with an attempt nobody names
+        assert raw_count(stack.kafka, target, 2) > EPOCHS * RECORDS
+
+
+def test_speculative_attempts_of_one_write_task(cluster, stack, root, ledger, tmp_path, spawn):
+    """Slot 0's first attempt in batch 1 holds after committing its Kafka transaction; with speculation on,
+    Spark runs a second attempt of the same task on the other executor. The batch can only finish through
+    that second attempt, and readers keep only the attempt the driver committed."""
+    source, target = _names(tmp_path)
+    fill(ledger, stack.kafka, source, target, EPOCHS, RECORDS)
+    hang = tmp_path / "hang"
+    speculation = {"spark.speculation": "true", "spark.speculation.interval": "200ms",
+                   "spark.speculation.quantile": "0.5", "spark.speculation.multiplier": "1.5",
+                   "spark.speculation.minTaskRuntime": "1s"}
+    conf = [arg for k, v in speculation.items() for arg in ("--conf", f"{k}={v}")]
+    worker, _ = start(spawn, stack, root, source, target, tmp_path / "cp", "--master", cluster.url, *conf,
+                      *_hold(1, "precommit", hang))
+    _hung_task(hang, worker)
+    wait_batch(ledger, worker, target, 1)  # only a second attempt of slot 0's task can have finished batch 1
+    worker.finish(LIVE)
+    check(ledger, stack.kafka, source, target, EPOCHS, RECORDS)
+    assert raw_count(stack.kafka, target, 2) > EPOCHS * RECORDS, "the held attempt's records are in Kafka"
+
+
+@pytest.mark.long
+def test_worker_killed_and_restarted(cluster, stack, root, ledger, tmp_path, spawn):
+    """SIGKILL the worker whose executor runs slot 0's write in batch 1 (the executor goes with it), then
+    start the worker again: the task runs on the other worker, the restarted one rejoins."""
+    source, target = _names(tmp_path)
+    fill(ledger, stack.kafka, source, target, EPOCHS, RECORDS)
+    hang = tmp_path / "hang"
+    worker, _ = start(spawn, stack, root, source, target, tmp_path / "cp", "--master", cluster.url,
+                      *_hold(1, "write", hang))
+    executor = executor_of(_hung_task(hang, worker))
+    victim = cluster.worker_of(executor)
+    assert victim is not None, "the held task's executor belongs to no worker of the cluster"
+    cluster.kill_worker(victim)
+    cluster.start_worker(victim)
+    worker.finish(LIVE)
+    cluster.wait_workers(cluster.workers, LIVE)
+    check(ledger, stack.kafka, source, target, EPOCHS, RECORDS)
+
+
+@pytest.mark.long
+def test_driver_killed_and_restarted_against_the_cluster(cluster, stack, root, ledger, tmp_path, spawn):
+    """The driver SIGKILLed right after batch 1's ZooKeeper commit (before Spark's commit log): the restarted
+    driver, on the same cluster and checkpoint, runs batch 1 again and readers see it once."""
+    source, target = _names(tmp_path)
+    fill(ledger, stack.kafka, source, target, EPOCHS, RECORDS)
+    checkpoint = tmp_path / "cp"
+    worker, jvm = start(spawn, stack, root, source, target, checkpoint, "--master", cluster.url,
+                        "--pause-after-commit", "1")
+    wait_batch(ledger, worker, target, 1)
+    kill(worker, jvm)
+    worker, _ = start(spawn, stack, root, source, target, checkpoint, "--master", cluster.url)
+    worker.finish(LIVE)
+    check(ledger, stack.kafka, source, target, EPOCHS, RECORDS)
+    assert raw_count(stack.kafka, target, 2) > EPOCHS * RECORDS, "batch 1 ran twice"
