@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-EXTRAS ?= test,local,plots,spark,faust
+EXTRAS ?= test,local,plots,spark,connect,faust
 
 .PHONY: setup zookeeper test test-unit test-long soak typecheck demo experiments bench bench-spark lint clean chaos
 

@@ -44,10 +44,12 @@ def start(spawn: Any, stack: Any, root: str, source: str, target: str, checkpoin
 
 
 def kill(worker: Worker, jvm: int) -> None:
-    """SIGKILL the Spark driver JVM and the Python driver process."""
+    """SIGKILL the Spark driver JVM and the Python driver process (a Connect client's: jvm 0, none)."""
+    worker.kill()
+    if jvm <= 0:
+        return
     with contextlib.suppress(ProcessLookupError):
         os.kill(jvm, signal.SIGKILL)
-    worker.kill()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:

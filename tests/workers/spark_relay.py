@@ -25,6 +25,7 @@ def main() -> None:
         ap.add_argument(f"--{name}", required=True)
     ap.add_argument("--pause-after-commit", default=None, help="hang after this batch's ZooKeeper commit")
     ap.add_argument("--master", default="local[2,2]")
+    ap.add_argument("--remote", default=None, help="run through this Spark Connect server (sc://...) instead")
     ap.add_argument("--conf", action="append", default=[], help="a Spark setting K=V")
     ap.add_argument("--sink-option", action="append", default=[], help="an option K=V of the aligned sink")
     args = ap.parse_args()
@@ -32,13 +33,17 @@ def main() -> None:
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType
 
-    from aligner.connectors.spark.session import local_session
+    from aligner.connectors.spark.session import local_session, remote_session
 
     # A short-lived driver: the C1 JIT alone and the serial GC start it seconds faster.
     conf = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
             **dict(kv.split("=", 1) for kv in args.conf)}
-    spark = local_session(args.master, "spark-relay", **conf)
-    say(f"jvm {spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()}")
+    if args.remote:  # a Connect client: no driver JVM of its own (0)
+        spark = remote_session(args.remote)
+        say("jvm 0")
+    else:
+        spark = local_session(args.master, "spark-relay", **conf)
+        say(f"jvm {spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()}")
     conn = {"zk": args.zk, "kafka": args.kafka, "root": args.root}
     j_of = F.udf(lambda value: json.loads(value)["j"], LongType())
     out = (spark.readStream.format("aligned").options(**conn, subject=args.source, maxEpochsPerBatch="1").load()

@@ -1,4 +1,5 @@
-"""A small local SparkSession for the demo, benchmarks and tests, with ``format("aligned")`` registered."""
+"""A small local SparkSession (or a Spark Connect client session) for the demo, benchmarks and tests, with
+``format("aligned")`` registered."""
 
 from __future__ import annotations
 
@@ -25,5 +26,17 @@ def local_session(master: str = "local[2]", app: str = "aligned", **conf: str) -
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def remote_session(url: str) -> Any:
+    """A Spark Connect client session (``sc://host:port``) with ``format("aligned")`` registered: the data
+    source's code travels with the plan, so the server needs the library installed, not registered."""
+    from pyspark.sql import SparkSession
+
+    from aligner.connectors.spark import register
+
+    spark = SparkSession.builder.remote(url).getOrCreate()
     register(spark)
     return spark
