@@ -39,6 +39,7 @@ from aligner.connectors.spark.lineage import sink_lineage, source_batch
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
+from aligner.coordinator.spark_cluster import SparkCluster
 from aligner.coordinator.stack import StackInfo, wait_for
 from aligner.coordinator.verify import span_text, verify_consumed
 from aligner.errors import UnknownJobError
@@ -179,7 +180,9 @@ def start_session() -> Any:
     master = os.environ.get("ALIGNER_SPARK_MASTER", "local[2]")
     conf = {"spark.ui.showConsoleProgress": "false", "spark.sql.streaming.noDataMicroBatches.enabled": "false"}
     if master.startswith("spark://"):  # executors in other containers must reach this driver
-        conf |= {"spark.driver.host": socket.gethostname(), "spark.driver.bindAddress": "0.0.0.0"}
+        conf |= {"spark.driver.host": socket.gethostname(), "spark.driver.bindAddress": "0.0.0.0",
+                 # ... and import the jobs' code (experiments.hotness) where this checkout is mounted
+                 "spark.executorEnv.PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     return local_session(master, "aligner-demo", **conf)
 
 
@@ -230,9 +233,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="ZooKeeper servers of the embedded stack (3 or 5: an ensemble on loopback)")
     ap.add_argument("--spark-master", default=None,
                     help="the Spark master (default ALIGNER_SPARK_MASTER, else local[2]), e.g. spark://host:7077")
+    ap.add_argument("--spark-workers", type=int, default=0,
+                    help="start a Spark standalone cluster of this many workers (one core each) on loopback "
+                         "and run the Spark jobs there")
     args = ap.parse_args(argv)
     if args.spark_master:
         os.environ["ALIGNER_SPARK_MASTER"] = args.spark_master
+    with contextlib.ExitStack() as cluster:
+        if args.spark_workers:
+            spark = SparkCluster(Path(tempfile.mkdtemp(prefix="aligner-spark-")), workers=args.spark_workers)
+            cluster.callback(spark.stop)
+            os.environ["ALIGNER_SPARK_MASTER"] = spark.start()
+            console.print(f"[bold]Spark[/] standalone cluster {spark.url}, {args.spark_workers} workers")
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     # External stacks outlive a run: every run gets its own root there.
     root = f"{ROOT}-{int(time.time())}" if args.external else ROOT
@@ -288,7 +304,8 @@ def pipeline(info: StackInfo, led: Ledger, root: str, tmp: str) -> Run:
     spark: Any = None
     started = time.time()
     try:
-        console.print("starting the Faust job (a Faust worker process) and the Spark application (local[2]) ...")
+        console.print("starting the Faust job (a Faust worker process) and the Spark application "
+                      f"({os.environ.get('ALIGNER_SPARK_MASTER', 'local[2]')}) ...")
         RESULTS.mkdir(parents=True, exist_ok=True)
         faust = FaustJob(info, root, f"{tmp}/home", RESULTS / "demo-faust.log")
         spark = start_session()

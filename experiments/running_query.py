@@ -13,8 +13,9 @@ from typing import Any
 
 
 def start_running_query(spark: Any, conn: dict[str, str], source: str, target: str, job: str, version: int,
-                        checkpoint: str) -> Any:
-    """Start version ``version`` (1 or 2) of the query as registered job ``job``; returns the StreamingQuery."""
+                        checkpoint: str, sink_options: dict[str, str] | None = None) -> Any:
+    """Start version ``version`` (1 or 2) of the query as registered job ``job``; returns the StreamingQuery.
+    ``sink_options``: more options of the aligned sink (a test's ``hangTask``)."""
     import pandas as pd
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
@@ -35,5 +36,5 @@ def start_running_query(spark: Any, conn: dict[str, str], source: str, target: s
             .select(n.alias("n")).withColumn("k", F.col("n") % 4))
     out = rows.groupBy("k").applyInPandasWithState(running, "key string, value string", "acc long", "append",
                                                    GroupStateTimeout.NoTimeout)
-    return (out.writeStream.format("aligned").options(**conn, subject=target, job=job)
+    return (out.writeStream.format("aligned").options(**conn, subject=target, job=job, **(sink_options or {}))
             .option("checkpointLocation", checkpoint).outputMode("append").start())

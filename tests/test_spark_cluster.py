@@ -1,23 +1,30 @@
 """The Spark relay X -> Y on a standalone cluster (a master and two workers of pyspark's own ``spark-class``,
 one core each, so tasks run in executor JVMs apart from the driver), under the faults of that shape:
 an executor SIGKILLed inside a write task and at its pre-commit, two attempts of one write task at once
-(speculation), a worker SIGKILLed and restarted, the driver SIGKILLed and restarted. Every X record's
-result reaches Y exactly once (every record counted, tests/relay.py). ``make test`` runs the pre-commit
-kill and speculation; ``make test-long`` the rest (about a minute each on 2 cores).
+(speculation), a worker SIGKILLed and restarted, the driver SIGKILLed and restarted, and a query hot-swap
+with an executor SIGKILLed at pre-commit. Every X record's result reaches Y exactly once (every record
+counted, tests/relay.py); executors reuse their ZooKeeper sessions across micro-batches. ``make test`` runs
+one test per fault kind; ``make test-long`` adds the executor killed inside the write.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 from pathlib import Path
 
 import pytest
 
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.processes import wait_for
 from aligner.coordinator.spark_cluster import SparkCluster, executor_of
+from aligner.jobs import JobLedger
 from tests.helpers import raw_count
 from tests.relay import LIVE, check, fill, kill, start, wait_batch
+from tests.spark_queries import Query, consumers, verify_running
+from tests.swaps import precommit_acked
 
 pytest.importorskip("pyspark")
 
@@ -89,7 +96,6 @@ def test_speculative_attempts_of_one_write_task(cluster, stack, root, ledger, tm
     assert raw_count(stack.kafka, target, 2) > EPOCHS * RECORDS, "the held attempt's records are in Kafka"
 
 
-@pytest.mark.long
 def test_worker_killed_and_restarted(cluster, stack, root, ledger, tmp_path, spawn):
     """SIGKILL the worker whose executor runs slot 0's write in batch 1 (the executor goes with it), then
     start the worker again: the task runs on the other worker, the restarted one rejoins."""
@@ -108,7 +114,6 @@ def test_worker_killed_and_restarted(cluster, stack, root, ledger, tmp_path, spa
     check(ledger, stack.kafka, source, target, EPOCHS, RECORDS)
 
 
-@pytest.mark.long
 def test_driver_killed_and_restarted_against_the_cluster(cluster, stack, root, ledger, tmp_path, spawn):
     """The driver SIGKILLed right after batch 1's ZooKeeper commit (before Spark's commit log): the restarted
     driver, on the same cluster and checkpoint, runs batch 1 again and readers see it once."""
@@ -123,3 +128,94 @@ def test_driver_killed_and_restarted_against_the_cluster(cluster, stack, root, l
     worker.finish(LIVE)
     check(ledger, stack.kafka, source, target, EPOCHS, RECORDS)
     assert raw_count(stack.kafka, target, 2) > EPOCHS * RECORDS, "batch 1 ran twice"
+
+
+def test_executors_reuse_their_zookeeper_sessions(cluster, stack, root, ledger, tmp_path, spawn):
+    """Issue 20's bound on executors' footprint, measured from outside as ``experiments.bench_executors``
+    does (ZooKeeper's ``cons``, every 0.2 s: a lower bound): every process of the query (the driver's and
+    the executors' Python workers) holds at most one ZooKeeper session, and once batch 2 committed no
+    batch opens another: sessions belong to processes and are reused across micro-batches, none per task."""
+    from experiments.bench_executors import Sampler
+
+    source, target = _names(tmp_path)
+    fill(ledger, stack.kafka, source, target, 2 * EPOCHS, RECORDS)
+    sampler = Sampler(int(stack.zk.rsplit(":", 1)[1]), int(stack.kafka.rsplit(":", 1)[1]))
+    sampler.start()
+    try:
+        worker, _ = start(spawn, stack, root, source, target, tmp_path / "cp", "--master", cluster.url)
+        wait_batch(ledger, worker, target, 2)
+        sampler.sample()
+        warm = {sid for _, sid, _ in sampler.zk_conns.values()}
+        in_executors = {pid for pid, _, _ in sampler.zk_conns.values() if executor_of(pid) is not None}
+        worker.finish(LIVE)
+        sampler.sample()
+    finally:
+        sampler.stop.set()
+        sampler.join(10)
+    check(ledger, stack.kafka, source, target, 2 * EPOCHS, RECORDS)
+    sessions: dict[int, set[str]] = {}
+    for pid, sid, _ in sampler.zk_conns.values():
+        sessions.setdefault(pid, set()).add(sid)
+    assert in_executors, f"no executor process held a ZooKeeper session: {sessions}"
+    assert all(len(s) == 1 for s in sessions.values()), f"a process held several sessions: {sessions}"
+    late = {sid for _, sid, _ in sampler.zk_conns.values()} - warm
+    assert not late, f"batches 3..{2 * EPOCHS - 1} opened ZooKeeper sessions: {late} of {sessions}"
+
+
+def test_query_hotswap_with_an_executor_killed_at_precommit(cluster, stack, root, ledger, subject_name, tmp_path,
+                                                           spawn):
+    """Q1 (running count) hot-swapped for Q2 (running sum), each its own application on the cluster (one core
+    each) under continuous input. Once S is pre-committed and acknowledged, the next write task of slot 0
+    (Q1's last batches up to S, or Q2's first after) holds after committing its Kafka transaction and its
+    executor is SIGKILLed: the task reruns, the swap completes, every result once from the version that
+    owned its epoch."""
+    raw, target = subject_name, f"{subject_name}-t"
+    create_subject(ledger, stack.kafka, raw, 2)
+    create_subject(ledger, stack.kafka, target, 4)
+    more = threading.Event()
+    gen = spawn.generator(raw, epochs=100_000, pace=0.1, until=more)
+    arm, hang = tmp_path / "arm", tmp_path / "hang"
+    hold = {"hangTask": "*/0", "hangAt": "precommit", "hangFile": str(hang), "hangArm": str(arm)}
+    extra = ("--master", cluster.url, "--conf", "spark.cores.max=1",
+             *[arg for k, v in hold.items() for arg in ("--sink-option", f"{k}={v}")])
+    old = Query(spawn, stack, root, raw, target, f"{raw}-q1", "1", "0,1", tmp_path / "q1", extra=extra)
+    new = Query(spawn, stack, root, raw, target, f"{raw}-q2", "2", "2,3", tmp_path / "q2", follows=old.job,
+                extra=extra)
+    for q in (old, new):
+        q.launch()
+    for q in (old, new):
+        q.ready()
+
+    def healthy() -> None:
+        old.healthy()
+        new.healthy()
+
+    jobs = JobLedger(ledger)
+    wait_for(lambda: (ledger.frontier(target) or -1) >= 1 and any(
+        c.job_epoch is not None for c in consumers(jobs, new.job, raw).values()), LIVE, "Q1 writing, Q2 following",
+        on_wait=healthy)
+    swapper = HotSwap(ledger)
+    o, n = swapper.check(old.job, new.job, target)
+    swap, _ = precommit_acked(swapper, o, n, LIVE, healthy)
+    arm.touch()
+    done: list = []
+    runner = threading.Thread(target=lambda: done.append(swapper.run(o.job, n.job, target, timeout=LIVE)),
+                              name="hotswap-run")
+    runner.start()
+    try:
+        executor = executor_of(_hung_task(hang, old.worker))
+        assert executor in cluster.executors(), "the held task does not run in one of the cluster's executors"
+        os.kill(executor, signal.SIGKILL)
+    finally:
+        runner.join(LIVE)
+    assert done and done[0].phase == "done" and done[0].epoch == swap.epoch
+    old.worker.wait_line(lambda line: line == "swapped out", LIVE)
+    assert old.worker.wait(LIVE) == 0, old.worker.stderr
+    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "Q2 output after the swap",
+             on_wait=healthy)
+    more.set()
+    sent = gen.finished()
+    last = ledger.frontier(raw)
+    wait_for(lambda: (jobs.consumers(new.job, raw)[0].subject_epoch or -1) >= last, LIVE,
+             "Q2 to read the whole input", on_wait=healthy)
+    verify_running(ledger, stack, target, sent, swap.epoch)

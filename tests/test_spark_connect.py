@@ -1,19 +1,26 @@
 """The aligned data source from a Spark Connect client (a Connect server from pyspark's own jars, clients in
 processes of their own): batch reads by epoch, range, asOf and lineage return what the library's own reader
-returns; the relay X -> Y streams through Connect exactly once, and a client SIGKILLed in the middle of a
-micro-batch and started again on the same checkpoint leaves every X result in Y once.
+returns; the relay X -> Y streams through Connect exactly once, a client SIGKILLed in the middle of a
+micro-batch and started again on the same checkpoint leaves every X result in Y once, and a stateful query
+run as an aligned job from a Connect client is hot-swapped for a new version exactly once.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
 
 from aligner.connectors.reader import EpochReader
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.hotswap import HotSwap
+from aligner.coordinator.processes import wait_for
 from aligner.coordinator.spark_cluster import ConnectServer
+from aligner.jobs import JobLedger
 from tests.relay import LIVE, SINK, check, fill, kill, start
+from tests.spark_queries import Query, consumers, verify_running
 
 pytest.importorskip("pyspark")
 pytest.importorskip("grpc", reason="Spark Connect's client needs pyspark[connect]")
@@ -69,10 +76,48 @@ def test_client_killed_while_its_query_runs(connect, stack, root, ledger, tmp_pa
     hold = {"hangTask": "1/0", "hangAt": "precommit", "hangFile": str(hang), "hangSeconds": "20"}
     worker, jvm = start(spawn, stack, root, source, target, tmp_path / "cp", "--remote", connect.url,
                         *[arg for k, v in hold.items() for arg in ("--sink-option", f"{k}={v}")])
-    from aligner.coordinator.processes import wait_for
-
     wait_for(lambda: hang.exists() or worker.proc.poll() is not None, LIVE, "batch 1's write to be held")
     kill(worker, jvm)
     worker, _ = start(spawn, stack, root, source, target, tmp_path / "cp", "--remote", connect.url)
     worker.finish(LIVE)
     check(ledger, stack.kafka, source, target, EPOCHS, RECORDS)
+
+
+def test_query_hotswap_through_connect(connect, stack, root, ledger, subject_name, tmp_path, spawn):
+    """Q1 (a running count) and Q2 (a running sum, rebuilt from the start of the input) as aligned jobs
+    from Connect clients (``register_query``, ``AlignedQuery`` and ``stop_query`` on the client side),
+    hot-swapped by the coordinator under continuous input: every result once, from Q1 up to S, Q2 after;
+    Q1's client stops its query once its sink finished."""
+    raw, target = subject_name, f"{subject_name}-t"
+    create_subject(ledger, stack.kafka, raw, 2)
+    create_subject(ledger, stack.kafka, target, 4)
+    more = threading.Event()
+    gen = spawn.generator(raw, epochs=100_000, pace=0.1, until=more)
+    old = Query(spawn, stack, root, raw, target, f"{raw}-q1", "1", "0,1", tmp_path / "q1", remote=connect.url)
+    new = Query(spawn, stack, root, raw, target, f"{raw}-q2", "2", "2,3", tmp_path / "q2", follows=old.job,
+                remote=connect.url)
+    for q in (old, new):
+        q.launch()
+    for q in (old, new):
+        q.ready()
+
+    def healthy() -> None:
+        old.healthy()
+        new.healthy()
+
+    jobs = JobLedger(ledger)
+    wait_for(lambda: (ledger.frontier(target) or -1) >= 1 and any(
+        c.job_epoch is not None for c in consumers(jobs, new.job, raw).values()), LIVE, "Q1 writing, Q2 following",
+        on_wait=healthy)
+    swap = HotSwap(ledger).run(old.job, new.job, target, timeout=LIVE)
+    assert swap.phase == "done"
+    old.worker.wait_line(lambda line: line == "swapped out", LIVE)
+    assert old.worker.wait(LIVE) == 0, old.worker.stderr
+    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "Q2 output after the swap",
+             on_wait=healthy)
+    more.set()
+    sent = gen.finished()
+    last = ledger.frontier(raw)
+    wait_for(lambda: (jobs.consumers(new.job, raw)[0].subject_epoch or -1) >= last, LIVE,
+             "Q2 to read the whole input", on_wait=healthy)
+    verify_running(ledger, stack, target, sent, swap.epoch)

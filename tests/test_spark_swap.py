@@ -11,12 +11,9 @@ from the start of the input.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import threading
 import time
-from collections import defaultdict
 
 import pytest
 
@@ -26,97 +23,16 @@ from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import wait_for
 from aligner.coordinator.verify import shadow_span, verify_before_swap, verify_outputs
-from aligner.errors import HotSwapRefused, UnknownJobError
+from aligner.errors import HotSwapRefused
 from aligner.jobs import JobLedger
-from tests.helpers import Worker, faust_worker
+from tests.helpers import faust_worker
 from tests.jobs import tag_v1
-from tests.streams import assert_exactly_once, read_all
-from tests.swaps import assert_s_before_s_plus_1, committed, precommit_acked
+from tests.spark_queries import LIVE, Query, consumers, verify_running
+from tests.streams import read_all
+from tests.swaps import committed, precommit_acked
 
 pytest.importorskip("pyspark")
 
-LIVE = 300
-"""Liveness bound (seconds) on waits for Spark drivers: generous, for a busy machine; never a speed check."""
-
-
-class Query:
-    """One version's driver process; restartable from its checkpoint, SIGKILLed with its JVM."""
-
-    def __init__(self, spawn, stack, root, raw: str, target: str, job: str, version: str, partitions: str,
-                 checkpoint, follows: str | None = None, shadow: bool = False) -> None:
-        self.spawn = spawn
-        self.args = ["--zk", stack.zk, "--kafka", stack.kafka, "--root", root, "--source", raw, "--target", target,
-                     "--job", job, "--version", version, "--partitions", partitions, "--checkpoint", str(checkpoint),
-                     *(["--follows", follows] if follows else []), *(["--shadow"] if shadow else [])]
-        self.job = job
-        self.worker: Worker | None = None
-        self.jvm = 0
-
-    def launch(self) -> Query:
-        self.worker = self.spawn.worker("tests.workers.spark_swap", *self.args)
-        return self
-
-    def ready(self) -> Query:
-        assert self.worker is not None
-        self.jvm = int(self.worker.wait_line(lambda line: line.startswith("jvm "), LIVE).split()[1])
-        self.worker.wait_line(lambda line: line.startswith("query "), LIVE)
-        return self
-
-    def healthy(self) -> None:
-        assert self.worker is not None
-        if self.worker.proc.poll() not in (None, 0):
-            self.worker.healthy()
-
-    def kill(self) -> None:
-        """SIGKILL the driver JVM and the Python driver process."""
-        assert self.worker is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.jvm, signal.SIGKILL)
-        self.worker.kill()
-        wait_for(lambda: not _alive(self.jvm), 30, f"the Spark driver JVM {self.jvm} to die")
-
-
-def _consumers(jobs: JobLedger, job: str, subject: str) -> dict:
-    """The job's consumer nodes on ``subject``; none before its first worker registered it."""
-    try:
-        return jobs.consumers(job, subject)
-    except UnknownJobError:
-        return {}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-
-
-def _verify(ledger, stack, target: str, sent: int, *swaps: int) -> None:
-    """Every input's result exactly once at the target, from version 1 up to the first swap epoch S,
-    version i+1 after the i-th; a Spark v2 rebuilt its state from the start of the input."""
-    outputs = read_all(ledger, stack.kafka, target)
-    assert_exactly_once(outputs, sent)
-    by_key: dict[int, list[tuple[int, dict]]] = defaultdict(list)
-    for epoch, value in outputs:
-        expected = 1 + sum(epoch > s for s in swaps)
-        assert value["v"] == expected, f"epoch {epoch} holds a v{value['v']} result, not v{expected}"
-        by_key[value["in"]["n"] % 4].append((value["in"]["n"], value))
-    versions = {value["v"] for _, value in outputs}
-    assert versions == set(range(1, len(swaps) + 2)), f"results from versions {sorted(versions)}"
-    for k, rows in by_key.items():
-        rows.sort(key=lambda r: r[0])
-        total = 0
-        for rank, (n, value) in enumerate(rows, 1):
-            total += n
-            if "count" in value:  # a Spark v1's running count
-                assert value["count"] == rank, f"key {k}: v1 counted {value['count']} at input {n}, not {rank}"
-            elif "sum" in value:  # a Spark v2 rebuilt its state from the start of the input: all inputs so far
-                assert value["sum"] == total, f"key {k}: v2 summed {value['sum']} at input {n}, not {total}"
-    for s in swaps:
-        assert_s_before_s_plus_1(ledger, target, s)
 
 
 KILLS = [(step, (who,)) for step in ("precommit", "commit") for who in ("coordinator", "old", "new")]
@@ -126,7 +42,13 @@ if os.environ.get("ALIGNER_SPARK_SWAP_TOGETHER"):
     KILLS += [(step, ("coordinator", "old", "new")) for step in ("precommit", "commit")]
 
 
-@pytest.mark.parametrize(("step", "killed"), KILLS, ids=[f"{s}-{'+'.join(k)}" for s, k in KILLS])
+LONG = {("commit", ("old",)), ("commit", ("new",))}
+"""A driver killed at commit: in make test-long (make test keeps each party killed at pre-commit, and the
+coordinator at both steps)."""
+
+
+@pytest.mark.parametrize(("step", "killed"), [
+    pytest.param(s, k, id=f"{s}-{'+'.join(k)}", marks=[pytest.mark.long] if (s, k) in LONG else []) for s, k in KILLS])
 def test_spark_query_hotswap_survives_kills_exactly_once(stack, root, ledger, subject_name, cli_env, spawn,
                                                          tmp_path, step, killed):
     started = time.monotonic()
@@ -195,7 +117,7 @@ def test_spark_query_hotswap_survives_kills_exactly_once(stack, root, ledger, su
     wait_for(lambda: (jobs.consumers(new.job, raw)[0].subject_epoch or -1) >= last, LIVE,
              "Q2 to read the whole input", on_wait=healthy)
     mark("Q2 read everything")
-    _verify(ledger, stack, target, sent, swap.epoch)
+    verify_running(ledger, stack, target, sent, swap.epoch)
 
 
 def test_runtime_job_swapped_for_a_spark_query_and_the_query_for_a_faust_job_exactly_once(
@@ -244,7 +166,7 @@ def test_runtime_job_swapped_for_a_spark_query_and_the_query_for_a_faust_job_exa
     v3 = faust_worker(spawn, root, str(tmp_path / "home"), back, raw, target, interval="0.3", version="3",
                       follows=spark.job, output_partitions="4,5")
     wait_for(lambda: (ledger.frontier(target) or 0) >= first.epoch + 3 and any(
-        c.job_epoch is not None for c in _consumers(jobs, back, raw).values()), LIVE,
+        c.job_epoch is not None for c in consumers(jobs, back, raw).values()), LIVE,
         "Spark output after the swap, and v3 following", on_wait=spark.healthy)
     mark("v3 following")
     second = swapper.run(spark.job, back, target, timeout=LIVE)
@@ -257,7 +179,7 @@ def test_runtime_job_swapped_for_a_spark_query_and_the_query_for_a_faust_job_exa
     sent = gen.finished()
     v3.wait_line(lambda line: line.startswith("finished "), LIVE)  # the input finished: v3 drains it
     mark("v3 finished")
-    _verify(ledger, stack, target, sent, first.epoch, second.epoch)
+    verify_running(ledger, stack, target, sent, first.epoch, second.epoch)
     shadow = f"{spark.job}.shadow"
     assert all(e.finished_after is not None for e in ledger.writers(shadow)[0].writers.values())
     assert all(epoch <= first.epoch for epoch, _ in read_all(ledger, stack.kafka, shadow))

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 KILLS = ("kill-worker", "kill-coordinator", "kill-marker", "kill-spark", "kill-faust")
 FAULT_WEIGHTS: dict[str, float] = {
     "kill-worker": 3.0, "kill-coordinator": 1.0, "kill-marker": 1.5, "kill-spark": 1.0, "kill-faust": 1.5,
-    "pause-zk": 1.5, "pause-broker": 1.5, "restart-zk": 1.5, "expire-session": 1.0,
+    "pause-zk": 1.5, "pause-broker": 1.5, "restart-zk": 1.5, "expire-session": 1.0, "kill-executor": 1.5,
 }
 """Relative frequency of each fault kind."""
 OPS = ("align", "abort", "hotswap")
@@ -42,12 +42,13 @@ def _duration(kind: str, rng: random.Random) -> float:
 
 
 def schedule(seed: int, faults: int, duration: float, start: float = 8.0,
-             faust: bool = True) -> tuple[list[Fault], list[Fault]]:
+             faust: bool = True, cluster: bool = False) -> tuple[list[Fault], list[Fault]]:
     """(faults, coordinator operations) of one run. Faults are sequential, with random gaps filling
     ``duration`` (longer when the faults need it); operations run beside them in the coordinator's lane:
-    align A early, maybe abort and re-align it, hot-swap A for A2 midway, align/abort F at random."""
+    align A early, maybe abort and re-align it, hot-swap A for A2 midway, align/abort F at random. Executor
+    kills only with the Spark job on a ``cluster``."""
     rng = random.Random(seed)
-    kinds = [k for k in FAULT_WEIGHTS if faust or k != "kill-faust"]
+    kinds = [k for k in FAULT_WEIGHTS if (faust or k != "kill-faust") and (cluster or k != "kill-executor")]
     weights = [FAULT_WEIGHTS[k] for k in kinds]
     drawn = [rng.choices(kinds, weights)[0] for _ in range(faults)]
     busy = sum(_duration(k, random.Random(f"{seed}/{i}")) for i, k in enumerate(drawn))

@@ -22,6 +22,7 @@ from typing import Any
 
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.ensemble import ZkEnsemble
+from aligner.coordinator.spark_cluster import SparkCluster
 from aligner.coordinator.stack import EmbeddedStack, StackInfo
 from aligner.errors import StackError
 from aligner.jobs import JobLedger
@@ -116,6 +117,10 @@ class Run:
     """ZooKeeper servers: 3 or 5 run an ensemble, whose faults hit the leader (a pause, or a kill and restart
     of it) while the others keep the quorum."""
     ensemble: ZkEnsemble | None = None
+    spark_workers: int = 0
+    """Run job B on a Spark standalone cluster of this many workers (one core each); its executors are then
+    a fault target of their own (kill-executor)."""
+    spark: SparkCluster | None = None
 
     # ---- plumbing ----------------------------------------------------------------------------
 
@@ -213,7 +218,8 @@ class Run:
         self.start_generation(1)
         self.add("spark", python("experiments.chaos.spark_job", "--zk", info.zk, "--kafka", info.kafka, "--root",
                                  ROOT, "--source", A_OUT, "--target", B_OUT, "--sink", SINK_B,
-                                 "--checkpoint", str(self.outdir / "spark-checkpoint")))
+                                 "--checkpoint", str(self.outdir / "spark-checkpoint"),
+                                 *(["--master", self.spark.url] if self.spark is not None else [])))
         if not self.faust:
             return
         self.add("faust", python("experiments.faust_job", "worker", "-l", "warn", "--without-web"),
@@ -377,6 +383,13 @@ class Run:
                 proc.kills += 1
                 proc.kill()
             return
+        if f.kind == "kill-executor":
+            live = self.spark.executors() if self.spark is not None else []
+            ev["target"] = f"executor pid {live[0]}" if live else "(none alive)"
+            if live:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(rng.choice(live), signal.SIGKILL)  # its worker starts another for the application
+            return
         if f.kind == "pause-zk":
             yield from self.pause(self.zk_pid(), False, f.duration)
         elif f.kind == "pause-broker":
@@ -513,6 +526,9 @@ def run_stack(run: Run) -> Iterator[Run]:
             run.say(f"stack: ZooKeeper {run.info.zk} (pid {run.info.zk_pid}), Kafka {run.info.kafka} "
                     f"(pid {run.info.kafka_pid}); logs in {run.outdir}")
             run.led = Ledger.connect(run.info.zk, ROOT)
+            if run.spark_workers:
+                run.spark = SparkCluster(run.outdir / "spark", workers=run.spark_workers)
+                run.say(f"Spark standalone cluster {run.spark.start()}, {run.spark_workers} workers")
             yield run
     finally:
         for proc in list(run.procs.values()):
@@ -522,6 +538,8 @@ def run_stack(run: Run) -> Iterator[Run]:
         if run.led is not None:
             with contextlib.suppress(Exception):  # a ledger that cannot close must not keep the stack up
                 run.led.close()
+        if run.spark is not None:
+            run.spark.stop()
         stack.stop()
 
 

@@ -37,6 +37,7 @@ def main() -> None:
     for name in ("zk", "kafka", "root", "source", "target", "sink", "checkpoint"):
         ap.add_argument(f"--{name}", required=True)
     ap.add_argument("--epochs-per-batch", default=None, help="a cap (default: every committed epoch per batch)")
+    ap.add_argument("--master", default="local[2]", help="local[2], or a standalone cluster's spark://...")
     args = ap.parse_args()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -45,7 +46,7 @@ def main() -> None:
 
     from aligner.connectors.spark.session import local_session
 
-    spark = local_session("local[2]", "chaos-b",
+    spark = local_session(args.master, "chaos-b",
                           **{"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"})
     say(f"jvm {spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()}")
     conn = {"zk": args.zk, "kafka": args.kafka, "root": args.root}

@@ -28,21 +28,31 @@ def main() -> None:
     ap.add_argument("--follows", default=None)
     ap.add_argument("--version", default="1", choices=["1", "2"])
     ap.add_argument("--shadow", action="store_true", help="a new version writing what it voids to JOB.shadow")
+    ap.add_argument("--remote", default=None, help="a Spark Connect client of this server (sc://...)")
+    ap.add_argument("--master", default="local[2,2]")
+    ap.add_argument("--conf", action="append", default=[], help="a Spark setting K=V")
+    ap.add_argument("--sink-option", action="append", default=[], help="an option K=V of the aligned sink")
     args = ap.parse_args()
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
     from aligner.connectors.spark.job import AlignedQuery, register_query
-    from aligner.connectors.spark.session import local_session
+    from aligner.connectors.spark.session import local_session, remote_session
     from aligner.ledger import Ledger
     from experiments.running_query import start_running_query
 
-    spark = local_session("local[2,2]", f"swap-{args.job}", **{
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-        "spark.sql.streaming.noDataMicroBatches.enabled": "false",
-    })
-    say(f"jvm {spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()}")
+    if args.remote:  # a Connect client: no driver JVM of its own (0); the server's settings apply
+        spark = remote_session(args.remote)
+        spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        say("jvm 0")
+    else:
+        spark = local_session(args.master, f"swap-{args.job}", **{
+            "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+            "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+            **dict(kv.split("=", 1) for kv in args.conf),
+        })
+        say(f"jvm {spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()}")
     ledger = Ledger.connect(args.zk, args.root)
     parts = [int(p) for p in args.partitions.split(",")]
     register_query(ledger, args.job, [args.source], args.target, follows=args.follows, output_partitions=parts,
@@ -52,7 +62,7 @@ def main() -> None:
     restarts = 0
     while True:
         query = start_running_query(spark, conn, args.source, args.target, args.job, int(args.version),
-                                    args.checkpoint)
+                                    args.checkpoint, dict(kv.split("=", 1) for kv in args.sink_option))
         say(f"query {query.id}")
         try:
             swapped = AlignedQuery(ledger, query, args.job).run(stop)

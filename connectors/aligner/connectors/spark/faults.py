@@ -1,9 +1,11 @@
 """Testing aid of the aligned sink: hold one write task's first attempt at a chosen point.
 
-Options (all four together): ``hangTask`` = ``"B/S"`` (micro-batch B, slot S), ``hangAt`` = ``write``
-(records flushed to Kafka, the transaction open) or ``precommit`` (the Kafka transaction committed, the
-commit message not yet returned), ``hangFile`` (the attempt writes its process id there, so a test
-finds the executor to kill) and ``hangSeconds`` (default 3600; a short hold makes Spark speculate).
+Options: ``hangTask`` = ``"B/S"`` (micro-batch B, slot S; ``"*/S"``: any micro-batch once armed),
+``hangAt`` = ``write`` (records flushed to Kafka, the transaction open) or ``precommit`` (the Kafka
+transaction committed, the commit message not yet returned), ``hangFile`` (the attempt writes its process
+id there, so a test finds the executor to kill), ``hangSeconds`` (default 3600; a short hold makes Spark
+speculate) and ``hangArm`` (a file: the hold happens only while it exists, and the first attempt to get
+there takes it, so a test picks the moment, e.g. a hot-swap's pre-commit).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ POINTS = ("write", "precommit")
 
 @dataclass(frozen=True)
 class TaskHang:
-    batch: int
+    batch: int | None
+    """None: any micro-batch (with ``arm``)."""
     slot: int
     point: str
     path: str
     seconds: int
+    arm: str | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> TaskHang | None:
@@ -33,20 +37,28 @@ class TaskHang:
         if task is None:
             return None
         try:
-            batch, slot = (int(v) for v in task.split("/"))
+            batch, slot = task.split("/")
+            parsed = cls(None if batch == "*" else int(batch), int(slot), opt(options, "hangAt") or "write",
+                         opt(options, "hangFile") or "", int_option(options, "hangSeconds", 3600, minimum=1) or 3600,
+                         opt(options, "hangArm"))
         except ValueError:
             raise AlignedOptionError(f"option hangTask={task!r} is not BATCH/SLOT") from None
-        point, path = opt(options, "hangAt") or "write", opt(options, "hangFile")
-        if point not in POINTS or not path:
-            raise AlignedOptionError(f"option hangTask needs hangAt (one of {', '.join(POINTS)}) and hangFile")
-        return cls(batch, slot, point, path, int_option(options, "hangSeconds", 3600, minimum=1) or 3600)
+        if parsed.point not in POINTS or not parsed.path or (parsed.batch is None and not parsed.arm):
+            raise AlignedOptionError(f"option hangTask needs hangAt (one of {', '.join(POINTS)}) and hangFile "
+                                     "(and hangArm for any batch)")
+        return parsed
 
     def at(self, point: str, ctx: Any, slot: int) -> None:
         """Hold here when this is the chosen point of the chosen task's first attempt."""
         if ctx is None or point != self.point or slot != self.slot or ctx.attemptNumber() != 0:
             return
-        if ctx.getLocalProperty("streaming.sql.batchId") != str(self.batch):
+        if self.batch is not None and ctx.getLocalProperty("streaming.sql.batchId") != str(self.batch):
             return
+        if self.arm is not None:
+            try:
+                os.rename(self.arm, f"{self.arm}.taken")  # atomic: one attempt takes the arm
+            except OSError:
+                return
         tmp = f"{self.path}.{os.getpid()}"
         with open(tmp, "w") as f:
             f.write(str(os.getpid()))

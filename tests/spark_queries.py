@@ -1,0 +1,103 @@
+"""The stateful Spark query of the hot-swap tests (experiments/running_query.py, one driver process per
+version: tests/workers/spark_swap.py) and the check of its output across swaps."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections import defaultdict
+
+from aligner.coordinator.stack import wait_for
+from aligner.errors import UnknownJobError
+from aligner.jobs import JobLedger
+from tests.helpers import Worker
+from tests.streams import assert_exactly_once, read_all
+from tests.swaps import assert_s_before_s_plus_1
+
+LIVE = 300
+"""Liveness bound (seconds) on waits for Spark drivers: generous, for a busy machine; never a speed check."""
+
+
+class Query:
+    """One version's driver process; restartable from its checkpoint, SIGKILLed with its JVM."""
+
+    def __init__(self, spawn, stack, root, raw: str, target: str, job: str, version: str, partitions: str,
+                 checkpoint, follows: str | None = None, shadow: bool = False, remote: str | None = None,
+                 extra: tuple[str, ...] = ()) -> None:
+        self.spawn = spawn
+        self.args = ["--zk", stack.zk, "--kafka", stack.kafka, "--root", root, "--source", raw, "--target", target,
+                     "--job", job, "--version", version, "--partitions", partitions, "--checkpoint", str(checkpoint),
+                     *(["--follows", follows] if follows else []), *(["--shadow"] if shadow else []),
+                     *(["--remote", remote] if remote else []), *extra]
+        self.job = job
+        self.worker: Worker | None = None
+        self.jvm = 0
+
+    def launch(self) -> Query:
+        self.worker = self.spawn.worker("tests.workers.spark_swap", *self.args)
+        return self
+
+    def ready(self) -> Query:
+        assert self.worker is not None
+        self.jvm = int(self.worker.wait_line(lambda line: line.startswith("jvm "), LIVE).split()[1])
+        self.worker.wait_line(lambda line: line.startswith("query "), LIVE)
+        return self
+
+    def healthy(self) -> None:
+        assert self.worker is not None
+        if self.worker.proc.poll() not in (None, 0):
+            self.worker.healthy()
+
+    def kill(self) -> None:
+        """SIGKILL the driver JVM and the Python driver process (a Connect client: the process only)."""
+        assert self.worker is not None
+        self.worker.kill()
+        if self.jvm <= 0:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.jvm, signal.SIGKILL)
+        wait_for(lambda: not _alive(self.jvm), 30, f"the Spark driver JVM {self.jvm} to die")
+
+
+def consumers(jobs: JobLedger, job: str, subject: str) -> dict:
+    """The job's consumer nodes on ``subject``; none before its first worker registered it."""
+    try:
+        return jobs.consumers(job, subject)
+    except UnknownJobError:
+        return {}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+
+
+def verify_running(ledger, stack, target: str, sent: int, *swaps: int) -> None:
+    """Every input's result exactly once at the target, from version 1 up to the first swap epoch S,
+    version i+1 after the i-th; a Spark v2 rebuilt its state from the start of the input."""
+    outputs = read_all(ledger, stack.kafka, target)
+    assert_exactly_once(outputs, sent)
+    by_key: dict[int, list[tuple[int, dict]]] = defaultdict(list)
+    for epoch, value in outputs:
+        expected = 1 + sum(epoch > s for s in swaps)
+        assert value["v"] == expected, f"epoch {epoch} holds a v{value['v']} result, not v{expected}"
+        by_key[value["in"]["n"] % 4].append((value["in"]["n"], value))
+    versions = {value["v"] for _, value in outputs}
+    assert versions == set(range(1, len(swaps) + 2)), f"results from versions {sorted(versions)}"
+    for k, rows in by_key.items():
+        rows.sort(key=lambda r: r[0])
+        total = 0
+        for rank, (n, value) in enumerate(rows, 1):
+            total += n
+            if "count" in value:  # a Spark v1's running count
+                assert value["count"] == rank, f"key {k}: v1 counted {value['count']} at input {n}, not {rank}"
+            elif "sum" in value:  # a Spark v2 rebuilt its state from the start of the input: all inputs so far
+                assert value["sum"] == total, f"key {k}: v2 summed {value['sum']} at input {n}, not {total}"
+    for s in swaps:
+        assert_s_before_s_plus_1(ledger, target, s)
