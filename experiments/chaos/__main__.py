@@ -102,7 +102,8 @@ def main(
 
 SHORT = {"kill-worker": "kill worker", "kill-coordinator": "kill coord", "kill-marker": "kill marker",
          "kill-spark": "kill Spark", "kill-faust": "kill Faust", "pause-zk": "pause ZK", "pause-broker": "pause broker",
-         "restart-zk": "restart ZK", "expire-session": "expire session", "kill-executor": "kill executor"}
+         "restart-zk": "restart ZK", "expire-session": "expire session", "kill-executor": "kill executor",
+         "restart-spark-worker": "restart Spark worker"}
 
 
 def table(reports: list[dict[str, Any]]) -> str:

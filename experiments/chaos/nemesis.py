@@ -9,9 +9,12 @@ KILLS = ("kill-worker", "kill-coordinator", "kill-marker", "kill-spark", "kill-f
 FAULT_WEIGHTS: dict[str, float] = {
     "kill-worker": 3.0, "kill-coordinator": 1.0, "kill-marker": 1.5, "kill-spark": 1.0, "kill-faust": 1.5,
     "pause-zk": 1.5, "pause-broker": 1.5, "restart-zk": 1.5, "expire-session": 1.0, "kill-executor": 1.5,
+    "restart-spark-worker": 1.0,
 }
 """Relative frequency of each fault kind."""
 OPS = ("align", "abort", "hotswap")
+CLUSTER = ("kill-executor", "restart-spark-worker")
+"""Faults of a Spark standalone cluster: drawn only when the Spark job runs on one."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,8 @@ def _duration(kind: str, rng: random.Random) -> float:
         return round(rng.uniform(1.0, 8.0), 1)
     if kind == "restart-zk":
         return round(rng.uniform(0.5, 6.0), 1)
+    if kind == "restart-spark-worker":
+        return round(rng.uniform(2.0, 10.0), 1)  # down this long, then started again
     if kind == "expire-session":
         return round(rng.uniform(12.5, 14.0), 1)  # longer than the 10 s session timeout (Ledger.connect)
     return 0.0
@@ -48,7 +53,7 @@ def schedule(seed: int, faults: int, duration: float, start: float = 8.0,
     align A early, maybe abort and re-align it, hot-swap A for A2 midway, align/abort F at random. Executor
     kills only with the Spark job on a ``cluster``."""
     rng = random.Random(seed)
-    kinds = [k for k in FAULT_WEIGHTS if (faust or k != "kill-faust") and (cluster or k != "kill-executor")]
+    kinds = [k for k in FAULT_WEIGHTS if (faust or k != "kill-faust") and (cluster or k not in CLUSTER)]
     weights = [FAULT_WEIGHTS[k] for k in kinds]
     drawn = [rng.choices(kinds, weights)[0] for _ in range(faults)]
     busy = sum(_duration(k, random.Random(f"{seed}/{i}")) for i, k in enumerate(drawn))
@@ -60,6 +65,8 @@ def schedule(seed: int, faults: int, duration: float, start: float = 8.0,
         target = ""
         if kind in ("kill-worker", "expire-session"):
             target = f"worker {rng.randrange(2)}"
+        elif kind == "restart-spark-worker":
+            target = f"spark worker {rng.randrange(2)}"
         out.append(Fault(round(t, 1), kind, target, d))
         t += d + rng.uniform(0.5 * mean_gap, 1.5 * mean_gap)
     end = max(t, duration)

@@ -385,10 +385,20 @@ class Run:
             return
         if f.kind == "kill-executor":
             live = self.spark.executors() if self.spark is not None else []
-            ev["target"] = f"executor pid {live[0]}" if live else "(none alive)"
-            if live:
+            victim = rng.choice(live) if live else None
+            ev["target"] = f"executor pid {victim}" if victim else "(none alive)"
+            if victim:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(rng.choice(live), signal.SIGKILL)  # its worker starts another for the application
+                    os.kill(victim, signal.SIGKILL)  # its worker starts another for the application
+            return
+        if f.kind == "restart-spark-worker" and self.spark is not None:
+            spark = self.spark
+            i = int(f.target.split()[-1]) % spark.workers if f.target else 0
+            ev["target"] = f"spark worker {i + 1}"
+            spark.kill_worker(i)  # its executors notice and exit; the driver reruns their tasks elsewhere
+            yield from wait_until(time.time() + f.duration)
+            spark.start_worker(i)
+            yield from wait_for(lambda: spark.alive_workers() >= spark.workers, 120)
             return
         if f.kind == "pause-zk":
             yield from self.pause(self.zk_pid(), False, f.duration)
