@@ -309,3 +309,45 @@ def test_sigterm_during_silence_and_mid_stream_exits_zero_and_loses_nothing(chai
     sent = chain.producer.close()  # type: ignore[union-attr]
     chain.drain_and_check(sent)
     chain.terminate_all()
+
+
+def test_a_commit_that_times_out_recreates_the_producer(own_stack, caplog) -> None:
+    """The broker paused inside a sink's Kafka commit: the commit waits it out and succeeds, and the producer
+    is then recreated (a new InitProducerId fences any late request of that transaction: KIP-890's
+    defence, which librdkafka lacks); the next epoch commits through the new producer and readers see
+    every record once."""
+    from aligner.connectors.reader import EpochReader
+    from aligner.connectors.sink import SinkProducer
+
+    _, info = own_stack
+    led = Ledger.connect(info.zk, f"/aligner-kip890-{uuid.uuid4().hex[:8]}")
+    create_subject(led, info.kafka, "s", 2)
+    caplog.set_level("INFO", logger="aligner.stamped")
+    try:
+        with SinkProducer(led, info.kafka, "s", "w", 0, [0, 1]) as p:
+            for e in range(3):
+                p.begin()
+                for j in range(50):
+                    p.send(json.dumps({"e": e, "j": j}).encode(), key=str(j).encode())
+                if e != 1:
+                    p.commit()
+                    continue
+                p.kp.flush(30)  # every record is on the broker: only the commit is left
+                before = p.kp
+                done: list[object] = []
+                committer = threading.Thread(target=lambda out=done: out.append(p.commit()), name="paused-commit")
+                os.kill(info.kafka_pid, signal.SIGSTOP)
+                try:
+                    committer.start()
+                    time.sleep(4)  # the fault: a broker that stops answering for longer than a commit slice
+                finally:
+                    os.kill(info.kafka_pid, signal.SIGCONT)
+                    committer.join(LIVE)
+                assert done, "the commit did not return after the broker came back"
+                assert p.kp is not before, "the producer was not recreated after its commit timed out"
+        assert any("timed out before it answered" in r.getMessage() for r in caplog.records)
+        with EpochReader(led, info.kafka) as reader:
+            got = [json.loads(r.value) for r in reader.read("s", 0, 2)]
+        assert sorted((v["e"], v["j"]) for v in got) == [(e, j) for e in range(3) for j in range(50)]
+    finally:
+        led.close()

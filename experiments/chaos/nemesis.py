@@ -67,6 +67,8 @@ def schedule(seed: int, faults: int, duration: float, start: float = 8.0,
             target = f"worker {rng.randrange(2)}"
         elif kind == "restart-spark-worker":
             target = f"spark worker {rng.randrange(2)}"
+        elif kind == "pause-zk":  # on an ensemble: its leader or a follower (a side draw: seeds keep their plan)
+            target = random.Random(f"{seed}/{i}/zk").choice(["leader", "follower"])
         out.append(Fault(round(t, 1), kind, target, d))
         t += d + rng.uniform(0.5 * mean_gap, 1.5 * mean_gap)
     end = max(t, duration)

@@ -184,11 +184,15 @@ class Run:
     zk_argv: list[str] = field(default_factory=list)
     zk_proc: Proc | None = None
 
-    def zk_pid(self) -> int | None:
-        """The ZooKeeper server the faults hit: the only one, or an ensemble's leader."""
+    def zk_pid(self, role: str = "leader") -> int | None:
+        """The ZooKeeper server the faults hit: the only one, or an ensemble's leader (or a follower)."""
         if self.ensemble is not None:
             with contextlib.suppress(StackError):
-                return self.ensemble.pid(self.ensemble.leader())
+                leader = self.ensemble.leader()
+                if role == "follower":
+                    return next((p for i in range(self.ensemble.servers) if i != leader
+                                 and (p := self.ensemble.pid(i)) is not None), None)
+                return self.ensemble.pid(leader)
             return None
         if self.zk_proc is not None:
             return self.zk_proc.pid if self.zk_proc.alive() else None
@@ -401,7 +405,10 @@ class Run:
             yield from wait_for(lambda: spark.alive_workers() >= spark.workers, 120)
             return
         if f.kind == "pause-zk":
-            yield from self.pause(self.zk_pid(), False, f.duration)
+            pid = self.zk_pid(f.target)
+            if self.ensemble is not None:
+                ev["target"] = f"{f.target} (pid {pid})"
+            yield from self.pause(pid, False, f.duration)
         elif f.kind == "pause-broker":
             yield from self.pause(self.info.kafka_pid, False, f.duration)
         elif f.kind == "restart-zk" and self.ensemble is not None:

@@ -19,6 +19,7 @@ producer turns into :class:`EpochFailedError` for its owner to abort, as for a f
 from __future__ import annotations
 
 import contextlib
+import logging
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from aligner.epochs import ranges_for
 from aligner.errors import AlignerError, EpochFailedError, StoppedError
 from aligner.models import Range
 from aligner.stamps import HEADER, Stamp
+
+log = logging.getLogger("aligner.stamped")
 
 SLICE = 1.0
 """Seconds a blocking Kafka call waits before the stop flag is checked again."""
@@ -317,24 +320,59 @@ class StampedProducer(Lane):
         """The pre-commit: commit the Kafka transaction, waiting out an unreachable broker. A transaction
         that can no longer commit raises EpochFailedError: the caller aborts."""
         epoch = self.epoch
+        timed_out = False
+
+        def commit(t: float) -> None:
+            nonlocal timed_out
+            try:
+                self.kp.commit_transaction(t)
+            except KafkaException as exc:
+                timed_out = timed_out or retriable(exc)
+                raise
+
         try:
-            self.patiently(lambda t: self.kp.commit_transaction(t))
+            self.patiently(commit)
         except KafkaException as exc:
             if not requires_abort(exc):
                 raise
             raise EpochFailedError(f"epoch {epoch}: Kafka refused the commit ({exc.args[0]})") from exc
         self._end_epoch()
+        if timed_out:
+            self._renew("commit", epoch)
 
     def abort_transaction(self) -> None:
         """Abort the open epoch's transaction (its records carry an attempt nobody will name)."""
         if self._kp is None or self.epoch is None:
             return
+        epoch, timed_out = self.epoch, False
+
+        def abort(t: float) -> None:
+            nonlocal timed_out
+            try:
+                self.kp.abort_transaction(t)
+            except KafkaException as exc:
+                timed_out = timed_out or retriable(exc)
+                raise
+
         try:
             with contextlib.suppress(Exception):  # the epoch is being aborted anyway
                 self._release_held(report=False)  # the broker sees what it would without holding back
-            self.patiently(lambda t: self.kp.abort_transaction(t))
+            self.patiently(abort)
         finally:
             self._end_epoch()
+        if timed_out:
+            self._renew("abort", epoch)
+
+    def _renew(self, what: str, epoch: int | None) -> None:
+        """Kafka's defence against a late write of a finished transaction (KIP-890, server-side since Kafka
+        3.7 for Java clients) needs client support librdkafka lacks. After a commit or abort that timed out,
+        a produce request of that transaction may still be in flight: a new producer with the same
+        transactional id (InitProducerId bumps its epoch) makes the broker fence it."""
+        topics = {s: lane.topic for s, lane in self.lanes.items()}
+        self.close()
+        self.start(topics)
+        log.info("producer %s: the %s of epoch %s timed out before it answered; producer recreated to fence "
+                 "late requests of that transaction", self.name, what, epoch)
 
     def _end_epoch(self) -> None:
         self.epoch = None
