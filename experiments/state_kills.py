@@ -1,13 +1,16 @@
 """A job holding a large keyed state, SIGKILLed at random points: exactly once, and the same state.
 
-    python -m experiments.state_kills --keys 500000 --kills 10 [--state rocksdb]
+    python -m experiments.state_kills --keys 500000 --kills 10 [--state rocksdb] [--damage]
 
 The input holds ``keys`` records with distinct keys (about 100 bytes of state each: 50 MB at 500k
 keys); the job puts one state entry per record and passes the record on. A worker process is
 SIGKILLed ``kills`` times at random moments and restarted (on the same state directory, as a
 supervisor would). At the end the output is read by epoch (every input exactly once?) and the
 job's state is restored from its changelog exactly as a restart would and compared with the state
-a run without failures holds (computed from the input).
+a run without failures holds (computed from the input). With ``--damage`` every kill also damages the
+worker's RocksDB store while it is down (its largest table file truncated, or a byte flipped in it, in
+turn): the restarted worker must find it, move it aside and restore from the changelog; at the end the
+worker's own local store is compared with the expected state too.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from aligner.connectors.reader import EpochReader
 from aligner.connectors.runtime import KeyedState
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.source import SourceRecord
-from aligner.connectors.state import open_store
+from aligner.connectors.state import RocksStore, open_store
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import EmbeddedStack
 from aligner.ledger import Ledger
@@ -55,6 +58,7 @@ def main(keys: Annotated[int, typer.Option(min=1)] = 500_000,
          kills: Annotated[int, typer.Option(min=0)] = 10,
          per_epoch: Annotated[int, typer.Option(min=1)] = 20_000,
          state: Annotated[str, typer.Option(help="memory or rocksdb")] = "rocksdb",
+         damage: Annotated[bool, typer.Option(help="damage the RocksDB store at every kill")] = False,
          seed: int = 7) -> None:
     rng = random.Random(seed)
     with EmbeddedStack() as info, tempfile.TemporaryDirectory(prefix="state-kills-") as state_dir:
@@ -86,7 +90,8 @@ def main(keys: Annotated[int, typer.Option(min=1)] = 500_000,
                     proc.kill()
                     proc.wait()
                     killed += 1
-                    print(f"kill {killed} at epoch {ledger.frontier(out)}", flush=True)
+                    hurt = damage_store(Path(state_dir) / f"{job}-0", killed) if damage else ""
+                    print(f"kill {killed} at epoch {ledger.frontier(out)}{hurt}", flush=True)
                     continue
             if proc.wait() != 0:
                 raise SystemExit(f"worker exited with {proc.returncode}")
@@ -104,12 +109,33 @@ def main(keys: Annotated[int, typer.Option(min=1)] = 500_000,
         wrong = sum(1 for n in range(keys) if store.get(f"k{n}") != expected_entry(n))
         extra = len(store) - keys
         store.close()
+        local_wrong, aside = 0, len(list(Path(state_dir).glob(f"{job}-0.damaged-*")))
+        if state == "rocksdb":  # the worker's own store, rebuilt after each damage, holds the same state
+            with RocksStore(Path(state_dir) / f"{job}-0") as local:
+                local_wrong = sum(1 for n in range(keys) if local.get(f"k{n}") != expected_entry(n))
+                local_wrong += abs(len(local) - keys)
         ledger.close()
         print(json.dumps({"keys": keys, "state": state, "kills": killed, "output_epochs": last + 1,
                           "lost": lost, "duplicated": duplicated, "state_entries_wrong": wrong,
-                          "state_entries_extra": extra, "full_restore_s": round(restore_s, 1)}), flush=True)
-        if lost or duplicated or wrong or extra:
+                          "state_entries_extra": extra, "full_restore_s": round(restore_s, 1),
+                          "local_store_wrong": local_wrong, "stores_moved_aside": aside}), flush=True)
+        if lost or duplicated or wrong or extra or local_wrong:
             raise SystemExit(1)
+
+
+def damage_store(path: Path, kill: int) -> str:
+    """Truncate (odd kills) or flip a byte in (even kills) the store's largest table file."""
+    tables = sorted(path.glob("*.sst"), key=lambda f: f.stat().st_size)
+    if not tables:
+        return " (no table file to damage yet)"
+    table = tables[-1]
+    raw = bytearray(table.read_bytes())
+    if kill % 2:
+        table.write_bytes(bytes(raw[: len(raw) // 2]))
+        return f", {table.name} truncated"
+    raw[len(raw) // 3] ^= 0xFF
+    table.write_bytes(bytes(raw))
+    return f", a byte of {table.name} flipped"
 
 
 if __name__ == "__main__":

@@ -74,6 +74,15 @@ class DataLossError(AlignerError):
     """Kafka no longer holds offsets that a committed epoch names (e.g. the broker lost its log)."""
 
 
+class StateDamagedError(AlignerError):
+    """A local state store failed its checksums (a flipped byte, a truncated file): it is a cache of the
+    changelog, so the worker moves it aside and restores from the changelog instead of reading it."""
+
+    def __init__(self, path: str, why: str) -> None:
+        self.path = path
+        super().__init__(f"local state {path} is damaged: {why}")
+
+
 class StackError(AlignerError):
     """The embedded stack could not be started, found or stopped."""
 

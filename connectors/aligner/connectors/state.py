@@ -40,6 +40,7 @@ retention like any subject's: the changelog's ledger stays bounded by policy, no
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 from collections.abc import Iterable, Iterator
@@ -55,7 +56,7 @@ from aligner.connectors.kafka import FetchingConsumer, admin, consumer_config, e
 from aligner.connectors.reader import Segment, read_partition
 from aligner.connectors.subjects import create_subject
 from aligner.epochs import Slice, check_retention
-from aligner.errors import AlignerError, EpochNotCommittedError, UndecodableRecordError
+from aligner.errors import AlignerError, EpochNotCommittedError, StateDamagedError, UndecodableRecordError
 from aligner.layout import split_writer
 from aligner.ledger import Ledger
 from aligner.models import ContributionNode, ProducerNode, SubjectNode
@@ -70,6 +71,8 @@ worker has time to supersede stray records (see the module docstring)."""
 
 _BATCH = 20_000
 """Records per write batch while restoring; the tag advances with each batch."""
+
+log = logging.getLogger("aligner.state")
 
 
 # ---- codec ----------------------------------------------------------------------------------------
@@ -489,13 +492,52 @@ class RocksStore(StateStore):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._options = Options(raw_mode=True)
         self._options.create_if_missing(True)
-        self._db: Any = Rdict(str(self.path), options=self._options)
+        self._options.set_paranoid_checks(True)
+        try:
+            self._db: Any = Rdict(str(self.path), options=self._options)
+        except Exception as exc:  # rocksdict raises a bare Exception; only corruption means damage
+            if "Corruption" in str(exc):
+                raise StateDamagedError(str(self.path), str(exc).splitlines()[0]) from None
+            raise
         self._count: int | None = None
-        raw = self._db.get(_META)
-        if raw is not None:
-            doc = json.loads(raw)
-            self._tag = Tag(doc["identity"], doc["epoch"], doc.get("end"))
-            self._count = doc.get("count")
+        try:
+            raw = self._db.get(_META)
+            if raw is not None:
+                doc = json.loads(raw)
+                self._tag = Tag(doc["identity"], doc["epoch"], doc.get("end"))
+                self._count = doc.get("count")
+        except (ValueError, KeyError, TypeError) as exc:
+            self.close()
+            raise StateDamagedError(str(self.path), f"its epoch tag is unreadable ({exc})") from None
+        except Exception as exc:
+            self.close()
+            if "Corruption" in str(exc):
+                raise StateDamagedError(str(self.path), str(exc).splitlines()[0]) from None
+            raise
+
+    def _scan(self, values: bool) -> Iterator[tuple[bytes, bytes | None]]:
+        """Every user key (and value) in order; a checksum failure raises instead of ending the scan early,
+        which is what rocksdict's own iterators do."""
+        it = self._db.iter()
+        try:
+            it.seek(_USER)
+            while it.valid():
+                yield it.key(), (it.value() if values else None)
+                it.next()
+            it.status()
+        except StateDamagedError:
+            raise
+        except Exception as exc:
+            raise StateDamagedError(str(self.path), str(exc).splitlines()[0]) from None
+        finally:
+            del it  # an open iterator keeps the database (and its lock) alive past close()
+
+    def verify(self) -> int:
+        """Read every key and value through their checksums; returns the number of keys. Runs when a worker
+        opens existing state (seconds per million keys): damage is found before a record is processed."""
+        n = sum(1 for _ in self._scan(True))
+        self._count = n
+        return n
 
     def close(self) -> None:
         super().close()
@@ -507,12 +549,12 @@ class RocksStore(StateStore):
         return self._db.get(_USER + key.encode())
 
     def _base_items(self) -> Iterator[tuple[str, bytes]]:
-        for k, v in self._db.items(from_key=_USER):
-            yield k[1:].decode(), v
+        for k, v in self._scan(True):
+            yield k[1:].decode(), cast(bytes, v)
 
     def _base_len(self) -> int:
         if self._count is None:
-            self._count = sum(1 for _ in self._db.keys(from_key=_USER))
+            self._count = sum(1 for _ in self._scan(False))
         return self._count
 
     def _write(self, batch: Any, tag: Tag, count: int | None) -> None:
@@ -561,8 +603,25 @@ class RocksStore(StateStore):
 
 
 def open_store(path: str | Path | None = None) -> StateStore:
-    """A RocksDB store in ``path`` (reopened with its tag when it exists), or an in-memory one."""
-    return MemoryStore() if path is None else RocksStore(path)
+    """A RocksDB store in ``path`` (reopened with its tag when it exists, after a checksum scan), or an
+    in-memory one. A damaged store is moved aside (``PATH.damaged-TIME``, kept for a post-mortem) and
+    a fresh one returned: the caller's restore rebuilds it from the changelog."""
+    if path is None:
+        return MemoryStore()
+    try:
+        store = RocksStore(path)
+        if store.tag is not None:
+            try:
+                store.verify()
+            except StateDamagedError:
+                store.close()
+                raise
+        return store
+    except StateDamagedError as exc:
+        aside = Path(path).with_name(f"{Path(path).name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
+        Path(path).rename(aside)
+        log.warning("%s; moved to %s, restoring from the changelog", exc, aside)
+        return RocksStore(path)
 
 
 def restore(ledger: Ledger, bootstrap: str, changelog_subject: str, partition: int, upto_epoch: int | None, *,
