@@ -313,9 +313,9 @@ def test_sigterm_during_silence_and_mid_stream_exits_zero_and_loses_nothing(chai
 
 def test_a_commit_that_times_out_recreates_the_producer(own_stack, caplog) -> None:
     """The broker paused inside a sink's Kafka commit: the commit waits it out and succeeds, and the producer
-    is then recreated (a new InitProducerId fences any late request of that transaction: KIP-890's
-    defence, which librdkafka lacks); the next epoch commits through the new producer and readers see
-    every record once."""
+    is recreated before the next transaction (a new InitProducerId fences any late request of that
+    transaction: KIP-890's defence, which librdkafka lacks); the next epoch commits through the new
+    producer and readers see every record once."""
     from aligner.connectors.reader import EpochReader
     from aligner.connectors.sink import SinkProducer
 
@@ -344,8 +344,9 @@ def test_a_commit_that_times_out_recreates_the_producer(own_stack, caplog) -> No
                     os.kill(info.kafka_pid, signal.SIGCONT)
                     committer.join(LIVE)
                 assert done, "the commit did not return after the broker came back"
-                assert p.kp is not before, "the producer was not recreated after its commit timed out"
-        assert any("timed out before it answered" in r.getMessage() for r in caplog.records)
+                assert p.kp is before and p.kp.stale, "the commit that timed out did not mark its producer"
+            assert p.kp is not before, "the producer was not recreated before the next transaction"
+        assert any("timed out before the broker answered" in r.getMessage() for r in caplog.records)
         with EpochReader(led, info.kafka) as reader:
             got = [json.loads(r.value) for r in reader.read("s", 0, 2)]
         assert sorted((v["e"], v["j"]) for v in got) == [(e, j) for e in range(3) for j in range(50)]

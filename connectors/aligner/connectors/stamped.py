@@ -69,6 +69,10 @@ class _Producer(Producer):
     """The Kafka producer: ``flush`` first hands over the records the lanes hold back, so anyone
     flushing it (the sink, a test reaching for it) still gets every sent record to the broker."""
 
+    stale = False
+    """A commit or abort of this producer timed out before the broker answered: it is replaced before the
+    next transaction (see :meth:`StampedProducer._renew`)."""
+
     def __init__(self, config: dict[str, Any], release: Callable[[], None]) -> None:
         super().__init__(config)
         self._release = release
@@ -227,7 +231,7 @@ class StampedProducer(Lane):
     # ---- lifecycle ----------------------------------------------------------------------------
 
     @property
-    def kp(self) -> Producer:
+    def kp(self) -> _Producer:
         if self._kp is None:
             raise AlignerError(f"producer {self.name} is not open")
         return self._kp
@@ -288,6 +292,8 @@ class StampedProducer(Lane):
         """Open the epoch's transaction; each subject's records carry its own stamp."""
         if self.epoch is not None:
             raise AlignerError(f"epoch {self.epoch} is still open; commit or abort it first")
+        if self.kp.stale:
+            self._renew()
         self.kp.begin_transaction()
         self.error = None
         for subject, lane in self.lanes.items():
@@ -337,14 +343,14 @@ class StampedProducer(Lane):
                 raise
             raise EpochFailedError(f"epoch {epoch}: Kafka refused the commit ({exc.args[0]})") from exc
         self._end_epoch()
-        if timed_out:
-            self._renew("commit", epoch)
+        if timed_out and self._kp is not None:
+            self._kp.stale = True
 
     def abort_transaction(self) -> None:
         """Abort the open epoch's transaction (its records carry an attempt nobody will name)."""
         if self._kp is None or self.epoch is None:
             return
-        epoch, timed_out = self.epoch, False
+        timed_out = False
 
         def abort(t: float) -> None:
             nonlocal timed_out
@@ -360,19 +366,20 @@ class StampedProducer(Lane):
             self.patiently(abort)
         finally:
             self._end_epoch()
-        if timed_out:
-            self._renew("abort", epoch)
+        if timed_out and self._kp is not None:
+            self._kp.stale = True
 
-    def _renew(self, what: str, epoch: int | None) -> None:
+    def _renew(self) -> None:
         """Kafka's defence against a late write of a finished transaction (KIP-890, server-side since Kafka
         3.7 for Java clients) needs client support librdkafka lacks. After a commit or abort that timed out,
         a produce request of that transaction may still be in flight: a new producer with the same
-        transactional id (InitProducerId bumps its epoch) makes the broker fence it."""
+        transactional id (InitProducerId bumps its epoch) makes the broker fence it. Done before the next
+        transaction, so the commit that timed out reaches ZooKeeper without waiting for it."""
         topics = {s: lane.topic for s, lane in self.lanes.items()}
         self.close()
         self.start(topics)
-        log.info("producer %s: the %s of epoch %s timed out before it answered; producer recreated to fence "
-                 "late requests of that transaction", self.name, what, epoch)
+        log.info("producer %s: its last commit or abort timed out before the broker answered; recreated to "
+                 "fence late requests of that transaction", self.name)
 
     def _end_epoch(self) -> None:
         self.epoch = None
