@@ -21,15 +21,16 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
 
 def one_run(seed: int, faults: int, duration: float, out: Path, rate: float, faust: bool = True,
-            zk_servers: int = 1, spark_workers: int = 0) -> dict[str, Any]:
+            zk_servers: int = 1, spark_workers: int = 0, rocksdb: bool = False) -> dict[str, Any]:
     """One run: print the schedule, play it, check, and write the JSON report and the PNG timeline."""
-    plan, ops = nemesis.schedule(seed, faults, duration, faust=faust, cluster=spark_workers > 0)
+    plan, ops = nemesis.schedule(seed, faults, duration, faust=faust, cluster=spark_workers > 0, rocksdb=rocksdb,
+                                 ensemble=zk_servers > 1)
     console.print(f"[bold]chaos run, seed {seed}[/]: {len(plan)} faults, {len(ops)} coordinator operations")
     for f in sorted(plan + ops, key=lambda f: f.at):
         console.print("  " + f.describe())
     outdir = out / f"seed-{seed}"
     run = Run(seed, plan, ops, outdir, rate=rate, faust=faust, say=console.print, zk_servers=zk_servers,
-              spark_workers=spark_workers)
+              spark_workers=spark_workers, rocksdb=rocksdb)
     try:
         result = execute(run, drain_timeout=600)
     except (KeyboardInterrupt, Interrupted):
@@ -39,7 +40,7 @@ def one_run(seed: int, faults: int, duration: float, out: Path, rate: float, fau
         result = {"error": f"{type(exc).__name__}: {exc}", "check": None}
     done = [e for e in run.events if e["kind"] in nemesis.FAULT_WEIGHTS and "(none" not in e["target"]]
     report = {
-        "seed": seed, "faust": faust, "zk_servers": zk_servers, "spark_workers": spark_workers,
+        "seed": seed, "faust": faust, "zk_servers": zk_servers, "spark_workers": spark_workers, "rocksdb": rocksdb,
         "faults_requested": faults, "duration": duration,
         "rate": rate,
         "started": run.started, "schedule": nemesis.as_json(plan), "operations": nemesis.as_json(ops),
@@ -81,13 +82,15 @@ def main(
     spark_workers: Annotated[int, typer.Option(
         min=0, help="Run the Spark job on a standalone cluster of this many workers (and kill its executors)")]
     = 0,
+    rocksdb: Annotated[bool, typer.Option(
+        help="Job A keeps its state in RocksDB, and the nemesis damages it (damage-state)")] = False,
 ) -> None:
     """Run the chain under a seeded nemesis and check every subject; exit 1 on any anomaly."""
     reports = []
     try:
         for i in range(runs):
             reports.append(one_run(seed + i, faults, duration, out, rate, faust, zk_servers,
-                                   spark_workers))
+                                   spark_workers, rocksdb))
     except (KeyboardInterrupt, Interrupted):
         console.print("[red]interrupted[/]: every process of the run was stopped")
         sys.exit(130)
@@ -103,7 +106,8 @@ def main(
 SHORT = {"kill-worker": "kill worker", "kill-coordinator": "kill coord", "kill-marker": "kill marker",
          "kill-spark": "kill Spark", "kill-faust": "kill Faust", "pause-zk": "pause ZK", "pause-broker": "pause broker",
          "restart-zk": "restart ZK", "expire-session": "expire session", "kill-executor": "kill executor",
-         "restart-spark-worker": "restart Spark worker"}
+         "restart-spark-worker": "restart Spark worker", "damage-state": "damage state",
+         "damage-zk": "damage ZK disk"}
 
 
 def table(reports: list[dict[str, Any]]) -> str:

@@ -9,12 +9,16 @@ KILLS = ("kill-worker", "kill-coordinator", "kill-marker", "kill-spark", "kill-f
 FAULT_WEIGHTS: dict[str, float] = {
     "kill-worker": 3.0, "kill-coordinator": 1.0, "kill-marker": 1.5, "kill-spark": 1.0, "kill-faust": 1.5,
     "pause-zk": 1.5, "pause-broker": 1.5, "restart-zk": 1.5, "expire-session": 1.0, "kill-executor": 1.5,
-    "restart-spark-worker": 1.0,
+    "restart-spark-worker": 1.0, "damage-state": 1.5, "damage-zk": 1.0,
 }
 """Relative frequency of each fault kind."""
 OPS = ("align", "abort", "hotswap")
 CLUSTER = ("kill-executor", "restart-spark-worker")
 """Faults of a Spark standalone cluster: drawn only when the Spark job runs on one."""
+ROCKSDB = ("damage-state",)
+"""Faults of job A's RocksDB state: drawn only when its workers keep state there."""
+ENSEMBLE = ("damage-zk",)
+"""Faults of a ZooKeeper ensemble member's disk: drawn only on an ensemble."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,8 @@ def _duration(kind: str, rng: random.Random) -> float:
         return round(rng.uniform(1.0, 8.0), 1)
     if kind == "restart-zk":
         return round(rng.uniform(0.5, 6.0), 1)
+    if kind == "damage-zk":
+        return round(rng.uniform(2.0, 8.0), 1)  # the member stays down this long, its disk damaged
     if kind == "restart-spark-worker":
         return round(rng.uniform(2.0, 10.0), 1)  # down this long, then started again
     if kind == "expire-session":
@@ -47,13 +53,16 @@ def _duration(kind: str, rng: random.Random) -> float:
 
 
 def schedule(seed: int, faults: int, duration: float, start: float = 8.0,
-             faust: bool = True, cluster: bool = False) -> tuple[list[Fault], list[Fault]]:
+             faust: bool = True, cluster: bool = False, rocksdb: bool = False,
+             ensemble: bool = False) -> tuple[list[Fault], list[Fault]]:
     """(faults, coordinator operations) of one run. Faults are sequential, with random gaps filling
     ``duration`` (longer when the faults need it); operations run beside them in the coordinator's lane:
     align A early, maybe abort and re-align it, hot-swap A for A2 midway, align/abort F at random. Executor
-    kills only with the Spark job on a ``cluster``."""
+    kills only with the Spark job on a ``cluster``; state damage only with job A's state in ``rocksdb``;
+    a member's disk damage only on an ``ensemble``."""
     rng = random.Random(seed)
-    kinds = [k for k in FAULT_WEIGHTS if (faust or k != "kill-faust") and (cluster or k not in CLUSTER)]
+    kinds = [k for k in FAULT_WEIGHTS if (faust or k != "kill-faust") and (cluster or k not in CLUSTER)
+             and (rocksdb or k not in ROCKSDB) and (ensemble or k not in ENSEMBLE)]
     weights = [FAULT_WEIGHTS[k] for k in kinds]
     drawn = [rng.choices(kinds, weights)[0] for _ in range(faults)]
     busy = sum(_duration(k, random.Random(f"{seed}/{i}")) for i, k in enumerate(drawn))
@@ -63,7 +72,7 @@ def schedule(seed: int, faults: int, duration: float, start: float = 8.0,
     for i, kind in enumerate(drawn):
         d = _duration(kind, random.Random(f"{seed}/{i}"))
         target = ""
-        if kind in ("kill-worker", "expire-session"):
+        if kind in ("kill-worker", "expire-session", "damage-state"):
             target = f"worker {rng.randrange(2)}"
         elif kind == "restart-spark-worker":
             target = f"spark worker {rng.randrange(2)}"

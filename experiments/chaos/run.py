@@ -60,6 +60,46 @@ def wait_until(t: float) -> Step:
         yield
 
 
+def damage_store(path: Path, rng: random.Random) -> str:
+    """Damage a RocksDB store while its worker is down: its largest table file truncated to half, or one
+    byte in it flipped (the worker must find it, move it aside and restore from the changelog); with no
+    table file yet, its write-ahead log cut short."""
+    tables = sorted(path.glob("*.sst"), key=lambda f: f.stat().st_size)
+    if not tables:  # everything is still in the write-ahead log: cut it (recovery keeps a consistent prefix)
+        wals = sorted((f for f in path.glob("*.log") if f.stat().st_size), key=lambda f: f.stat().st_mtime)
+        if not wals:
+            return "nothing on disk yet"
+        cut = rng.randrange(wals[-1].stat().st_size)
+        os.truncate(wals[-1], cut)
+        return f"write-ahead log {wals[-1].name} cut to {cut} bytes"
+    table, raw = tables[-1], bytearray(tables[-1].read_bytes())
+    if rng.random() < 0.5:
+        table.write_bytes(bytes(raw[: len(raw) // 2]))
+        return f"{table.name} truncated"
+    raw[rng.randrange(len(raw))] ^= 0xFF
+    table.write_bytes(bytes(raw))
+    return f"a byte of {table.name} flipped"
+
+
+def damage_zk_data(data: Path, rng: random.Random) -> str:
+    """Damage a stopped ZooKeeper member's disk: its newest snapshot overwritten with garbage, or a byte of
+    its transaction log flipped and the log's end cut."""
+    if rng.random() < 0.5:
+        snaps = sorted(data.glob("snapshot.*"), key=lambda f: f.stat().st_mtime)
+        if snaps:
+            snaps[-1].write_bytes(b"garbage")
+            return f"{snaps[-1].name} overwritten"
+    logs = sorted(data.glob("log.*"), key=lambda f: f.stat().st_mtime)
+    if not logs:
+        return "nothing on disk yet"
+    raw = bytearray(logs[-1].read_bytes())
+    used = len(raw.rstrip(b"\0")) or 1  # the log is preallocated with zeros past its last transaction
+    raw = raw[: max(1, used - rng.randrange(used))]
+    raw[rng.randrange(len(raw))] ^= 0xFF
+    logs[-1].write_bytes(bytes(raw))
+    return f"{logs[-1].name} cut to {len(raw)} bytes, a byte flipped"
+
+
 def wait_for(cond: Callable[[], bool], timeout: float) -> Generator[None, None, bool]:
     deadline = time.time() + timeout
     while not cond():
@@ -121,6 +161,9 @@ class Run:
     """Run job B on a Spark standalone cluster of this many workers (one core each); its executors are then
     a fault target of their own (kill-executor)."""
     spark: SparkCluster | None = None
+    rocksdb: bool = False
+    """Job A's workers keep their state in RocksDB (under the run's ``state`` directory); damage-state then
+    kills a worker and damages its store (a table file truncated or a byte flipped) before its restart."""
 
     # ---- plumbing ----------------------------------------------------------------------------
 
@@ -206,6 +249,7 @@ class Run:
         return python("aligner.connectors.runtime", "--zk", self.info.zk, "--kafka", self.info.kafka, "--root", ROOT,
                       "--job", job, "--function", "experiments.chaos.jobs:job_a", "--input", IN,
                       "--output", A_OUT, "--worker", str(i), "--parallelism", "2", "--interval", str(self.interval),
+                      *(["--state", "rocksdb", "--state-dir", str(self.outdir / "state")] if self.rocksdb else []),
                       *extra)
 
     def start_chain(self) -> None:
@@ -380,6 +424,14 @@ class Run:
                                         self.cli("align", job, "--subject", IN, "--timeout", "240", "--json"))
             self.coordinator.long_running = False
             yield from wait_until(time.time() + rng.uniform(0.3, 2.0))
+        if f.kind == "damage-state":
+            proc = self.kill_target(Fault(f.at, "kill-worker", f.target), rng)
+            if proc is None or not proc.kill():
+                ev["target"] = "(none alive)"
+                return
+            proc.kills += 1
+            ev["target"] = f"{proc.name}: {damage_store(self.outdir / 'state' / proc.name, rng)}"
+            return
         if f.kind in KILLS:
             proc = self.kill_target(f, rng)
             ev["target"] = proc.name if proc is not None else "(none alive)"
@@ -403,6 +455,18 @@ class Run:
             yield from wait_until(time.time() + f.duration)
             spark.start_worker(i)
             yield from wait_for(lambda: spark.alive_workers() >= spark.workers, 120)
+            return
+        if f.kind == "damage-zk" and self.ensemble is not None:
+            ensemble = self.ensemble
+            with contextlib.suppress(StackError):
+                member = next(i for i in range(ensemble.servers) if i != ensemble.leader()
+                              and ensemble.pid(i) is not None)
+                ensemble.kill(member)
+                ev["target"] = f"server {member + 1}: {damage_zk_data(ensemble.data_dir(member), rng)}"
+                yield from wait_until(time.time() + f.duration)
+                ensemble.start_server(member)  # it finds the damage by its checksums and syncs from the leader
+                yield from wait_for(lambda: ensemble.mode(member) in ("follower", "leader"), 120)
+                yield from wait_until(time.time() + ZK_SETTLE)
             return
         if f.kind == "pause-zk":
             pid = self.zk_pid(f.target)

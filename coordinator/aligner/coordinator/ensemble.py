@@ -152,6 +152,10 @@ class ZkEnsemble:
 
         wait_for(ready, timeout, f"a ZooKeeper ensemble of {self.servers} to elect a leader", interval=0.2)
 
+    def data_dir(self, i: int) -> Path:
+        """Server ``i``'s snapshots and transaction logs (ZooKeeper's ``version-2`` directory)."""
+        return self._dir(i) / "data" / "version-2"
+
     def pid(self, i: int) -> int | None:
         proc = self._procs.get(i)
         return proc.pid if proc is not None and proc.poll() is None else None
