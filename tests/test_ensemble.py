@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -150,4 +151,16 @@ def test_a_member_whose_data_was_damaged_while_down_rejoins_with_the_whole_tree(
         for c in clients:
             c.stop()
             c.close()
+        ensemble.stop()
+
+
+def test_an_ensemble_in_a_relative_directory_starts(tmp_path, monkeypatch) -> None:
+    """A relative work directory (e.g. the chaos checker's ``--out results/x``): each server runs in its own
+    directory, so the harness hands it absolute paths."""
+    monkeypatch.chdir(tmp_path)
+    ensemble = ZkEnsemble(Path("relative") / "zk", 3)
+    try:
+        ensemble.start(120)
+        assert ensemble.mode(ensemble.leader()) == "leader"
+    finally:
         ensemble.stop()

@@ -86,7 +86,7 @@ class ZkEnsemble:
     def __init__(self, workdir: Path, servers: int = 3, tie_to_parent: bool = True) -> None:
         if servers < 3 or servers % 2 == 0:
             raise StackError(f"a ZooKeeper ensemble has an odd number of servers, at least 3 (got {servers})")
-        self.workdir = workdir
+        self.workdir = Path(workdir).resolve()  # each server runs in its own directory: paths must be absolute
         self.servers = servers
         self.tie_to_parent = tie_to_parent
         self.ports = [ServerPorts(free_port(), free_port(), free_port()) for _ in range(servers)]

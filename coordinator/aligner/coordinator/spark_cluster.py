@@ -70,7 +70,7 @@ class SparkCluster:
 
     def __init__(self, workdir: Path, workers: int = 2, cores: int = 1, memory: str = "1g",
                  tie_to_parent: bool = True) -> None:
-        self.workdir = Path(workdir)
+        self.workdir = Path(workdir).resolve()  # processes run in it: paths handed to them must be absolute
         self.workers, self.cores, self.memory = workers, cores, memory
         self.tie_to_parent = tie_to_parent
         self.port, self.ui_port = free_port(), free_port()
@@ -177,7 +177,7 @@ class ConnectServer:
 
     def __init__(self, workdir: Path, master: str = "local[2]", tie_to_parent: bool = True,
                  conf: dict[str, str] | None = None) -> None:
-        self.workdir = Path(workdir)
+        self.workdir = Path(workdir).resolve()
         self.master = master
         self.port = free_port()
         self.tie_to_parent = tie_to_parent
