@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 from collections import defaultdict
 
+from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import wait_for
 from aligner.errors import UnknownJobError
 from aligner.jobs import JobLedger
@@ -101,3 +103,48 @@ def verify_running(ledger, stack, target: str, sent: int, *swaps: int) -> None:
                 assert value["sum"] == total, f"key {k}: v2 summed {value['sum']} at input {n}, not {total}"
     for s in swaps:
         assert_s_before_s_plus_1(ledger, target, s)
+
+
+class SwapPair:
+    """Q1 (running count) and Q2 (running sum, following Q1) of raw -> target under continuous input, started
+    and waited for until Q1 writes and Q2 follows; ``finish`` checks a committed swap through to the end.
+    ``extra`` / ``remote`` go to both drivers (a cluster's master, a Connect server)."""
+
+    def __init__(self, spawn, stack, ledger, root: str, raw: str, tmp_path, remote: str | None = None,
+                 extra: tuple[str, ...] = ()) -> None:
+        self.ledger, self.stack, self.raw, self.target = ledger, stack, raw, f"{raw}-t"
+        create_subject(ledger, stack.kafka, raw, 2)
+        create_subject(ledger, stack.kafka, self.target, 4)
+        self.more = threading.Event()
+        self.gen = spawn.generator(raw, epochs=100_000, pace=0.1, until=self.more)
+        self.old = Query(spawn, stack, root, raw, self.target, f"{raw}-q1", "1", "0,1", tmp_path / "q1",
+                         remote=remote, extra=extra)
+        self.new = Query(spawn, stack, root, raw, self.target, f"{raw}-q2", "2", "2,3", tmp_path / "q2",
+                         follows=self.old.job, remote=remote, extra=extra)
+        for q in (self.old, self.new):
+            q.launch()
+        for q in (self.old, self.new):
+            q.ready()
+        self.jobs = JobLedger(ledger)
+        wait_for(lambda: (ledger.frontier(self.target) or -1) >= 1 and any(
+            c.job_epoch is not None for c in consumers(self.jobs, self.new.job, raw).values()), LIVE,
+            "Q1 writing, Q2 following", on_wait=self.healthy)
+
+    def healthy(self) -> None:
+        self.old.healthy()
+        self.new.healthy()
+
+    def finish(self, swap_epoch: int) -> None:
+        """After the swap committed at S: Q1's driver stops its query once its sink finished, Q2 writes on,
+        then the input stops, Q2 reads all of it, and every result is once from the version owning it."""
+        assert self.old.worker is not None
+        self.old.worker.wait_line(lambda line: line == "swapped out", LIVE)
+        assert self.old.worker.wait(LIVE) == 0, self.old.worker.stderr
+        wait_for(lambda: (self.ledger.frontier(self.target) or 0) >= swap_epoch + 3, LIVE,
+                 "Q2 output after the swap", on_wait=self.healthy)
+        self.more.set()
+        sent = self.gen.finished()
+        last = self.ledger.frontier(self.raw)
+        wait_for(lambda: (self.jobs.consumers(self.new.job, self.raw)[0].subject_epoch or -1) >= last, LIVE,
+                 "Q2 to read the whole input", on_wait=self.healthy)
+        verify_running(self.ledger, self.stack, self.target, sent, swap_epoch)

@@ -16,14 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from aligner.connectors.subjects import create_subject
 from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.processes import wait_for
 from aligner.coordinator.spark_cluster import SparkCluster, executor_of
-from aligner.jobs import JobLedger
 from tests.helpers import raw_count
 from tests.relay import LIVE, check, fill, kill, start, wait_batch
-from tests.spark_queries import Query, consumers, verify_running
+from tests.spark_queries import SwapPair
 from tests.swaps import precommit_acked
 
 pytest.importorskip("pyspark")
@@ -169,34 +167,15 @@ def test_query_hotswap_with_an_executor_killed_at_precommit(cluster, stack, root
     (Q1's last batches up to S, or Q2's first after) holds after committing its Kafka transaction and its
     executor is SIGKILLed: the task reruns, the swap completes, every result once from the version that
     owned its epoch."""
-    raw, target = subject_name, f"{subject_name}-t"
-    create_subject(ledger, stack.kafka, raw, 2)
-    create_subject(ledger, stack.kafka, target, 4)
-    more = threading.Event()
-    gen = spawn.generator(raw, epochs=100_000, pace=0.1, until=more)
     arm, hang = tmp_path / "arm", tmp_path / "hang"
     hold = {"hangTask": "*/0", "hangAt": "precommit", "hangFile": str(hang), "hangArm": str(arm)}
     extra = ("--master", cluster.url, "--conf", "spark.cores.max=1",
              *[arg for k, v in hold.items() for arg in ("--sink-option", f"{k}={v}")])
-    old = Query(spawn, stack, root, raw, target, f"{raw}-q1", "1", "0,1", tmp_path / "q1", extra=extra)
-    new = Query(spawn, stack, root, raw, target, f"{raw}-q2", "2", "2,3", tmp_path / "q2", follows=old.job,
-                extra=extra)
-    for q in (old, new):
-        q.launch()
-    for q in (old, new):
-        q.ready()
-
-    def healthy() -> None:
-        old.healthy()
-        new.healthy()
-
-    jobs = JobLedger(ledger)
-    wait_for(lambda: (ledger.frontier(target) or -1) >= 1 and any(
-        c.job_epoch is not None for c in consumers(jobs, new.job, raw).values()), LIVE, "Q1 writing, Q2 following",
-        on_wait=healthy)
+    pair = SwapPair(spawn, stack, ledger, root, subject_name, tmp_path, extra=extra)
+    old, new, target = pair.old, pair.new, pair.target
     swapper = HotSwap(ledger)
     o, n = swapper.check(old.job, new.job, target)
-    swap, _ = precommit_acked(swapper, o, n, LIVE, healthy)
+    swap, _ = precommit_acked(swapper, o, n, LIVE, pair.healthy)
     arm.touch()
     done: list = []
     runner = threading.Thread(target=lambda: done.append(swapper.run(o.job, n.job, target, timeout=LIVE)),
@@ -209,13 +188,4 @@ def test_query_hotswap_with_an_executor_killed_at_precommit(cluster, stack, root
     finally:
         runner.join(LIVE)
     assert done and done[0].phase == "done" and done[0].epoch == swap.epoch
-    old.worker.wait_line(lambda line: line == "swapped out", LIVE)
-    assert old.worker.wait(LIVE) == 0, old.worker.stderr
-    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "Q2 output after the swap",
-             on_wait=healthy)
-    more.set()
-    sent = gen.finished()
-    last = ledger.frontier(raw)
-    wait_for(lambda: (jobs.consumers(new.job, raw)[0].subject_epoch or -1) >= last, LIVE,
-             "Q2 to read the whole input", on_wait=healthy)
-    verify_running(ledger, stack, target, sent, swap.epoch)
+    pair.finish(swap.epoch)

@@ -8,19 +8,16 @@ run as an aligned job from a Connect client is hot-swapped for a new version exa
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import pytest
 
 from aligner.connectors.reader import EpochReader
-from aligner.connectors.subjects import create_subject
 from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.processes import wait_for
 from aligner.coordinator.spark_cluster import ConnectServer
-from aligner.jobs import JobLedger
 from tests.relay import LIVE, SINK, check, fill, kill, start
-from tests.spark_queries import Query, consumers, verify_running
+from tests.spark_queries import SwapPair
 
 pytest.importorskip("pyspark")
 pytest.importorskip("grpc", reason="Spark Connect's client needs pyspark[connect]")
@@ -88,36 +85,7 @@ def test_query_hotswap_through_connect(connect, stack, root, ledger, subject_nam
     from Connect clients (``register_query``, ``AlignedQuery`` and ``stop_query`` on the client side),
     hot-swapped by the coordinator under continuous input: every result once, from Q1 up to S, Q2 after;
     Q1's client stops its query once its sink finished."""
-    raw, target = subject_name, f"{subject_name}-t"
-    create_subject(ledger, stack.kafka, raw, 2)
-    create_subject(ledger, stack.kafka, target, 4)
-    more = threading.Event()
-    gen = spawn.generator(raw, epochs=100_000, pace=0.1, until=more)
-    old = Query(spawn, stack, root, raw, target, f"{raw}-q1", "1", "0,1", tmp_path / "q1", remote=connect.url)
-    new = Query(spawn, stack, root, raw, target, f"{raw}-q2", "2", "2,3", tmp_path / "q2", follows=old.job,
-                remote=connect.url)
-    for q in (old, new):
-        q.launch()
-    for q in (old, new):
-        q.ready()
-
-    def healthy() -> None:
-        old.healthy()
-        new.healthy()
-
-    jobs = JobLedger(ledger)
-    wait_for(lambda: (ledger.frontier(target) or -1) >= 1 and any(
-        c.job_epoch is not None for c in consumers(jobs, new.job, raw).values()), LIVE, "Q1 writing, Q2 following",
-        on_wait=healthy)
-    swap = HotSwap(ledger).run(old.job, new.job, target, timeout=LIVE)
+    pair = SwapPair(spawn, stack, ledger, root, subject_name, tmp_path, remote=connect.url)
+    swap = HotSwap(ledger).run(pair.old.job, pair.new.job, pair.target, timeout=LIVE)
     assert swap.phase == "done"
-    old.worker.wait_line(lambda line: line == "swapped out", LIVE)
-    assert old.worker.wait(LIVE) == 0, old.worker.stderr
-    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "Q2 output after the swap",
-             on_wait=healthy)
-    more.set()
-    sent = gen.finished()
-    last = ledger.frontier(raw)
-    wait_for(lambda: (jobs.consumers(new.job, raw)[0].subject_epoch or -1) >= last, LIVE,
-             "Q2 to read the whole input", on_wait=healthy)
-    verify_running(ledger, stack, target, sent, swap.epoch)
+    pair.finish(swap.epoch)

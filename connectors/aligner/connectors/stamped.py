@@ -262,15 +262,18 @@ class StampedProducer(Lane):
             kp.purge()
         kp.flush(0)
 
-    def patiently(self, call: Callable[[float], Any]) -> Any:
+    def patiently(self, call: Callable[[float], Any], ends_transaction: bool = False) -> Any:
         """Run a blocking transactional call in slices until it answers: a paused or unreachable
-        broker is waited for (retriable timeouts), a stop request ends the wait."""
+        broker is waited for (retriable timeouts), a stop request ends the wait. A commit or abort
+        (``ends_transaction``) that had to be waited for marks the producer stale (see :meth:`_renew`)."""
         while True:
             try:
                 return call(SLICE)
             except KafkaException as exc:
                 if not retriable(exc):
                     raise
+                if ends_transaction and self._kp is not None:
+                    self._kp.stale = True
             if self._stopping():
                 raise StoppedError(f"producer {self.name}: stopped waiting for Kafka")
 
@@ -326,48 +329,24 @@ class StampedProducer(Lane):
         """The pre-commit: commit the Kafka transaction, waiting out an unreachable broker. A transaction
         that can no longer commit raises EpochFailedError: the caller aborts."""
         epoch = self.epoch
-        timed_out = False
-
-        def commit(t: float) -> None:
-            nonlocal timed_out
-            try:
-                self.kp.commit_transaction(t)
-            except KafkaException as exc:
-                timed_out = timed_out or retriable(exc)
-                raise
-
         try:
-            self.patiently(commit)
+            self.patiently(lambda t: self.kp.commit_transaction(t), ends_transaction=True)
         except KafkaException as exc:
             if not requires_abort(exc):
                 raise
             raise EpochFailedError(f"epoch {epoch}: Kafka refused the commit ({exc.args[0]})") from exc
         self._end_epoch()
-        if timed_out and self._kp is not None:
-            self._kp.stale = True
 
     def abort_transaction(self) -> None:
         """Abort the open epoch's transaction (its records carry an attempt nobody will name)."""
         if self._kp is None or self.epoch is None:
             return
-        timed_out = False
-
-        def abort(t: float) -> None:
-            nonlocal timed_out
-            try:
-                self.kp.abort_transaction(t)
-            except KafkaException as exc:
-                timed_out = timed_out or retriable(exc)
-                raise
-
         try:
             with contextlib.suppress(Exception):  # the epoch is being aborted anyway
                 self._release_held(report=False)  # the broker sees what it would without holding back
-            self.patiently(abort)
+            self.patiently(lambda t: self.kp.abort_transaction(t), ends_transaction=True)
         finally:
             self._end_epoch()
-        if timed_out and self._kp is not None:
-            self._kp.stale = True
 
     def _renew(self) -> None:
         """Kafka's defence against a late write of a finished transaction (KIP-890, server-side since Kafka
