@@ -114,11 +114,14 @@ def test_an_ensemble_needs_an_odd_number_of_servers(tmp_path) -> None:
 
 
 
-def test_a_member_whose_data_was_damaged_while_down_rejoins_with_the_whole_tree(tmp_path) -> None:
-    """A follower stopped, its data damaged (every snapshot overwritten with garbage, a byte flipped in its
-    transaction log, which lost its end too) and the quorum writing on meanwhile: restarted, ZooKeeper
-    finds the damage by its checksums and the member syncs from the leader; it then serves the whole
-    tree by itself. Nothing in the product has to step in; an operator's procedure is in README."""
+@pytest.mark.parametrize("damage", ["snapshots", "log-byte"])
+def test_a_member_whose_data_was_damaged_while_down_rejoins_with_the_whole_tree(damage, tmp_path) -> None:
+    """A follower stopped, its data damaged while the quorum writes on, then restarted. ``snapshots``: every
+    snapshot overwritten with garbage and its transaction log cut short (ZooKeeper either drops what fails
+    and syncs the rest from the leader, or refuses, depending on where the cut falls). ``log-byte``: a
+    byte flipped inside the log's transactions, which ZooKeeper refuses ("Unable to load database on
+    disk": CRC check failed). A refused member gets the operator's procedure from the harness: its data
+    moved aside, started empty, a snapshot from the leader. Either way it serves the whole tree."""
     from kazoo.client import KazooClient
 
     ensemble = ZkEnsemble(tmp_path / "zk", 3)
@@ -133,14 +136,20 @@ def test_a_member_whose_data_was_damaged_while_down_rejoins_with_the_whole_tree(
         ensemble.kill(follower)
         for i in range(1500, 1700):
             client.create(f"/n{i}", b"y" * 100)
-        data = tmp_path / "zk" / f"zk-{follower + 1}" / "data" / "version-2"
-        for snapshot in data.glob("snapshot.*"):
-            snapshot.write_bytes(b"garbage")
+        data = ensemble.data_dir(follower)
         log = max(data.glob("log.*"), key=lambda p: p.stat().st_mtime)
-        raw = bytearray(log.read_bytes()[:150_000])
-        raw[200] ^= 0xFF
+        raw = bytearray(log.read_bytes())
+        if damage == "snapshots":
+            for snapshot in data.glob("snapshot.*"):
+                snapshot.write_bytes(b"garbage")
+            raw = raw[:150_000]
+        else:
+            raw[len(raw.rstrip(b"\0")) // 2] ^= 0xFF
         log.write_bytes(bytes(raw))
         ensemble.restart(follower, 120)
+        aside = list(data.parent.glob("version-2.damaged-*"))
+        if damage == "log-byte":
+            assert len(aside) == 1, f"a log that fails its checksum was not moved aside: {aside}"
         alone = KazooClient(f"127.0.0.1:{ensemble.ports[follower].client}")
         clients.append(alone)
         alone.start(30)

@@ -465,7 +465,11 @@ class Run:
                 ev["target"] = f"server {member + 1}: {damage_zk_data(ensemble.data_dir(member), rng)}"
                 yield from wait_until(time.time() + f.duration)
                 ensemble.start_server(member)  # it finds the damage by its checksums and syncs from the leader
-                yield from wait_for(lambda: ensemble.mode(member) in ("follower", "leader"), 120)
+                serving = lambda: ensemble.mode(member) in ("follower", "leader")  # noqa: E731
+                if not (yield from wait_for(lambda: serving() or ensemble.damaged(member), 120)) or \
+                        ensemble.damaged(member):  # it refused its data: the operator's procedure
+                    ev["target"] += f"; refused to load it, rebuilt (data moved to {ensemble.rebuild(member).name})"
+                    yield from wait_for(serving, 120)
                 yield from wait_until(time.time() + ZK_SETTLE)
             return
         if f.kind == "pause-zk":

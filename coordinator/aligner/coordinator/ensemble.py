@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +92,8 @@ class ZkEnsemble:
         self.tie_to_parent = tie_to_parent
         self.ports = [ServerPorts(free_port(), free_port(), free_port()) for _ in range(servers)]
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._log_at: dict[int, int] = {}
+        """Size of each server's log when it was last started."""
 
     @property
     def hosts(self) -> str:
@@ -124,6 +127,8 @@ class ZkEnsemble:
     def _start_one(self, i: int) -> None:
         if not (self._dir(i) / "zoo.cfg").exists():
             self._write_cfg(i)
+        log = self._dir(i) / SERVER_LOG
+        self._log_at[i] = log.stat().st_size if log.exists() else 0
         self._procs[i] = spawn_server(self.workdir, i, self.tie_to_parent)
 
     def start(self, timeout: float = 120.0) -> str:
@@ -191,11 +196,43 @@ class ZkEnsemble:
             os.kill(pid, signal.SIGCONT)
 
     def restart(self, i: int, timeout: float = 120.0) -> None:
-        """Start server ``i`` again on its data; returns once it serves as a member of the quorum."""
+        """Start server ``i`` again on its data; returns once it serves as a member of the quorum. A server
+        that cannot load its data (a checksum failed) is rebuilt from the quorum (:meth:`rebuild`)."""
         if self.pid(i) is not None:
             raise StackError(f"ZooKeeper server {i + 1} is still running (pid {self.pid(i)})")
         self.start_server(i)
-        self.wait_serving(timeout, [i])
+        try:
+            self.wait_serving(timeout, [i])
+        except StackError:
+            if not self.damaged(i):
+                raise
+            self.rebuild(i)
+            self.wait_serving(timeout, [i])
+
+    def damaged(self, i: int) -> bool:
+        """Whether server ``i`` exited because its data on disk failed to load (ZooKeeper's own words)."""
+        proc = self._procs.get(i)
+        if proc is None or proc.poll() is None:
+            return False
+        try:
+            with open(self._dir(i) / SERVER_LOG, "rb") as f:
+                f.seek(self._log_at.get(i, 0))  # what this start wrote (the log is appended to across starts)
+                return b"Unable to load database on disk" in f.read()
+        except OSError:
+            return False
+
+    def rebuild(self, i: int) -> Path:
+        """The operator's procedure for a member whose disk is damaged: move its snapshots and logs aside
+        (kept for a post-mortem; ``myid`` stays) and start it empty: it takes a snapshot from the leader.
+        Safe while the other members hold a quorum, which acknowledged every committed write."""
+        if self.pid(i) is not None:
+            raise StackError(f"ZooKeeper server {i + 1} is still running (pid {self.pid(i)})")
+        data = self.data_dir(i)
+        aside = data.with_name(f"{data.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
+        if data.exists():
+            data.rename(aside)
+        self.start_server(i)
+        return aside
 
     def stop(self) -> None:
         for proc in self._procs.values():
