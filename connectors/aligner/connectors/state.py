@@ -39,6 +39,7 @@ retention like any subject's: the changelog's ledger stays bounded by policy, no
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import shutil
@@ -493,12 +494,17 @@ class RocksStore(StateStore):
         self._options = Options(raw_mode=True)
         self._options.create_if_missing(True)
         self._options.set_paranoid_checks(True)
+        existed = (self.path / "CURRENT").exists()
+        if str(self.path.resolve()) in _OPEN:
+            raise AlignerError(f"local state {self.path} is already open in this process")
+        _held_elsewhere(self.path)  # a store in use is not a damaged one: that is said first
         try:
             self._db: Any = Rdict(str(self.path), options=self._options)
-        except Exception as exc:  # rocksdict raises a bare Exception; only corruption means damage
-            if "Corruption" in str(exc):
-                raise StateDamagedError(str(self.path), str(exc).splitlines()[0]) from None
+        except Exception as exc:  # rocksdict raises a bare Exception: an existing store that nobody holds
+            if existed:           # and that does not open is damaged
+                raise StateDamagedError(str(self.path), _first_line(exc)) from None
             raise
+        _OPEN.add(str(self.path.resolve()))
         self._count: int | None = None
         try:
             raw = self._db.get(_META)
@@ -506,14 +512,9 @@ class RocksStore(StateStore):
                 doc = json.loads(raw)
                 self._tag = Tag(doc["identity"], doc["epoch"], doc.get("end"))
                 self._count = doc.get("count")
-        except (ValueError, KeyError, TypeError) as exc:
+        except Exception as exc:  # a checksum failure, or a tag that does not parse
             self.close()
-            raise StateDamagedError(str(self.path), f"its epoch tag is unreadable ({exc})") from None
-        except Exception as exc:
-            self.close()
-            if "Corruption" in str(exc):
-                raise StateDamagedError(str(self.path), str(exc).splitlines()[0]) from None
-            raise
+            raise StateDamagedError(str(self.path), f"its epoch tag is unreadable ({_first_line(exc)})") from None
 
     def _scan(self, values: bool) -> Iterator[tuple[bytes, bytes | None]]:
         """Every user key (and value) in order; a checksum failure raises instead of ending the scan early,
@@ -528,7 +529,7 @@ class RocksStore(StateStore):
         except StateDamagedError:
             raise
         except Exception as exc:
-            raise StateDamagedError(str(self.path), str(exc).splitlines()[0]) from None
+            raise StateDamagedError(str(self.path), _first_line(exc)) from None
         finally:
             del it  # an open iterator keeps the database (and its lock) alive past close()
 
@@ -544,6 +545,7 @@ class RocksStore(StateStore):
         if self._db is not None:
             self._db.close()
             self._db = None
+            _OPEN.discard(str(self.path.resolve()))
 
     def _base_get(self, key: str) -> bytes | None:
         return self._db.get(_USER + key.encode())
@@ -600,6 +602,29 @@ class RocksStore(StateStore):
         shutil.rmtree(self.path, ignore_errors=True)
         self._db = Rdict(str(self.path), options=self._options)
         self._tag, self._count = None, 0
+
+
+_OPEN: set[str] = set()
+"""Stores open in this process: RocksDB's file lock is per process, so a second open here is caught first."""
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _held_elsewhere(path: Path) -> None:
+    """Raise when another process holds the store (RocksDB's LOCK file is locked): two workers on one
+    directory is a deployment mistake, and the store is not damaged."""
+    lock = path / "LOCK"
+    if not lock.exists():
+        return
+    with open(lock, "rb+") as f:
+        try:
+            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise AlignerError(f"local state {path} is in use by another process (its LOCK is held): "
+                               "each worker needs a state directory of its own") from None
+        fcntl.lockf(f, fcntl.LOCK_UN)
 
 
 def open_store(path: str | Path | None = None) -> StateStore:
