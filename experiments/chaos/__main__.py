@@ -21,10 +21,11 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
 
 def one_run(seed: int, faults: int, duration: float, out: Path, rate: float, faust: bool = True,
-            zk_servers: int = 1, spark_workers: int = 0, rocksdb: bool = False) -> dict[str, Any]:
+            zk_servers: int = 1, spark_workers: int = 0, rocksdb: bool = False,
+            damage_zk: bool = False) -> dict[str, Any]:
     """One run: print the schedule, play it, check, and write the JSON report and the PNG timeline."""
     plan, ops = nemesis.schedule(seed, faults, duration, faust=faust, cluster=spark_workers > 0, rocksdb=rocksdb,
-                                 ensemble=zk_servers > 1)
+                                 ensemble=zk_servers > 1 and damage_zk)
     console.print(f"[bold]chaos run, seed {seed}[/]: {len(plan)} faults, {len(ops)} coordinator operations")
     for f in sorted(plan + ops, key=lambda f: f.at):
         console.print("  " + f.describe())
@@ -41,6 +42,7 @@ def one_run(seed: int, faults: int, duration: float, out: Path, rate: float, fau
     done = [e for e in run.events if e["kind"] in nemesis.FAULT_WEIGHTS and "(none" not in e["target"]]
     report = {
         "seed": seed, "faust": faust, "zk_servers": zk_servers, "spark_workers": spark_workers, "rocksdb": rocksdb,
+        "damage_zk": damage_zk,
         "faults_requested": faults, "duration": duration,
         "rate": rate,
         "started": run.started, "schedule": nemesis.as_json(plan), "operations": nemesis.as_json(ops),
@@ -84,13 +86,16 @@ def main(
     = 0,
     rocksdb: Annotated[bool, typer.Option(
         help="Job A keeps its state in RocksDB, and the nemesis damages it (damage-state)")] = False,
+    damage_zk: Annotated[bool, typer.Option(
+        help="On an ensemble, also damage a stopped follower's disk (damage-zk; ZooKeeper 3.8.0 lost data under "
+             "it, see README)")] = False,
 ) -> None:
     """Run the chain under a seeded nemesis and check every subject; exit 1 on any anomaly."""
     reports = []
     try:
         for i in range(runs):
             reports.append(one_run(seed + i, faults, duration, out, rate, faust, zk_servers,
-                                   spark_workers, rocksdb))
+                                   spark_workers, rocksdb, damage_zk))
     except (KeyboardInterrupt, Interrupted):
         console.print("[red]interrupted[/]: every process of the run was stopped")
         sys.exit(130)
