@@ -9,6 +9,7 @@ processes than the driver; faults are SIGKILLs of those processes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -164,12 +165,31 @@ class SparkCluster:
             proc.wait(10)
 
     def stop(self) -> None:
+        """Stop the master, the workers and everything they started (executor JVMs, their Python workers):
+        each worker's process group is killed and waited for until it is empty, not just its leader."""
         for proc in [*self._workers.values(), *([self._master] if self._master else [])]:
             _kill_group(proc.pid)
             with contextlib.suppress(Exception):
                 proc.wait(timeout=5)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # executors still exiting after their worker
+            with contextlib.suppress(TimeoutError):
+                wait_for(functools.partial(_group_gone, proc.pid), 15, f"process group {proc.pid} to end")
         self._workers.clear()
         self._master = None
+
+
+def _group_gone(pgid: int) -> bool:
+    """Whether no live process is left in process group ``pgid``."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return False
+    return True
 
 
 class ConnectServer:
