@@ -11,7 +11,11 @@ Kafka connections are counted as new client ports towards the broker, sampled ev
 The baseline is the micro-batch itself: the goal is no ZooKeeper session per task (at most one per worker
 process, reused across batches) and no Kafka client per task.
 
-    python -m experiments.bench_executors --seconds 60
+    python -m experiments.bench_executors --seconds 60 [--spark-workers 2]
+
+With ``--spark-workers N`` the query runs on a standalone cluster (``SparkCluster``): a process is the
+executors' when it descends from an executor JVM, so their figures and those of the driver's Python
+workers are reported apart.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +35,7 @@ from aligner.connectors.sink import SinkProducer
 from aligner.connectors.spark.job import stop_query
 from aligner.connectors.spark.lineage import sink_lineage, source_batch
 from aligner.connectors.subjects import create_subject
+from aligner.coordinator.spark_cluster import SparkCluster, executor_of
 from aligner.coordinator.stack import EmbeddedStack, wait_for
 from aligner.ledger import Ledger
 from experiments.common import value, write_results
@@ -107,8 +113,12 @@ def tcp_connections() -> list[tuple[int, int, int]]:
 class Sampler(threading.Thread):
     """Every 0.2 s: which process holds which ZooKeeper and broker connection, and ZooKeeper's counters."""
 
-    def __init__(self, zk_port: int, kafka_port: int) -> None:
+    def __init__(self, zk_port: int, kafka_port: int, classify: Callable[[int], bool] | None = None) -> None:
         super().__init__(daemon=True, name="footprint-sampler")
+        self.classify = classify
+        self.in_executors: set[int] = set()
+        self.seen: set[int] = set()
+        """Processes ``classify`` said run in an executor, decided when first seen (they may end before the run)."""
         self.zk_port, self.kafka_port = zk_port, kafka_port
         self.stop = threading.Event()
         self.me = os.getpid()
@@ -137,85 +147,132 @@ class Sampler(threading.Thread):
                 self.zk_conns[local] = (pid, sid, recved)
             elif remote == self.kafka_port:
                 self.kafka.setdefault(local, pid)
+            else:
+                continue
+            if self.classify is not None and pid not in self.seen:
+                self.seen.add(pid)
+                if self.classify(pid):
+                    self.in_executors.add(pid)
 
-    def executors(self) -> dict[str, Any]:
-        zk = [(pid, sid, n) for pid, sid, n in self.zk_conns.values() if pid != self.me]
+    def executors(self, only: set[int] | None = None, invert: bool = False) -> dict[str, Any]:
+        """Totals over the worker processes (``only``: over these processes; ``invert``: over the others)."""
+        def mine(pid: int) -> bool:
+            return pid != self.me and (only is None or (pid in only) != invert)
+
+        zk = [(pid, sid, n) for pid, sid, n in self.zk_conns.values() if mine(pid)]
+        kafka = [pid for pid in self.kafka.values() if mine(pid)]
         return {"zk_sessions": len({sid for _, sid, _ in zk}), "zk_processes": len({pid for pid, _, _ in zk}),
-                "zk_requests": sum(n for _, _, n in zk),
-                "kafka_connections": sum(1 for pid in self.kafka.values() if pid != self.me),
-                "worker_processes": len({pid for pid, _, _ in zk} | {p for p in self.kafka.values() if p != self.me})}
+                "zk_requests": sum(n for _, _, n in zk), "kafka_connections": len(kafka),
+                "worker_processes": len({pid for pid, _, _ in zk} | set(kafka))}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=60.0, help="measured seconds of input")
     ap.add_argument("--interval", type=float, default=0.5, help="seconds between X epochs")
+    ap.add_argument("--spark-workers", type=int, default=0,
+                    help="run on a standalone cluster of N one-core workers (executor JVMs apart from the driver, "
+                         "so the executors' figures are theirs alone); 0: local[2]")
     args = ap.parse_args()
     logging.getLogger("kazoo").setLevel(logging.ERROR)
     from aligner.connectors.spark.session import local_session
 
-    with EmbeddedStack() as info, tempfile.TemporaryDirectory() as checkpoint:
-        led = Ledger.connect(info.zk, ROOT)
-        for name in (X, Y):
-            create_subject(led, info.kafka, name, PARTITIONS, value_format="bytes")
-        spark = local_session("local[2]", "bench-executors", **{"spark.ui.showConsoleProgress": "false"})
-        conn = {"zk": info.zk, "kafka": info.kafka, "root": ROOT}
-        query = (spark.readStream.format("aligned").options(**conn, subject=X).load().select("key", "value")
-                 .writeStream.format("aligned").options(**conn, subject=Y, sinkId=SINK)
-                 .option("checkpointLocation", checkpoint).start())
-        sampler = Sampler(info.port("zookeeper"), info.port("kafka"))
-        sampler.start()
-        n = 0
-        with SinkProducer(led, info.kafka, X, "gen", 0, list(range(PARTITIONS))) as p:
-            def epoch() -> int:
-                nonlocal n
-                p.begin()
-                for _ in range(20):
-                    p.send(value(n), partition=n % PARTITIONS)
-                    n += 1
-                return p.commit().epoch
+    with EmbeddedStack() as info, tempfile.TemporaryDirectory() as checkpoint, \
+            tempfile.TemporaryDirectory(prefix="aligner-spark-") as work:
+        cluster = SparkCluster(Path(work), workers=args.spark_workers) if args.spark_workers else None
+        try:
+            if cluster is not None:
+                cluster.start(300)
+            payload = _measure(args, info, checkpoint, cluster, local_session)
+        finally:
+            if cluster is not None:
+                cluster.stop()
+    print(f"results: {write_results('bench_executors', payload)}")
 
-            warm = epoch()  # the JVM, the Python workers and the first batch: not measured
-            wait_for(lambda: len(sink_lineage(led, Y, SINK)) >= 1, 600, "the warm-up micro-batch")
-            for _ in range(3):
-                epoch()
-                time.sleep(args.interval)
-            wait_for(lambda: len(sink_lineage(led, Y, SINK)) >= 2, 600, "warm micro-batches")
-            time.sleep(1.0)
-            before, batches_before, t0 = sampler.executors(), len(sink_lineage(led, Y, SINK)), time.monotonic()
-            last = warm
-            while time.monotonic() - t0 < args.seconds:
-                last = epoch()
-                time.sleep(args.interval)
-        wait_for(lambda: any(r.last >= last for node in sink_lineage(led, Y, SINK).values()
-                             for r in source_batch(led, node.query, node.batch).values()), 300,
-                 "the query to write the last X epoch")
+
+def _measure(args: argparse.Namespace, info: Any, checkpoint: str, cluster: SparkCluster | None,
+             local_session: Any) -> dict[str, Any]:
+    led = Ledger.connect(info.zk, ROOT)
+    for name in (X, Y):
+        create_subject(led, info.kafka, name, PARTITIONS, value_format="bytes")
+    conf = {"spark.ui.showConsoleProgress": "false"}
+    if cluster is not None:  # the executors import this checkout's code
+        conf["spark.executorEnv.PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    spark = local_session(cluster.url if cluster is not None else "local[2]", "bench-executors", **conf)
+    conn = {"zk": info.zk, "kafka": info.kafka, "root": ROOT}
+    query = (spark.readStream.format("aligned").options(**conn, subject=X).load().select("key", "value")
+             .writeStream.format("aligned").options(**conn, subject=Y, sinkId=SINK)
+             .option("checkpointLocation", checkpoint).start())
+    sampler = Sampler(info.port("zookeeper"), info.port("kafka"),
+                      classify=(lambda pid: executor_of(pid) is not None) if cluster is not None else None)
+    sampler.start()
+    n = 0
+    with SinkProducer(led, info.kafka, X, "gen", 0, list(range(PARTITIONS))) as p:
+        def epoch() -> int:
+            nonlocal n
+            p.begin()
+            for _ in range(20):
+                p.send(value(n), partition=n % PARTITIONS)
+                n += 1
+            return p.commit().epoch
+
+        warm = epoch()  # the JVM, the Python workers and the first batch: not measured
+        wait_for(lambda: len(sink_lineage(led, Y, SINK)) >= 1, 600, "the warm-up micro-batch")
+        for _ in range(3):
+            epoch()
+            time.sleep(args.interval)
+        wait_for(lambda: len(sink_lineage(led, Y, SINK)) >= 2, 600, "warm micro-batches")
+        time.sleep(1.0)
         sampler.sample()
-        after, batches, elapsed = sampler.executors(), len(sink_lineage(led, Y, SINK)) - batches_before, \
-            time.monotonic() - t0
-        sampler.stop.set()
-        stop_query(query)
-        spark.stop()
-        led.close()
+        split = sampler.in_executors if cluster is not None else None
+        before, batches_before, t0 = sampler.executors(split), len(sink_lineage(led, Y, SINK)), time.monotonic()
+        driver_before = sampler.executors(split, invert=True) if split is not None else None
+        last = warm
+        while time.monotonic() - t0 < args.seconds:
+            last = epoch()
+            time.sleep(args.interval)
+    wait_for(lambda: any(r.last >= last for node in sink_lineage(led, Y, SINK).values()
+                         for r in source_batch(led, node.query, node.batch).values()), 300,
+             "the query to write the last X epoch")
+    sampler.sample()
+    split = sampler.in_executors if cluster is not None else None
+    after, batches, elapsed = sampler.executors(split), len(sink_lineage(led, Y, SINK)) - batches_before, \
+        time.monotonic() - t0
+    driver_after = sampler.executors(split, invert=True) if split is not None else None
+    sampler.stop.set()
+    stop_query(query)
+    spark.stop()
+    led.close()
+    payload = {"master": "local[2]" if cluster is None else f"standalone, {args.spark_workers} one-core workers",
+               "seconds": round(elapsed, 1), "micro_batches": batches, "tasks_per_batch": 2 * PARTITIONS,
+               **_figures("executor", before, after, batches, elapsed)}
+    if driver_before is not None and driver_after is not None:
+        payload |= _figures("driver_worker", driver_before, driver_after, batches, elapsed)
+    where = "local[2]: the driver's Python workers counted in" if cluster is None else payload["master"]
+    print(f"{batches} micro-batches in {elapsed:.0f} s ({payload['tasks_per_batch']} tasks each), {where}")
+    for role in ("executor", "driver_worker"):
+        if f"{role}_zk_sessions" not in payload:
+            continue
+        f = {k[len(role) + 1:]: v for k, v in payload.items() if k.startswith(role + "_")}
+        print(f"{role}s: {f['zk_sessions']} ZooKeeper sessions in {f['processes_with_zk']} processes "
+              f"({f['zk_sessions_opened_while_measured']} opened while measured); "
+              f"{f['zk_requests_per_batch_less_pings']} ZooKeeper requests per micro-batch (pings left out); at least "
+              f"{f['kafka_connections_opened_per_batch']} Kafka connections opened per micro-batch")
+    return payload
+
+
+def _figures(role: str, before: dict[str, Any], after: dict[str, Any], batches: int, elapsed: float) -> dict[str, Any]:
     requests = after["zk_requests"] - before["zk_requests"]
     pings = after["zk_sessions"] * elapsed / PING_EVERY
-    payload = {
-        "seconds": round(elapsed, 1), "micro_batches": batches, "tasks_per_batch": 2 * PARTITIONS,
-        "executor_zk_sessions": after["zk_sessions"], "executor_processes_with_zk": after["zk_processes"],
-        "executor_zk_sessions_opened_while_measured": after["zk_sessions"] - before["zk_sessions"],
-        "executor_zk_requests_per_batch": round(requests / max(batches, 1), 2),
-        "executor_zk_requests_per_batch_less_pings": round((requests - pings) / max(batches, 1), 2),
-        "executor_kafka_connections_opened_per_batch": round(
+    return {
+        f"{role}_zk_sessions": after["zk_sessions"], f"{role}_processes_with_zk": after["zk_processes"],
+        f"{role}_zk_sessions_opened_while_measured": after["zk_sessions"] - before["zk_sessions"],
+        f"{role}_zk_requests_per_batch": round(requests / max(batches, 1), 2),
+        f"{role}_zk_requests_per_batch_less_pings": round((requests - pings) / max(batches, 1), 2),
+        f"{role}_kafka_connections_opened_per_batch": round(
             (after["kafka_connections"] - before["kafka_connections"]) / max(batches, 1), 2),
-        "executor_worker_processes": after["worker_processes"],
+        f"{role}_worker_processes": after["worker_processes"],
     }
-    print(f"{batches} micro-batches in {elapsed:.0f} s ({payload['tasks_per_batch']} tasks each), local[2]")
-    print(f"executors: {payload['executor_zk_sessions']} ZooKeeper sessions in {payload['executor_processes_with_zk']} "
-          f"processes ({payload['executor_zk_sessions_opened_while_measured']} opened while measured); "
-          f"{payload['executor_zk_requests_per_batch_less_pings']} ZooKeeper requests per micro-batch "
-          f"(pings left out); at least {payload['executor_kafka_connections_opened_per_batch']} Kafka connections "
-          f"opened per micro-batch")
-    print(f"results: {write_results('bench_executors', payload)}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """Every benchmark the README cites runs at HEAD: a smoke run of each at tiny sizes (seconds, no timing
-assertion), so a benchmark cannot rot unnoticed. Results go to a temporary folder (ALIGNER_RESULTS)."""
+assertion), so a benchmark cannot rot unnoticed. Results go to a temporary folder (ALIGNER_RESULTS). A crash of
+native code (bench_state died of SIGSEGV once in a loaded fresh-clone run, never alone) prints every
+thread's Python stack through faulthandler, into the failure message."""
 
 from __future__ import annotations
 
@@ -36,8 +38,8 @@ def test_benchmark_runs_at_head(name: str, tmp_path: Path) -> None:
         pytest.importorskip("pyspark")
     env = {**os.environ, "ALIGNER_RESULTS": str(tmp_path), "PYTHONPATH": str(ROOT)}
     try:
-        done = subprocess.run([sys.executable, "-m", f"experiments.{name}", *SMOKE[name]], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=540)
+        done = subprocess.run([sys.executable, "-X", "faulthandler", "-m", f"experiments.{name}", *SMOKE[name]],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{name} did not finish a smoke run in 9 minutes: {str(exc.stdout or '')[-2000:]}")
     assert done.returncode == 0, f"{name} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"

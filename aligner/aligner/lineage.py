@@ -22,6 +22,7 @@ from aligner.layout import split_writer
 from aligner.ledger import Ledger
 from aligner.lineage_models import SparkSinkEpochNode, SparkSourceBatchNode
 from aligner.models import now_ms, parse
+from aligner.ops import Create
 
 SOURCE_BATCHES_KEPT = 100_000
 """Source batch nodes kept per query; older ones are deleted as new batches are recorded."""
@@ -225,10 +226,15 @@ class SparkLineageLedger:
         stands (an earlier one wins: the caller compares). A new record drops the batch ``kept`` batches
         older, so a query's records stay bounded."""
         path = self.source_batch_path(node.query, node.batch, node.subject)
-        try:
-            self.ledger.zk.create(path, node.dump(), makepath=True)
-        except NodeExistsError:
-            return parse(SparkSourceBatchNode, path, self.ledger.zk.get(path)[0])
+        # One request in the common case (the batch's first subject, its bucket there): the batch node and
+        # the record together. Otherwise the record alone, its parents made as needed.
+        results = self.ledger.zk.transaction([Create(self.batch_path(node.query, node.batch)),
+                                              Create(path, node.dump())]).commit()
+        if any(isinstance(r, Exception) for r in results):
+            try:
+                self.ledger.zk.create(path, node.dump(), makepath=True)
+            except NodeExistsError:
+                return parse(SparkSourceBatchNode, path, self.ledger.zk.get(path)[0])
         if node.batch >= kept:
             with contextlib.suppress(NoNodeError):
                 self.ledger.zk.delete(self.batch_path(node.query, node.batch - kept), recursive=True)

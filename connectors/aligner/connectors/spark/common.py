@@ -11,7 +11,8 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -228,11 +229,13 @@ class ReadPlan:
 class AlignedPartition(InputPartition):
     """One Kafka partition over a span of consecutive epochs: its non-empty segments in order."""
 
-    def __init__(self, plan: ReadPlan, partition: int, segments: list[Segment]) -> None:
+    def __init__(self, plan: ReadPlan, partition: int, segments: list[Segment], records: bool = False) -> None:
         super().__init__(partition)
         self.plan = plan
         self.partition = partition
         self.segments = segments
+        self.records = records
+        """This task records the micro-batch's lineage (streaming reads: one task per subject)."""
 
     def __repr__(self) -> str:
         epochs = f"{self.segments[0].epoch}..{self.segments[-1].epoch}" if self.segments else "-"
@@ -259,9 +262,9 @@ def plan_partitions(ledger: Ledger, kafka: str, subject: SubjectNode, epochs: Se
                     fields=tuple((f.name, f.type) for f in field_columns(subject)), stall_timeout=stall_timeout,
                     zk=zk, root=ledger.layout.root, span=span, subject_column=subject_column,
                     job_span=job_span)
-    parts = [AlignedPartition(plan, p, by_partition[p]) for p in sorted(by_partition)]
+    parts = [AlignedPartition(plan, p, by_partition[p], records=i == 0) for i, p in enumerate(sorted(by_partition))]
     if span is not None and not parts:
-        parts = [AlignedPartition(plan, 0, [])]
+        parts = [AlignedPartition(plan, 0, [], records=True)]
     return parts
 
 
@@ -372,20 +375,62 @@ def messages_to_batches(messages: list[Any], epoch: int, partition: int, fields:
         yield pa.RecordBatch.from_arrays(arrays, schema=pa_schema)
 
 
-def record_batch_lineage(plan: ReadPlan) -> None:
-    """Executor side of a streaming read: record (query id, batch id) -> the batch's subject epochs."""
+def record_batch_lineage(partition: AlignedPartition) -> None:
+    """Executor side of a streaming read: record (query id, batch id) -> the batch's subject epochs.
+
+    A plain read records it from one task per subject (the driver's commit runs after every task
+    succeeded). A job's read records it from every task, once per process: the batch's write tasks decide
+    from it whether they write, and one may run before the first read task did."""
     from pyspark import TaskContext
 
     from aligner.connectors.spark.lineage import record_source_batch
 
+    plan = partition.plan
     ctx = TaskContext.get()
     if ctx is None or plan.span is None:
         return
     query, batch = ctx.getLocalProperty("sql.streaming.queryId"), ctx.getLocalProperty("streaming.sql.batchId")
     if not query or batch is None:
         return
-    record_source_batch(ledger_for(plan.zk, plan.root), query, int(batch), plan.subject, *plan.span,
-                        job_span=plan.job_span)
+    key = (plan.zk, plan.root, query, int(batch), plan.subject)
+    if plan.job_span is not None:
+        _remember((*key[:4], "job"), plan.job_span)
+    elif not partition.records:
+        return
+    if _recalled(key) is None:
+        record_source_batch(ledger_for(plan.zk, plan.root), query, int(batch), plan.subject, *plan.span,
+                            job_span=plan.job_span)
+        _remember(key, plan.span)
+
+
+def batch_job_span(conn: Connection, query: str | None, batch: int,
+                   lookup: Callable[[Ledger], tuple[int, int]]) -> tuple[int, int]:
+    """The job epochs micro-batch ``batch`` of a job's query covers: from this process's own read task of
+    the batch, else ``lookup`` (the lineage its read tasks recorded), once per process and batch."""
+    key = (conn.zk, conn.root, query or "", batch, "job")
+    span = _recalled(key)
+    if span is None:
+        span = lookup(ledger_for(conn.zk, conn.root))
+        _remember(key, span)
+    return span
+
+
+_BATCHES: OrderedDict[tuple[str, str, str, int, str], tuple[int, int]] = OrderedDict()
+"""What this process recorded or looked up of recent micro-batches: (zk, root, query, batch, subject or
+"job") -> epochs. Bounded, so a long-running executor keeps a few batches' worth, not its uptime's."""
+_BATCHES_KEPT = 512
+
+
+def _remember(key: tuple[str, str, str, int, str], span: tuple[int, int]) -> None:
+    with _LOCK:
+        _BATCHES[key] = span
+        while len(_BATCHES) > _BATCHES_KEPT:
+            _BATCHES.popitem(last=False)
+
+
+def _recalled(key: tuple[str, str, str, int, str]) -> tuple[int, int] | None:
+    with _LOCK:
+        return _BATCHES.get(key)
 
 
 def read_aligned_partition(partition: AlignedPartition, schema: StructType) -> Iterator[pa.RecordBatch]:
@@ -395,7 +440,7 @@ def read_aligned_partition(partition: AlignedPartition, schema: StructType) -> I
 
     plan = partition.plan
     if plan.span is not None:
-        record_batch_lineage(plan)
+        record_batch_lineage(partition)
     if not partition.segments:
         return
     pa_schema = to_arrow_schema(schema, timezone="UTC")

@@ -66,7 +66,14 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 
 from aligner.connectors.kafka import end_offsets, transactional_id
 from aligner.connectors.sink import partitions_for
-from aligner.connectors.spark.common import AlignedOptionError, Connection, int_option, ledger_for, opt
+from aligner.connectors.spark.common import (
+    AlignedOptionError,
+    Connection,
+    batch_job_span,
+    int_option,
+    ledger_for,
+    opt,
+)
 from aligner.connectors.spark.faults import TaskHang
 from aligner.connectors.spark.job_node import (
     awaits,
@@ -83,7 +90,7 @@ from aligner.connectors.stamped import StampedProducer, epoch_ranges
 from aligner.errors import AlignerError
 from aligner.layout import writer_id
 from aligner.ledger import Contribution, Lease, Ledger
-from aligner.models import ProducerNode, Range
+from aligner.models import JobNode, ProducerNode, Range, SwapNode
 from aligner.stamps import Stamp
 
 log = logging.getLogger("aligner.spark.writer")
@@ -351,8 +358,14 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
             raise AlignedOptionError("column value must be binary or string for format('aligned')")
         if "key" in names and not isinstance(schema["key"].dataType, (BinaryType, StringType)):
             raise AlignedOptionError("column key must be binary or string for format('aligned')")
+        # Runs on the driver, once per micro-batch (Spark plans a new writer for each) after the previous
+        # batch's commit: the slots' leases, the topic and the job's node and swap read here travel to the
+        # batch's write tasks in this object, so a write task makes no ZooKeeper request of its own.
         conn = self.spec.conn
         ledger = ledger_for(conn.zk, conn.root)
+        self.node: JobNode | None = None
+        self.swap: SwapNode | None = None
+        self.topic = ledger.subject(conn.subject).topic
         if self.spec.job is not None:
             node = job_of(ledger, self.spec.job)
             if node.output != conn.subject:
@@ -360,12 +373,15 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
                                          f"{conn.subject!r}")
             parts = output_partitions(ledger, node)
             self.producers = len(parts)
-            open_slots(ledger, conn.kafka, node.output, node.job, len(parts), parts)  # sink id = job id
-            return
-        partitions = ledger.subject(conn.subject).partitions
-        self.producers = self.spec.producers or partitions
-        # Runs on the driver (planning and every commit): claims the slots the first time only.
-        open_slots(ledger, conn.kafka, conn.subject, self.spec.sink, self.producers)
+            # The swap as planned: the planner never lets a batch run across S, nor past it before the swap
+            # committed, so what the batch's tasks decide from it is what the commit decides.
+            self.node, self.swap = node, swap_in(ledger, node)
+            leases = open_slots(ledger, conn.kafka, node.output, node.job, len(parts), parts)  # sink id = job id
+        else:
+            partitions = ledger.subject(conn.subject).partitions
+            self.producers = self.spec.producers or partitions
+            leases = open_slots(ledger, conn.kafka, conn.subject, self.spec.sink, self.producers)
+        self.leases = {int(lease.node.producer): lease for lease in leases}
 
     # ---- executors ----
 
@@ -396,7 +412,7 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
                     if voided and shadow is not None:  # ... in shadow mode: its output goes to the shadow subject
                         out = _SlotWriter(replace(self.spec, conn=replace(self.spec.conn, subject=shadow)), slot, True)
                 if out is None:
-                    out = _SlotWriter(self.spec, slot)
+                    out = _SlotWriter(self.spec, slot, lease=self.leases[slot], topic=self.topic)
                 out.write(batch)
                 if fault is not None and out.records >= fault:
                     out.producer.kp.flush(30)  # the records are on the broker when the attempt dies
@@ -418,14 +434,12 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
         """A job's task: whether its micro-batch voids its output (decided as the driver's commit does; the
         batch's read tasks recorded its job epochs before any row reached this one), and the shadow
         subject that takes the voided output instead, if the job has one."""
-        conn = self.spec.conn
-        ledger = ledger_for(conn.zk, conn.root)
         batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
         if batch is None:
             raise AlignerError(f"sink of job {self.spec.job!r} runs outside a streaming micro-batch")
-        (first, _last), _ = job_span(ledger, query, int(batch))
-        node = job_of(ledger, self.spec.job or self.spec.sink)
-        return not batch_writes(node, swap_in(ledger, node), first), node.shadow
+        assert self.node is not None
+        first, _ = batch_job_span(self.spec.conn, query, int(batch), lambda led: job_span(led, query, int(batch))[0])
+        return not batch_writes(self.node, self.swap, first), self.node.shadow
 
     # ---- driver ----
 
@@ -446,20 +460,24 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
 class _SlotWriter:
     """One task attempt writing one slot: a stamped Kafka transaction, committed in ZooKeeper by the driver."""
 
-    def __init__(self, spec: SinkSpec, slot: int, shadow: bool = False) -> None:
+    def __init__(self, spec: SinkSpec, slot: int, shadow: bool = False, lease: Lease | None = None,
+                 topic: str | None = None) -> None:
+        """``lease`` and ``topic`` as the driver read them for this micro-batch; a shadow subject's are read
+        here (its slots are the shadow's, not the target's)."""
         self.shadow = shadow
         conn = spec.conn
-        ledger = ledger_for(conn.zk, conn.root)
-        (lease,) = load_slots(ledger, conn.subject, spec.sink, [slot])
+        if lease is None or topic is None:
+            ledger = ledger_for(conn.zk, conn.root)
+            (lease,) = load_slots(ledger, conn.subject, spec.sink, [slot])
+            topic = ledger.subject(conn.subject).topic
         self.subject = conn.subject
         self.lease = lease
         self.epoch = lease.next_epoch
         self.attempt = secrets.randbits(62) + 1
         self.slot = slot
         self.producer = StampedProducer(conn.kafka, transactional_id(conn.subject, spec.sink, str(slot)),
-                                        conn.subject, lease.node.partitions, name=f"{slot} of sink {spec.sink!r}",
-                                        stopping=ledger.stopping)
-        self.producer.start({conn.subject: ledger.subject(conn.subject).topic})  # fences an earlier attempt
+                                        conn.subject, lease.node.partitions, name=f"{slot} of sink {spec.sink!r}")
+        self.producer.start({conn.subject: topic})  # fences an earlier attempt
         self.producer.begin_epoch(self.epoch, {conn.subject: Stamp(spec.sink, self.epoch, self.attempt)})
 
     @property
