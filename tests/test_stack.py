@@ -231,3 +231,66 @@ def test_stack_up_zk_servers_runs_an_ensemble_and_restarts_a_dead_server(home_en
     assert down.returncode == 0, down.stderr
     assert down.stdout.count("stopped ZooKeeper server") == 3
     assert not any(_alive(p) for p in restarted["zk_pids"])
+
+
+def _flip_log_byte(data: Path) -> None:
+    """Flip a byte inside the newest transaction log's transactions: ZooKeeper refuses the log (CRC check)."""
+    log = max(data.glob("log.*"), key=lambda p: p.stat().st_mtime)
+    raw = bytearray(log.read_bytes())
+    raw[len(raw.rstrip(b"\0")) // 2] ^= 0xFF
+    log.write_bytes(bytes(raw))
+
+
+def test_stack_up_rebuilds_a_member_that_refuses_its_damaged_data(home_env: dict[str, str]) -> None:
+    """Every member killed, server 2's transaction log damaged (a byte flipped): ``stack up`` restarts the
+    healthy two first, finds server 2 refusing its data and, the others serving a quorum, moves its data
+    aside (kept) and starts it empty; it syncs the whole tree from the leader. With two members damaged the
+    third holds no quorum: ``stack up`` says so and leaves their data alone."""
+    from kazoo.client import KazooClient
+
+    env = home_env
+    up = run_cli(env, "stack", "up", "--zk-servers", "3", "--no-retention", "--json")
+    assert up.returncode == 0, up.stderr
+    info = json.loads(up.stdout)
+    data = [Path(info["workdir"]) / f"zk-{i}" / "data" / "version-2" for i in range(3)]
+    with Ledger.connect(info["zk"], env["ALIGNER_ROOT"]) as led:
+        for n in range(300):
+            led.register_subject(SubjectNode(name=f"s{n}", topic=f"s{n}", partitions=1))
+
+    def kill_all(pids: list[int]) -> None:
+        for i, pid in enumerate(pids):
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda i=i: _states(env)[f"zookeeper-{i + 1}"] == "down", 30, f"server {i + 1} to be down")
+
+    kill_all(info["zk_pids"])
+    _flip_log_byte(data[1])
+    again = run_cli(env, "stack", "up", "--json")
+    assert again.returncode == 0, again.stderr
+    rebuilt = json.loads(again.stdout)
+    assert rebuilt["actions"]["zookeeper-1"] == rebuilt["actions"]["zookeeper-3"] == "restarted"
+    assert rebuilt["actions"]["zookeeper-2"].startswith("rebuilt (its damaged data moved to "), rebuilt["actions"]
+    assert len(list(data[1].parent.glob("version-2.damaged-*"))) == 1
+    alone = KazooClient(f"127.0.0.1:{info['zk_ports'][1]}")
+    alone.start(30)
+    try:
+        alone.sync("/")
+        subjects = alone.get_children(f"{env['ALIGNER_ROOT']}/subjects")
+        assert len([s for s in subjects if s.startswith("s")]) == 300
+    finally:
+        alone.stop()
+        alone.close()
+    with Ledger.connect(rebuilt["zk"], env["ALIGNER_ROOT"]) as led:  # every member's log has transactions
+        for n in range(300, 400):
+            led.register_subject(SubjectNode(name=f"s{n}", topic=f"s{n}", partitions=1))
+
+    kill_all(rebuilt["zk_pids"])
+    _flip_log_byte(data[0])
+    _flip_log_byte(data[1])
+    kept = {i: sorted(p.name for p in data[i].iterdir()) for i in (0, 1)}
+    refused = run_cli(env, "stack", "up")
+    assert refused.returncode == 1 and "hold no quorum" in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert {i: sorted(p.name for p in data[i].iterdir()) for i in (0, 1)} == kept
+    assert len(list(data[0].parent.glob("version-2.damaged-*"))) == 0
+    assert len(list(data[1].parent.glob("version-2.damaged-*"))) == 1  # the first rebuild's, nothing new
+    assert run_cli(env, "stack", "down").returncode == 0

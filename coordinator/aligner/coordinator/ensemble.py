@@ -79,6 +79,42 @@ def spawn_server(workdir: Path, i: int, tie_to_parent: bool) -> subprocess.Popen
 
 SERVER_LOG = "zookeeper.log"
 
+REFUSED = b"Unable to load database on disk"
+"""What ZooKeeper logs, then exits, when its snapshots or transaction log fail to load (a CRC check failed)."""
+
+
+def log_size(workdir: Path, i: int) -> int:
+    """Server ``i``'s log size now: a start's own lines are what follows it (the log is appended to)."""
+    log = server_dir(workdir, i) / SERVER_LOG
+    return log.stat().st_size if log.exists() else 0
+
+
+def refused_its_data(workdir: Path, i: int, since: int) -> bool:
+    """Whether server ``i``, started when its log had ``since`` bytes, refused to load its data on disk."""
+    try:
+        with open(server_dir(workdir, i) / SERVER_LOG, "rb") as f:
+            f.seek(since)
+            return REFUSED in f.read()
+    except OSError:
+        return False
+
+
+def move_data_aside(workdir: Path, i: int) -> Path:
+    """The operator's procedure for a member whose disk is damaged: its snapshots and logs moved aside (kept
+    for a post-mortem; ``myid`` stays), so it starts empty and takes a snapshot from the leader. Safe only
+    while the other members hold a quorum, which acknowledged every committed write: callers check."""
+    data = server_dir(workdir, i) / "data" / "version-2"
+    aside = data.with_name(f"{data.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
+    if data.exists():
+        data.rename(aside)
+    return aside
+
+
+def quorum_without(ports: list[int], i: int) -> bool:
+    """Whether the ensemble's other members serve with a leader among them (client ports, 0-based ``i``)."""
+    modes = [_mode(p) for j, p in enumerate(ports) if j != i]
+    return "leader" in modes and sum(m in ("leader", "follower") for m in modes) > len(ports) // 2
+
 
 class ZkEnsemble:
     """``servers`` ZooKeeper servers on loopback forming one ensemble; its children die with the caller
@@ -127,8 +163,7 @@ class ZkEnsemble:
     def _start_one(self, i: int) -> None:
         if not (self._dir(i) / "zoo.cfg").exists():
             self._write_cfg(i)
-        log = self._dir(i) / SERVER_LOG
-        self._log_at[i] = log.stat().st_size if log.exists() else 0
+        self._log_at[i] = log_size(self.workdir, i)
         self._procs[i] = spawn_server(self.workdir, i, self.tie_to_parent)
 
     def start(self, timeout: float = 120.0) -> str:
@@ -214,23 +249,13 @@ class ZkEnsemble:
         proc = self._procs.get(i)
         if proc is None or proc.poll() is None:
             return False
-        try:
-            with open(self._dir(i) / SERVER_LOG, "rb") as f:
-                f.seek(self._log_at.get(i, 0))  # what this start wrote (the log is appended to across starts)
-                return b"Unable to load database on disk" in f.read()
-        except OSError:
-            return False
+        return refused_its_data(self.workdir, i, self._log_at.get(i, 0))
 
     def rebuild(self, i: int) -> Path:
-        """The operator's procedure for a member whose disk is damaged: move its snapshots and logs aside
-        (kept for a post-mortem; ``myid`` stays) and start it empty: it takes a snapshot from the leader.
-        Safe while the other members hold a quorum, which acknowledged every committed write."""
+        """Start server ``i`` on empty data, its damaged data moved aside (:func:`move_data_aside`)."""
         if self.pid(i) is not None:
             raise StackError(f"ZooKeeper server {i + 1} is still running (pid {self.pid(i)})")
-        data = self.data_dir(i)
-        aside = data.with_name(f"{data.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
-        if data.exists():
-            data.rename(aside)
+        aside = move_data_aside(self.workdir, i)
         self.start_server(i)
         return aside
 

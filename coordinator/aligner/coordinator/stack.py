@@ -546,8 +546,10 @@ def _port_free(port: int) -> OSError | None:
     return None
 
 
-def _restart(info: StackInfo, name: str, timeout: float) -> int:
-    """Start a component that is down on its own port and data directory; returns its pid."""
+def _restart(info: StackInfo, name: str, timeout: float, patience: float = 30.0) -> tuple[int, str]:
+    """Start a component that is down on its own port and data directory; returns its pid and what was done:
+    ``restarted``, or for an ensemble member that refused its damaged data while the others hold a quorum,
+    ``rebuilt`` (data moved aside, started empty, synced from the leader)."""
     workdir, port = Path(info.workdir), info.port(name)
     if not workdir.is_dir():
         raise StackError(f"cannot restart {label(name)}: its data dir {workdir} is gone; "
@@ -558,17 +560,45 @@ def _restart(info: StackInfo, name: str, timeout: float) -> int:
                          f"(another process holds it); free the port and run `aligner stack up` again")
     tls = info.tls_files() if name == ZOOKEEPER else None
     if (i := server_index(name)) is not None:
-        from aligner.coordinator.ensemble import spawn_server
+        return _restart_member(info, i, timeout, patience)
+    proc = _spawn_component(name, workdir, port, tie_to_parent=False, tls=tls)
+    _ready_or_killed(name, proc, port, workdir, timeout, tls)
+    return proc.pid, "restarted"
 
-        proc = spawn_server(workdir, i, tie_to_parent=False)
-    else:
-        proc = _spawn_component(name, workdir, port, tie_to_parent=False, tls=tls)
+
+def _ready_or_killed(name: str, proc: subprocess.Popen[bytes], port: int, workdir: Path, timeout: float,
+                     tls: TlsFiles | None = None) -> None:
     try:
         _await_ready(_kind(name), proc, port, workdir, timeout, tls)
     except BaseException:
         _kill_group(proc.pid)
         raise
-    return proc.pid
+
+
+def _restart_member(info: StackInfo, i: int, timeout: float, patience: float) -> tuple[int, str]:
+    """An ensemble member on its data; one that refuses it as damaged is rebuilt when, and only when, the
+    others serve a quorum (they acknowledged every committed write; waited for up to ``patience`` s);
+    else its data stays as it is."""
+    from aligner.coordinator.ensemble import log_size, move_data_aside, quorum_without, refused_its_data, spawn_server
+
+    workdir, name, port = Path(info.workdir), server_name(i), info.zk_ports[i]
+    since = log_size(workdir, i)
+    proc = spawn_server(workdir, i, tie_to_parent=False)
+    try:
+        _ready_or_killed(name, proc, port, workdir, timeout)
+        return proc.pid, "restarted"
+    except StackError:
+        if not refused_its_data(workdir, i, since):
+            raise
+    try:  # servers restarted just before this one may still be electing their leader
+        wait_for(lambda: quorum_without(list(info.zk_ports), i), min(timeout, patience), "the others' quorum")
+    except TimeoutError:
+        raise _NoQuorum(f"{label(name)} refuses its data on disk as damaged and the other servers hold no "
+                        f"quorum to rebuild it from; its data is left as it is") from None
+    aside = move_data_aside(workdir, i)
+    proc = spawn_server(workdir, i, tie_to_parent=False)
+    _ready_or_killed(name, proc, port, workdir, timeout)
+    return proc.pid, f"rebuilt (its damaged data moved to {aside})"
 
 
 def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False, retention: bool = True,
@@ -607,19 +637,36 @@ def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False, retention:
         return _restart_down(home, info, timeout)
 
 
+class _NoQuorum(StackError):
+    """A damaged ensemble member waits for the others' quorum: tried again once they are restarted."""
+
+
 def _restart_down(home: Path, info: StackInfo, timeout: float) -> tuple[StackInfo, dict[str, str]]:
     actions: dict[str, str] = {}
+    later: list[str] = []
     for comp in components(info):
         if comp.state != "down":
             actions[comp.name] = "running" if comp.up else comp.state
             continue
-        if comp.name == RETENTION:
-            info = _start_retention(info, timeout)
-        else:
-            info = info.with_pid(comp.name, _restart(info, comp.name, timeout))
-        _write_state(home, info)  # at once: a failure restarting the next one keeps this pid
-        actions[comp.name] = "restarted"
+        try:
+            info = _restart_one(home, info, comp.name, timeout, actions, patience=0.0)
+        except _NoQuorum:
+            later.append(comp.name)
+    for name in later:  # the healthy members are back: a damaged one is rebuilt from their quorum
+        info = _restart_one(home, info, name, timeout, actions, patience=30.0)
     return info, actions
+
+
+def _restart_one(home: Path, info: StackInfo, name: str, timeout: float, actions: dict[str, str],
+                 patience: float) -> StackInfo:
+    if name == RETENTION:
+        info = _start_retention(info, timeout)
+        actions[name] = "restarted"
+    else:
+        pid, actions[name] = _restart(info, name, timeout, patience)
+        info = info.with_pid(name, pid)
+    _write_state(home, info)  # at once: a failure restarting the next one keeps this pid
+    return info
 
 
 def stack_down(home: Path) -> list[str]:
