@@ -241,6 +241,9 @@ class ZkEnsemble:
         except StackError:
             if not self.damaged(i):
                 raise
+            if not quorum_without([p.client for p in self.ports], i):
+                raise StackError(f"ZooKeeper server {i + 1} refuses its damaged data and the other servers hold "
+                                 "no quorum to rebuild it from; its data is left as it is") from None
             self.rebuild(i)
             self.wait_serving(timeout, [i])
 
