@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 EXTRAS ?= test,local,plots,spark,connect,faust
 
-.PHONY: setup zookeeper test test-unit test-long soak typecheck demo experiments bench bench-spark lint clean chaos
+.PHONY: setup zookeeper test test-unit test-long soak typecheck demo experiments bench bench-spark lint clean chaos peer-venv
 
 setup: $(STAMP) zookeeper
 
@@ -41,6 +41,15 @@ test-long: setup
 	$(PY) -m pytest -q -ra --durations=20 -m long
 	$(PY) -m experiments.soak --minutes 15 --interval 0.05 --sample 30 --swap-every 300 \
 	  --retention-every 30 --keep-epochs 1 --keep-seconds 120 --window 120
+
+# The peer of bench_pipeline (Quix Streams, exactly-once and at-least-once) in a virtual environment of its own:
+# its pins are not ours. bench_pipeline runs it whenever this exists.
+PEER_VENV := experiments/.peer-venv
+peer-venv: $(PEER_VENV)/.installed
+$(PEER_VENV)/.installed:
+	python3 -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/pip install -q "quixstreams==3.28.1"
+	touch $@
 
 # The soak of issue 23 (SOAK_MINUTES, default 120): curves and verdict in experiments/results/soak/.
 SOAK_MINUTES ?= 120

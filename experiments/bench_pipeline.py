@@ -23,16 +23,25 @@ Wall time runs from the first record returned by ``consume`` (raw) or handed to 
 ``step`` returned, i.e. after its ZooKeeper commit). Times from the start of the run (before the
 first consume or step) are reported too. The median over rounds is reported.
 
-    .venv/bin/python -m experiments.bench_pipeline [--records 300000] [--rounds 3]
+- **the peer**, when its environment exists (``make peer-venv``; ``--peer yes|no`` to insist or skip): a
+  Quix Streams 3.28 application (``experiments/peer_quix.py``) doing the same consume -> identity ->
+  produce on the same broker, once exactly-once and once at-least-once, each on its own copy of the round's
+  values (no stamps) from the earliest offset under a new consumer group; timed from its first record
+  processed to its stop with the last checkpoint committed (its start-up, mostly the group join, is in
+  "from run start").
+
+    .venv/bin/python -m experiments.bench_pipeline [--records 300000] [--rounds 3] [--peer auto|yes|no]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import logging
 import os
 import statistics
+import subprocess
 import threading
 import time
 from collections.abc import Iterable
@@ -78,6 +87,34 @@ def identity_batch(records: list[SourceRecord], _state: KeyedState) -> Iterable[
 
 FUNCTIONS = {"aligned job": identity, "aligned job, batch": identity_batch}
 """The job functions the aligned worker runs, in turn, on the same input (each its own epochs)."""
+
+PEERS = {"Quix Streams, exactly-once": "exactly-once", "Quix Streams, at-least-once": "at-least-once"}
+"""The peer (experiments/peer_quix.py in its own virtual environment, ``make peer-venv``) and its guarantees."""
+PEER_PYTHON = Path(__file__).resolve().parent / ".peer-venv" / "bin" / "python"
+
+
+def peer_input(kp: Producer, topic: str, records: int) -> None:
+    """The round's input for the peer in a topic of its own: the same values, no stamps (not timed)."""
+    for j in range(records):
+        while True:
+            try:
+                kp.produce(topic, VALUE, None, j % PARTITIONS)
+                break
+            except BufferError:
+                kp.poll(0.05)
+    kp.flush(60)
+
+
+def peer_run(python: Path, bootstrap: str, topic: str, out_topic: str, records: int,
+             guarantee: str) -> dict[str, float]:
+    """One run of the peer application; its own timing (first record processed -> stopped, committed)."""
+    script = Path(__file__).resolve().parent / "peer_quix.py"
+    done = subprocess.run([str(python), str(script), "--broker", bootstrap, "--input", topic, "--output", out_topic,
+                           "--records", str(records), "--guarantee", guarantee],
+                          capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"the peer ({guarantee}) exited {done.returncode}: {done.stderr[-2000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 # ---- input ---------------------------------------------------------------------------------------
@@ -278,12 +315,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=300_000, help="records per round (a multiple of 10,000)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--peer", choices=["auto", "yes", "no"], default="auto",
+                    help="also run the Quix Streams peer (auto: when `make peer-venv` made its environment)")
     args = ap.parse_args()
+    if args.peer == "yes" and not PEER_PYTHON.exists():
+        raise SystemExit(f"no peer environment at {PEER_PYTHON}: run `make peer-venv` first")
+    peers = PEERS if args.peer == "yes" or (args.peer == "auto" and PEER_PYTHON.exists()) else {}
     epochs = args.records // EPOCH
     console = Console(width=120)
     logging.getLogger("kazoo").setLevel(logging.ERROR)
 
-    results: dict[str, list[dict[str, float]]] = {"raw": [], **{name: [] for name in FUNCTIONS}}
+    results: dict[str, list[dict[str, float]]] = {"raw": [], **{name: [] for name in (*FUNCTIONS, *peers)}}
     with EmbeddedStack() as info:
         led = Ledger.connect(info.zk, ROOT)
         create_subject(led, info.kafka, "in", PARTITIONS)
@@ -293,6 +335,7 @@ def main() -> None:
         kp = Producer({"bootstrap.servers": info.kafka, "transactional.id": "bench.pipeline.raw",
                        **PRODUCER_SETTINGS, **QUIET})
         kp.init_transactions(30)
+        plain = Producer({"bootstrap.servers": info.kafka, "linger.ms": 20, **QUIET})
         job_led = Ledger.connect(info.zk, ROOT)
         spec = JobSpec(job="pipe", inputs=("in",), output="out", interval=0.05)
         worker = JobWorker(job_led, info.kafka, spec, 0, identity).open()
@@ -310,12 +353,19 @@ def main() -> None:
                     write_epochs(sink, epochs, EPOCH)  # the same input again for each further function
                 starts = {p: sl.start for p, sl in led.committed("in", e0).slices.items()}
                 ends = {p: sl.end for p, sl in led.committed("in", e1).slices.items()}
+                if peers:
+                    ensure_topic(info.kafka, f"peer-in-{r}", PARTITIONS)
+                    peer_input(plain, f"peer-in-{r}", args.records)
                 gc.collect()
-                order = ["raw", *FUNCTIONS]
+                order = ["raw", *FUNCTIONS, *peers]
                 order = order[r % len(order):] + order[:r % len(order)]  # each goes first in turn
                 for name in order:
                     if name == "raw":
                         res = raw_run(info.kafka, topic, "raw-out", kp, starts, ends)
+                    elif name in peers:
+                        out = f"peer-out-{r}-{peers[name]}"
+                        ensure_topic(info.kafka, out, PARTITIONS)
+                        res = peer_run(PEER_PYTHON, info.kafka, f"peer-in-{r}", out, args.records, peers[name])
                     else:
                         res = aligned_run(worker, first, FUNCTIONS[name], epochs)
                     if res["records"] != args.records:
@@ -347,7 +397,7 @@ def main() -> None:
         rates = [r["records"] / r["seconds"] for r in runs]
         rr = rate[name] / rate["raw"]
         goal = TARGET_BATCH if name == "aligned job, batch" else TARGET
-        style = "" if name == "raw" else ("green" if rr >= goal else "red")
+        style = "" if name == "raw" or name in peers else ("green" if rr >= goal else "red")
         table.add_row(name, f"{rate[name]:,.0f}", f"{min(rates):,.0f} .. {max(rates):,.0f}",
                       f"{rate_start[name]:,.0f}", f"[{style}]{rr:.2f}[/{style}]" if style else f"{rr:.2f}")
     console.print(table)
@@ -372,6 +422,8 @@ def main() -> None:
         "ratio_batch": ratio_batch, "target_batch": TARGET_BATCH,
         "align_seconds": align_s, "foreign_cpu_cores": foreign,
         "aligned_messages_consumed_per_record": delivered,
+        "peer": {name: {"guarantee": g, "ratio": rate[name] / rate["raw"],
+                        "ratio_from_start": rate_start[name] / rate_start["raw"]} for name, g in peers.items()},
     }
     out = write_results("bench_pipeline", doc)
     console.print(f"wrote {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")

@@ -20,7 +20,7 @@ SMOKE = {
     "bench_batches": ["--epochs", "2", "--rate", "100"],
     "bench_zk_ops": ["--epochs", "2", "--records", "2", "--kazoo-ops", "20"],
     "bench_reader": ["--records", "20000", "--rounds", "1"],
-    "bench_pipeline": ["--records", "20000", "--rounds", "1"],
+    "bench_pipeline": ["--records", "20000", "--rounds", "1", "--peer", "no"],
     "bench_state": ["--keys", "2000", "--epochs", "2", "--rounds", "1"],
     "bench_state_ops": ["--keys", "2000", "--ops", "1000", "--rounds", "1"],
     "bench_latency": ["--epochs", "20", "--rounds", "1", "--warmup", "1", "--rate", "200"],
