@@ -135,6 +135,8 @@ def test_shadow_is_verified_before_the_swap(stack, ledger, subject_name, spawn, 
     whole = verify_outputs(ledger, stack.kafka, [old.job, new.job], *span, by_job=True, ignore=["v"])
     assert whole["first_difference"] is None and whole["records"] > 0
     assert all(epoch <= swap.epoch for epoch, _ in read_all(ledger, stack.kafka, new.shadow_subject))
+    ended = ledger.writers(new.shadow_subject)[0].writers
+    assert ended and all(e.finished_after == swap.epoch for e in ended.values()), f"the shadow lives on: {ended}"
 
 
 def test_a_job_upgraded_twice_is_exactly_once(stack, ledger, subject_name, spawn):

@@ -272,6 +272,9 @@ class JobWorker:
             sink.finish()  # the old version wrote its last epoch, S; the new one writes S+1 on
             return False
         self._voiding = decided.act is Act.VOID
+        shadow = self.spec.shadow_subject
+        if decided.act is Act.WRITE and shadow is not None and shadow in sink.lanes:
+            sink.finish_lane(shadow)  # the swap committed: the shadow ends at S, the target takes S+1 on
         self.alignment = {s: a.started(epoch) for s, a in self.alignment.items()}
         sink.begin()
         covered = self._run_aligned(epoch, stop) if self.aligned else None

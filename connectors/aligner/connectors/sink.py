@@ -231,6 +231,19 @@ class SinkProducer(StampedProducer):
                 last = done
         return last
 
+    def finish_lane(self, subject: str) -> int | None:
+        """Stop writing one of the ``also`` subjects (a new version's shadow, at its swap): its producer is
+        finished after its last committed epoch, so its readers drain and stop and retention can collect it,
+        and later epochs commit without it. Returns the last epoch it wrote."""
+        if self._epoch is not None:
+            raise AlignerError("commit or abort the open epoch before finishing a lane")
+        if subject == self.subject or subject not in self._leases:
+            raise AlignerError(f"{subject!r} is not one of the other subjects this sink writes ({sorted(self.lanes)})")
+        lease = self._leases.pop(subject)
+        del self.lanes[subject]
+        self._writers.pop(subject, None)
+        return self.ledger.finish(lease)
+
     def abort(self) -> None:
         """Abort the open epoch; it will be written again under a new attempt number."""
         if self._kp is not None and self._epoch is not None:

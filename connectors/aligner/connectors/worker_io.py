@@ -25,6 +25,7 @@ from aligner.connectors.state import MemoryStore, StateStore, create_changelog, 
 from aligner.connectors.subjects import ensure_shadow
 from aligner.errors import AlignerError, UnknownSubjectError
 from aligner.jobs import JobLedger
+from aligner.layout import writer_id
 from aligner.ledger import Ledger
 from aligner.models import WorkerEpochNode
 from aligner.zk import StoppedError
@@ -108,6 +109,8 @@ class WorkerIO:
         out_parts = spec.output_partitions or tuple(range(self.ledger.subject(spec.output).partitions))
         mine = [out_parts[i] for i in partitions_for(self.worker, spec.parallelism, len(out_parts))]
         changelog, shadow = spec.changelog, spec.shadow_subject
+        if shadow is not None and self._finished_in(shadow):
+            shadow = None  # restarted after its swap: the shadow ended there
         also = {**({changelog: [self.worker]} if changelog else {}), **({shadow: mine} if shadow else {})}
         self.sink = SinkProducer(self.ledger, self.bootstrap, spec.output, spec.job, self.worker, mine,
                                  also=also or None, fault=self.fault).open()
@@ -124,6 +127,12 @@ class WorkerIO:
             self.state.restore(self.ledger, self.bootstrap, changelog, self.worker, last, since=self.state_base,
                                repair=True)
         return self._restore(self.sink.lease.node.committed_epoch)
+
+    def _finished_in(self, subject: str) -> bool:
+        """Whether this worker's producer of ``subject`` was finished (a shadow after the swap)."""
+        writers, _ = self.ledger.writers(subject)
+        entry = writers.writers.get(writer_id(self.spec.job, str(self.worker)))
+        return entry is not None and entry.finished_after is not None
 
     def state_base_for(self, epoch: int) -> int:
         """The state base ``epoch`` commits: the epoch itself when it writes the whole state (its base is
