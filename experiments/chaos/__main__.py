@@ -87,8 +87,9 @@ def main(
     rocksdb: Annotated[bool, typer.Option(
         help="Job A keeps its state in RocksDB, and the nemesis damages it (damage-state)")] = False,
     damage_zk: Annotated[bool, typer.Option(
-        help="On an ensemble, also damage a stopped follower's disk (damage-zk; ZooKeeper 3.8.0 lost data under "
-             "it, see README)")] = False,
+        help="On an ensemble, also damage a stopped follower's disk (damage-zk), then rebuild it from the quorum "
+             "as an operator does for any damaged member (ZooKeeper 3.8.0 served an old tree from a garbage "
+             "snapshot once, see README)")] = False,
 ) -> None:
     """Run the chain under a seeded nemesis and check every subject; exit 1 on any anomaly."""
     reports = []
