@@ -68,7 +68,9 @@ class Proc:
         for f in (out, err):
             f.write(f"---- start {self.starts + 1} at {time.time():.3f}: {' '.join(self.argv)}\n".encode())
             f.flush()
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **self.env}
+        # faulthandler: a component that dies of a native crash (a marker once exited with SIGSEGV) leaves
+        # every thread's Python stack in its log
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **self.env}
         self.popen = subprocess.Popen(self.argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
                                       cwd=self.cwd, preexec_fn=_session_tied_to_parent)
         out.close()
