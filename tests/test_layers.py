@@ -26,6 +26,8 @@ def sources(*folders: str) -> Iterator[tuple[str, ast.Module]]:
     for folder in folders:
         for path in sorted((ROOT / folder).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
+            if any(part.startswith(".") for part in path.relative_to(ROOT).parts):
+                continue  # a virtual environment inside the tree (experiments/.peer-venv): not ours
             yield rel, ast.parse(path.read_text(), filename=rel)
 
 

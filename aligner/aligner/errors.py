@@ -87,6 +87,11 @@ class StackError(AlignerError):
     """The embedded stack could not be started, found or stopped."""
 
 
+class NoQuorumError(StackError):
+    """A ZooKeeper ensemble member refuses its damaged data and the other members hold no quorum to rebuild
+    it from (``aligner stack up`` tries it again once it restarted the others)."""
+
+
 class UnreachableError(AlignerError):
     """ZooKeeper or Kafka did not answer; names the address tried and, when known, how to fix it."""
 

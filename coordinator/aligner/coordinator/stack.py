@@ -46,7 +46,7 @@ from aligner.coordinator.processes import (
     free_port,
     wait_for,
 )
-from aligner.errors import StackError
+from aligner.errors import NoQuorumError, StackError
 from aligner.extras import install_hint, missing
 
 if TYPE_CHECKING:
@@ -593,7 +593,7 @@ def _restart_member(info: StackInfo, i: int, timeout: float, patience: float) ->
     try:  # servers restarted just before this one may still be electing their leader
         wait_for(lambda: quorum_without(list(info.zk_ports), i), min(timeout, patience), "the others' quorum")
     except TimeoutError:
-        raise _NoQuorum(f"{label(name)} refuses its data on disk as damaged and the other servers hold no "
+        raise NoQuorumError(f"{label(name)} refuses its data on disk as damaged and the other servers hold no "
                         f"quorum to rebuild it from; its data is left as it is") from None
     aside = move_data_aside(workdir, i)
     proc = spawn_server(workdir, i, tie_to_parent=False)
@@ -637,10 +637,6 @@ def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False, retention:
         return _restart_down(home, info, timeout)
 
 
-class _NoQuorum(StackError):
-    """A damaged ensemble member waits for the others' quorum: tried again once they are restarted."""
-
-
 def _restart_down(home: Path, info: StackInfo, timeout: float) -> tuple[StackInfo, dict[str, str]]:
     actions: dict[str, str] = {}
     later: list[str] = []
@@ -650,7 +646,7 @@ def _restart_down(home: Path, info: StackInfo, timeout: float) -> tuple[StackInf
             continue
         try:
             info = _restart_one(home, info, comp.name, timeout, actions, patience=0.0)
-        except _NoQuorum:
+        except NoQuorumError:
             later.append(comp.name)
     for name in later:  # the healthy members are back: a damaged one is rebuilt from their quorum
         info = _restart_one(home, info, name, timeout, actions, patience=30.0)
