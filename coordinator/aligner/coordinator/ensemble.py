@@ -25,7 +25,7 @@ from aligner.coordinator.processes import (
     free_port,
     wait_for,
 )
-from aligner.errors import StackError
+from aligner.errors import NoQuorumError, StackError
 
 ZK_LOGGING = ("/usr/share/java/maven3-slf4j-provider.jar", "/usr/share/java/maven-shared-utils.jar")
 """An SLF4J binding Debian ships (Maven's simple logger): with it each server's log says what the quorum did
@@ -242,8 +242,8 @@ class ZkEnsemble:
             if not self.damaged(i):
                 raise
             if not quorum_without([p.client for p in self.ports], i):
-                raise StackError(f"ZooKeeper server {i + 1} refuses its damaged data and the other servers hold "
-                                 "no quorum to rebuild it from; its data is left as it is") from None
+                raise NoQuorumError(f"ZooKeeper server {i + 1} refuses its damaged data and the other servers "
+                                    "hold no quorum to rebuild it from; its data is left as it is") from None
             self.rebuild(i)
             self.wait_serving(timeout, [i])
 

@@ -365,7 +365,8 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
         ledger = ledger_for(conn.zk, conn.root)
         self.node: JobNode | None = None
         self.swap: SwapNode | None = None
-        self.topic = ledger.subject(conn.subject).topic
+        meta = ledger.subject(conn.subject)
+        self.topic = meta.topic
         if self.spec.job is not None:
             node = job_of(ledger, self.spec.job)
             if node.output != conn.subject:
@@ -378,8 +379,7 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
             self.node, self.swap = node, swap_in(ledger, node)
             leases = open_slots(ledger, conn.kafka, node.output, node.job, len(parts), parts)  # sink id = job id
         else:
-            partitions = ledger.subject(conn.subject).partitions
-            self.producers = self.spec.producers or partitions
+            self.producers = self.spec.producers or meta.partitions
             leases = open_slots(ledger, conn.kafka, conn.subject, self.spec.sink, self.producers)
         self.leases = {int(lease.node.producer): lease for lease in leases}
 
