@@ -346,3 +346,38 @@ def test_a_new_version_started_before_the_old_is_aligned_waits_to_join(stack, le
     wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
     _finish(more, gen, v1, v2)
     _verify(ledger, stack, target, gen, swap.epoch)
+
+
+def test_new_version_takes_the_old_versions_partitions_over(stack, ledger, subject_name, spawn):
+    """Partition hand-over: neither version declares output partitions. v2 follows with its output voided,
+    a writer of no partition, and from S+1 writes the partitions v1 wrote up to S, starting where v1's
+    ranges ended: the target keeps its two partitions, every input's result lands exactly once (v1's up
+    to S, v2's after), and the writers document says who wrote which partition over which epochs."""
+    raw, target = subject_name, f"{subject_name}-t"
+    create_subject(ledger, stack.kafka, raw, 2)
+    create_subject(ledger, stack.kafka, target, 2)
+    more = threading.Event()
+    gen = spawn.generator(raw, epochs=5000, pace=0.04, until=more)
+    old = JobSpec(job=f"{raw}-v1", inputs=(raw,), output=target, interval=0.2, parallelism=2)
+    new = JobSpec(job=f"{raw}-v2", inputs=(raw,), output=target, interval=0.2, parallelism=2, version="2",
+                  follows=old.job)
+    v1 = [spawn.job(old, tag_v1, w) for w in range(2)]
+    Coordinator(ledger).align(old.job, timeout=LIVE)
+    v2 = [spawn.job(new, tag_v2, w) for w in range(2)]
+    swapper = HotSwap(ledger)
+    wait_for(lambda: swapper.committed(new.job, new.inputs) >= 0, LIVE, "v2 following")
+    following = {w: e for w, e in ledger.writers(target)[0].writers.items() if w.startswith(f"{new.job}:")}
+    assert len(following) == 2 and not any(e.partitions for e in following.values())
+    swap = swapper.run(old.job, new.job, target, timeout=LIVE)
+    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 5, LIVE, "v2 output after the swap")
+    more.set()
+    gen.finished()
+    for thread in (*v1, *v2):
+        thread.join()
+    _verify(ledger, stack, target, gen, swap.epoch)
+    doc, _ = ledger.writers(target)
+    for p in (0, 1):
+        assert doc.owner_of(p, swap.epoch) == f"{old.job}:{p}" and doc.owner_of(p, swap.epoch + 1) == f"{new.job}:{p}"
+        before, after = ledger.committed(target, swap.epoch), ledger.committed(target, swap.epoch + 1)
+        assert after.slices[p].start == before.slices[p].end
+    assert ledger.subject(target).partitions == 2

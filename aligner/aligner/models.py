@@ -78,21 +78,42 @@ class WriterEntry(BaseModel):
     first_epoch: int = Field(ge=0)
     finished_after: int | None = None
     """Last epoch this writer contributes to, once its sink has finished."""
+    holds_from: int | None = None
+    """First epoch it writes ``partitions`` when it took them over at a hot-swap (before, from
+    ``first_epoch`` on, it was a writer of no partition: a new version following the old one)."""
 
     def writes(self, epoch: int) -> bool:
         return self.first_epoch <= epoch and (self.finished_after is None or epoch <= self.finished_after)
 
+    @property
+    def since(self) -> int:
+        """First epoch it writes its partitions."""
+        return self.first_epoch if self.holds_from is None else self.holds_from
+
+    def holds(self, partition: int, epoch: int) -> bool:
+        return partition in self.partitions and self.since <= epoch and (
+            self.finished_after is None or epoch <= self.finished_after)
+
 
 class WritersNode(Node):
-    """Partition ownership of a subject: the one document every claim is compared-and-set against."""
+    """Partition ownership of a subject: the one document every claim is compared-and-set against.
+
+    A partition has one writer at a time; successive writers (versions of a job handing the partition
+    over at a hot-swap, or a writer claiming a finished one's partitions) hold it over disjoint epochs."""
 
     writers: dict[str, WriterEntry] = {}
 
-    def owner_of(self, partition: int) -> str | None:
-        for writer, entry in self.writers.items():
-            if partition in entry.partitions:
-                return writer
-        return None
+    def owner_of(self, partition: int, epoch: int | None = None) -> str | None:
+        """The writer of ``partition`` at ``epoch``; without an epoch, its latest writer (the one writing
+        it now, else the one that held it last)."""
+        holders = [(e.since, w) for w, e in self.writers.items() if partition in e.partitions
+                   and (epoch is None or e.holds(partition, epoch))]
+        return max(holders)[1] if holders else None
+
+    def holder(self, partition: int) -> str | None:
+        """The writer that holds ``partition`` and has not finished (None: free to claim)."""
+        return next((w for w, e in self.writers.items() if partition in e.partitions and e.finished_after is None),
+                    None)
 
     def expected(self, epoch: int) -> tuple[str, ...]:
         return tuple(sorted(w for w, e in self.writers.items() if e.writes(epoch)))

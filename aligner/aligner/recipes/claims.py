@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 from kazoo.exceptions import BadVersionError
 
+from aligner import handover
 from aligner.errors import AlignerError, FencedError, PartitionClaimedError, SubjectConflictError
-from aligner.layout import writer_id
+from aligner.layout import split_writer, writer_id
 from aligner.models import EpochNode, ProducerNode, SinkNode, WriterEntry, WritersNode
 from aligner.ops import Create, Op, SetData
 from aligner.recipes.reads import EpochReads
@@ -149,7 +150,7 @@ class ClaimRecipes(EpochReads):
         """Check a claim's partitions against the subject and make the sink's nodes; returns them sorted."""
         meta = self.subject(claim.subject)
         parts = tuple(sorted(set(claim.partitions)))
-        if not parts or len(parts) != len(claim.partitions):
+        if len(parts) != len(claim.partitions):  # none: a new version's producer, until its hot-swap hands it some
             raise AlignerError(f"a producer must claim distinct partitions, got {list(claim.partitions)}")
         bad = [p for p in parts if not 0 <= p < meta.partitions]
         if bad:
@@ -162,8 +163,8 @@ class ClaimRecipes(EpochReads):
     @staticmethod
     def _entry(subject: str, doc: WritersNode, me: str, parts: tuple[int, ...]) -> WriterEntry | None:
         """The producer's writers entry in a subject, after checking that nobody else owns its partitions."""
-        for p in parts:
-            owner = doc.owner_of(p)
+        for p in parts:  # a finished writer's partitions are free: it wrote them up to an epoch before ours
+            owner = doc.holder(p)
             if owner is not None and owner != me:
                 raise PartitionClaimedError(subject, p, owner, me)
         entry = doc.writers.get(me)
@@ -173,6 +174,52 @@ class ClaimRecipes(EpochReads):
                 f"it cannot reopen with {list(parts)}"
             )
         return entry
+
+    def take_over(self, lease: Lease, partitions: Sequence[int], giver_sink: str, last: int,
+                  start_offsets: Callable[[Sequence[int]], Mapping[int, int]]) -> Lease:
+        """A new version's producer (``lease``, a writer of no partition) takes ``partitions`` over from the
+        old version's producers (sink ``giver_sink``) after their epoch ``last``, S, which is committed at
+        the subject (:mod:`aligner.handover` decides). One multi-op writes the writers document, this
+        producer's node (its partitions, each starting where its range of S ended; ``start_offsets`` for
+        one nobody wrote) and a new incarnation of every old producer concerned, so a zombie of the old
+        version can commit nothing more. Returns the new lease."""
+        subject, me, lay = lease.subject, lease.writer, self.layout
+        path = lay.producer(subject, lease.node.sink, lease.node.producer)
+
+        def attempt() -> Lease:
+            doc, version = self.writers(subject)
+            node, node_version = self.read(ProducerNode, path)
+            if node.owner != lease.node.owner:
+                raise FencedError(f"producer {me} of {subject!r} was taken over by another incarnation")
+            plan = handover.take_over(doc, subject, me, partitions, giver_sink, last)
+            if plan is None:  # taken over already: our multi-op landed and its reply was lost
+                return Lease(subject, node, node_version, lease.first_epoch)
+            if node_version != lease.version:
+                raise FencedError(f"producer {me} of {subject!r} was taken over by another incarnation")
+            old = {w: self.read(ProducerNode, lay.producer(subject, *split_writer(w)))
+                   for w in {*plan.finished, *(g for g in plan.givers.values() if g is not None)}}
+            offsets: dict[int, int] = {}
+            for p, giver in plan.givers.items():
+                if giver is None:
+                    continue
+                given = old[giver][0]
+                if given.committed_epoch is None or given.committed_epoch < last:
+                    raise AlignerError(f"producer {giver} of {subject!r} has not committed epoch {last}: a new "
+                                       f"version takes its partitions over only once the swap epoch is committed")
+                offsets[p] = given.next_offsets[p]
+            fresh = [p for p, giver in plan.givers.items() if giver is None]
+            if fresh:
+                ends = start_offsets(fresh)
+                offsets.update({p: ends[p] for p in fresh})
+            mine = node.model_copy(update={"partitions": tuple(sorted(offsets)), "next_offsets": offsets})
+            fenced = [SetData(lay.producer(subject, *split_writer(w)),
+                              n.model_copy(update={"incarnation": n.incarnation + 1, "owner": uuid.uuid4().hex}).dump(),
+                              v) for w, (n, v) in sorted(old.items())]
+            results = self.multi_cas(SetData(lay.writers(subject), plan.doc.dump(), version),
+                                     SetData(path, mine.dump(), node_version), *fenced)
+            return Lease(subject, mine, results[1].version, lease.first_epoch)  # type: ignore[attr-defined]
+
+        return self.zk.retry_conflicts(attempt)
 
     def _reincarnate(self, subject: str, sink: str, producer: str, first_epoch: int) -> Lease:
         path = self.layout.producer(subject, sink, producer)

@@ -275,6 +275,9 @@ class JobWorker:
         shadow = self.spec.shadow_subject
         if decided.act is Act.WRITE and shadow is not None and shadow in sink.lanes:
             sink.finish_lane(shadow)  # the swap committed: the shadow ends at S, the target takes S+1 on
+        if decided.act is Act.WRITE and not sink.holds_partitions:
+            self.io.take_over(decided.await_target,
+                              lambda last: self.gate.await_target(self.spec.output, last, stop))
         self.alignment = {s: a.started(epoch) for s, a in self.alignment.items()}
         sink.begin()
         covered = self._run_aligned(epoch, stop) if self.aligned else None

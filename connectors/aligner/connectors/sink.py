@@ -107,7 +107,8 @@ class SinkProducer(StampedProducer):
         topics = {subject: ledger.subject(subject).topic for subject in self.lanes}
 
         def starts(lane: Lane) -> Callable[[], dict[int, int]]:
-            return lambda: end_offsets(self.bootstrap, topics[lane.subject], lane.partitions, committed_only=False)
+            return lambda: end_offsets(self.bootstrap, topics[lane.subject], lane.partitions,
+                                       committed_only=False) if lane.partitions else {}
 
         lanes = [self, *(lane for lane in self.lanes.values() if lane is not self)]
         claimed = ledger.claim_together(sink, me, [Claim(lane.subject, lane.partitions, starts(lane))
@@ -243,6 +244,27 @@ class SinkProducer(StampedProducer):
         del self.lanes[subject]
         self._writers.pop(subject, None)
         return self.ledger.finish(lease)
+
+    def take_over(self, partitions: Sequence[int], giver: str, last: int) -> None:
+        """Take ``partitions`` of the output over from the old version's sink ``giver`` after the swap
+        epoch ``last`` (committed at the output; :meth:`aligner.ledger.Ledger.take_over`): a new version
+        writes from ``last`` + 1 on the partitions its old version wrote."""
+        if self._epoch is not None:
+            raise AlignerError("commit or abort the open epoch before taking partitions over")
+        topic = self.topic
+
+        def starts(parts: Sequence[int]) -> dict[int, int]:
+            return end_offsets(self.bootstrap, topic, parts, committed_only=False)
+
+        lease = self.ledger.take_over(self.lease, partitions, giver, last, starts)
+        self._leases[self.subject] = lease
+        self._writers.pop(self.subject, None)
+        self.partitions = sorted(lease.node.partitions)
+
+    @property
+    def holds_partitions(self) -> bool:
+        """Whether it writes any partition of the output (a new version writes none until its swap)."""
+        return bool(self.lease.node.partitions)
 
     def abort(self) -> None:
         """Abort the open epoch; it will be written again under a new attempt number."""

@@ -90,8 +90,6 @@ class Lane:
     3.11 reads attributes of larger instances through a slower path, measurably on ``send``."""
 
     def __init__(self, owner: StampedProducer, subject: str, partitions: Sequence[int]) -> None:
-        if not partitions:
-            raise AlignerError(f"producer {owner.name} needs at least one partition of {subject!r}")
         self.owner = owner
         self.subject = subject
         self.topic = ""
@@ -158,6 +156,9 @@ class Lane:
             self._produce_one(args, self._delivered if report else None)
 
     def _refusal(self, partition: int) -> AlignerError:
+        if not self.partitions:
+            return AlignerError(f"producer {self.owner.name} writes no partition of {self.subject!r} yet "
+                                f"(a new version, until its hot-swap hands it the old version's)")
         if not self.accepting:
             return AlignerError("send outside an epoch: call begin() first")
         return AlignerError(f"producer {self.owner.name} does not own partition {partition} of {self.subject!r}")

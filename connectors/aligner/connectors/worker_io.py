@@ -53,6 +53,9 @@ class WorkerIO:
         """"old@epoch" while this new version's first epoch carries the state it took over (hand-off)."""
         self.state_base: int | None = None
         """The changelog epoch this worker's state is rebuilt from (see ``WorkerEpochNode.state_base``)."""
+        self.mine: list[int] = []
+        """This worker's share of the target's partitions (a new version writes them once its swap hands
+        them over)."""
 
     def prepare(self) -> None:
         """The subjects a worker writes besides its output, and its state store."""
@@ -108,11 +111,16 @@ class WorkerIO:
         spec = self.spec
         out_parts = spec.output_partitions or tuple(range(self.ledger.subject(spec.output).partitions))
         mine = [out_parts[i] for i in partitions_for(self.worker, spec.parallelism, len(out_parts))]
+        self.mine = mine
+        target = mine
+        if self.hands_over:  # until its swap, the partitions it took over already (none before)
+            entry = self.ledger.writers(spec.output)[0].writers.get(writer_id(spec.job, str(self.worker)))
+            target = list(entry.partitions) if entry is not None else []
         changelog, shadow = spec.changelog, spec.shadow_subject
         if shadow is not None and self._finished_in(shadow):
             shadow = None  # restarted after its swap: the shadow ended there
         also = {**({changelog: [self.worker]} if changelog else {}), **({shadow: mine} if shadow else {})}
-        self.sink = SinkProducer(self.ledger, self.bootstrap, spec.output, spec.job, self.worker, mine,
+        self.sink = SinkProducer(self.ledger, self.bootstrap, spec.output, spec.job, self.worker, target,
                                  also=also or None, fault=self.fault).open()
         assignment = {s: list(range(self.worker, self.ledger.subject(s).partitions, spec.parallelism))
                       for s in spec.inputs}
@@ -127,6 +135,24 @@ class WorkerIO:
             self.state.restore(self.ledger, self.bootstrap, changelog, self.worker, last, since=self.state_base,
                                repair=True)
         return self._restore(self.sink.lease.node.committed_epoch)
+
+    @property
+    def hands_over(self) -> bool:
+        """A new version without partitions of its own: its swap hands it the old version's (from S+1)."""
+        return self.spec.follows is not None and self.spec.output_partitions is None
+
+    def take_over(self, swap_epoch: int | None, await_target: Callable[[int], None]) -> None:
+        """The first writing epoch of a new version that writes no partition yet: once the swap epoch is
+        committed at the target (``await_target``), take over the old version's partitions of this
+        worker's share of the target."""
+        assert self.sink is not None and self.spec.follows is not None
+        if swap_epoch is None:
+            raise AlignerError(f"{self.spec.job} worker {self.worker} writes no partition of {self.spec.output!r} "
+                               f"and no hot-swap hands it any")
+        await_target(swap_epoch)
+        self.sink.take_over(self.mine, self.spec.follows, swap_epoch)
+        log.info("%s worker %d: took partitions %s of %r over from %s after epoch %d", self.spec.job, self.worker,
+                 self.mine, self.spec.output, self.spec.follows, swap_epoch)
 
     def _finished_in(self, subject: str) -> bool:
         """Whether this worker's producer of ``subject`` was finished (a shadow after the swap)."""
