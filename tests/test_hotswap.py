@@ -348,7 +348,7 @@ def test_a_new_version_started_before_the_old_is_aligned_waits_to_join(stack, le
     _verify(ledger, stack, target, gen, swap.epoch)
 
 
-def test_new_version_takes_the_old_versions_partitions_over(stack, ledger, subject_name, spawn):
+def test_new_version_takes_the_old_versions_partitions_over(stack, ledger, subject_name, spawn, cli_env):
     """Partition hand-over: neither version declares output partitions. v2 follows with its output voided,
     a writer of no partition, and from S+1 writes the partitions v1 wrote up to S, starting where v1's
     ranges ended: the target keeps its two partitions, every input's result lands exactly once (v1's up
@@ -381,3 +381,10 @@ def test_new_version_takes_the_old_versions_partitions_over(stack, ledger, subje
         before, after = ledger.committed(target, swap.epoch), ledger.committed(target, swap.epoch + 1)
         assert after.slices[p].start == before.slices[p].end
     assert ledger.subject(target).partitions == 2
+    status = json.loads(run_cli(cli_env, "status", "--json").stdout)
+    (row,) = [r for r in status["subjects"] if r["subject"] == target]
+    last = doc.writers[f"{new.job}:0"].finished_after  # the input finished: so did v2
+    assert row["owners"] == [{"sink": old.job, "partitions": [0, 1], "from_epoch": 0, "to_epoch": swap.epoch},
+                             {"sink": new.job, "partitions": [0, 1], "from_epoch": swap.epoch + 1, "to_epoch": last}]
+    table = run_cli({**cli_env, "COLUMNS": "400"}, "status").stdout
+    assert f"{new.job}: 0,1 epochs {swap.epoch + 1}-{last}; {old.job}: 0,1 epochs 0-{swap.epoch}" in table, table

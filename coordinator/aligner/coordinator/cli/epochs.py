@@ -28,7 +28,25 @@ def _subject_status(led: Ledger, name: str) -> dict[str, Any]:
             for p in led.producers(name, sink)
         ]
     return {"subject": name, "topic": meta.topic, "partitions": meta.partitions,
-            "epochs": led.epoch_count(name), "last_committed": led.frontier(name), "sinks": sinks}
+            "epochs": led.epoch_count(name), "last_committed": led.frontier(name), "sinks": sinks,
+            "owners": _owners(led, name)}
+
+
+def _owners(led: Ledger, name: str) -> list[dict[str, Any]]:
+    """Which sink (job version) writes which partitions over which epochs: a hot-swap hands a target's
+    partitions from one version to the next."""
+    from aligner.handover import ownership
+    from aligner.layout import split_writer
+
+    sinks: dict[str, dict[str, Any]] = {}
+    for partition, writer, first, last in ownership(led.writers(name)[0]):
+        row = sinks.setdefault(split_writer(writer)[0], {"partitions": set(), "from": [], "to": []})
+        row["partitions"].add(partition)
+        row["from"].append(first)
+        row["to"].append(last)
+    rows = [{"sink": sink, "partitions": sorted(r["partitions"]), "from_epoch": min(r["from"]),
+             "to_epoch": None if None in r["to"] else max(r["to"])} for sink, r in sinks.items()]
+    return sorted(rows, key=lambda r: (r["from_epoch"], r["sink"]))
 
 
 def _job_rows(led: Ledger) -> list[dict[str, Any]]:

@@ -11,15 +11,20 @@ from aligner.coordinator.cli.common import out
 
 def subjects_table(rows: list[dict[str, Any]]) -> None:
     table = Table(title="subjects")
-    for col in ("subject", "topic", "partitions", "epochs", "last committed", "sinks / producers"):
+    for col in ("subject", "topic", "partitions", "epochs", "last committed", "sinks / producers",
+                "partition owners"):
         table.add_column(col)
     for r in rows:
         prods = "; ".join(
             f"{sink}: " + ", ".join(f"{p['producer']}@{p['committed_epoch']} (inc {p['incarnation']})" for p in ps)
             for sink, ps in r["sinks"].items()
         )
+        owners = "; ".join(
+            f"{o['sink']}: {','.join(map(str, o['partitions']))} "
+            + (f"from {o['from_epoch']}" if o["to_epoch"] is None else f"epochs {o['from_epoch']}-{o['to_epoch']}")
+            for o in reversed(r["owners"]))
         table.add_row(r["subject"], r["topic"], str(r["partitions"]), str(r["epochs"]),
-                      str(r["last_committed"]), prods or "-")
+                      str(r["last_committed"]), prods or "-", owners or "-")
     out.print(table)
 
 
