@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 
-from aligner.connectors.runtime import KeyedState, batch
+from aligner.connectors.runtime import JobFunction, KeyedState, batch
 from aligner.connectors.source import SourceRecord
 
 
@@ -43,6 +43,19 @@ def count_v1(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | 
     out = {"in": json.loads(record.value or b"null"), "p": record.partition, "o": record.offset, "count": count,
            "v": 1}
     yield record.key, json.dumps(out).encode()
+
+
+def count_key(version: int) -> JobFunction:
+    """Pass each input through with a running count of the inputs of its key so far (state keyed by the
+    record key, as a job whose state rescales on a hot-swap must be: see aligner.keys)."""
+    def fn(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
+        key = (record.key or b"").decode()
+        count = state.get(key, 0) + 1
+        state.put(key, count)
+        out = {"in": json.loads(record.value or b"null"), "k": key, "count": count, "v": version}
+        yield record.key, json.dumps(out).encode()
+
+    return fn
 
 
 @batch

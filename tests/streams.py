@@ -40,6 +40,8 @@ class Generator:
     """When given, keep writing (up to ``epochs``) until it is set, then finish."""
     hold: threading.Event | None = None
     """When given, keep writing until it is set (a test's alignment is done), then ``epochs`` more."""
+    keys: int | None = None
+    """When given, records are keyed by ``n % keys`` (so keys repeat), else each by its own number."""
     sent: int = 0
     done: threading.Event = field(default_factory=threading.Event)
     error: list[BaseException] = field(default_factory=list)
@@ -66,7 +68,8 @@ class Generator:
                         i += 1
                         p.begin()
                         for _ in range(self.per_epoch):
-                            p.send(json.dumps({"n": self.sent}).encode(), key=str(self.sent).encode())
+                            p.send(json.dumps({"n": self.sent}).encode(),
+                                   key=str(self.sent if self.keys is None else self.sent % self.keys).encode())
                             self.sent += 1
                         p.commit()
                         self._stop.wait(self.pace)

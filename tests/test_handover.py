@@ -3,12 +3,15 @@ parallelism) and the ledger's take-over against a real ZooKeeper."""
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aligner.errors import AlignerError, FencedError, PartitionClaimedError
 from aligner.handover import ownership, take_over
+from aligner.keys import partition_of, routes, worker_of
 from aligner.ledger import Ledger
 from aligner.models import Range, SubjectNode, WriterEntry, WritersNode
 
@@ -128,3 +131,17 @@ def test_a_new_version_takes_the_old_versions_partitions_over_after_the_swap_epo
         _commit(ledger, taken, {0: 1})
     third = _commit(ledger, third, {1: 1})
     assert ledger.committed(subject_name, 6).offsets == {0: (18, 18), 1: (120, 121)}
+
+
+@given(st.integers(1, 12), st.integers(1, 12), st.binary(min_size=1, max_size=16))
+def test_a_key_keeps_its_worker_and_output_partition_across_parallelisms(p_in: int, p_out: int, key: bytes) -> None:
+    """aligner.keys: for every parallelism that divides both partition counts, the worker that reads a key
+    owns the key's output partition and routes it there, so a swap that rescales moves no key."""
+    for n in range(1, min(p_in, p_out) + 1):
+        if p_in % n or p_out % n:
+            continue
+        w = worker_of(key, p_in, n)
+        owned = list(share(w, n, p_out))
+        table = routes(owned, p_out)
+        assert all(r in owned for r in table)
+        assert table[zlib.crc32(key) % len(table)] == partition_of(key, p_out)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 
 import pytest
 
+from aligner.connectors.reader import EpochReader
 from aligner.connectors.runtime import JobSpec
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
@@ -16,7 +18,7 @@ from aligner.coordinator.stack import wait_for
 from aligner.coordinator.verify import shadow_span, verify_before_swap, verify_outputs
 from aligner.errors import AlignerError
 from tests.conftest import run_cli
-from tests.jobs import count_v1, count_v2, tag_v1, tag_v2, tag_v3
+from tests.jobs import count_key, count_v1, count_v2, tag_v1, tag_v2, tag_v3
 from tests.streams import assert_exactly_once, read_all
 from tests.swaps import assert_s_before_s_plus_1, committed, precommit_acked
 
@@ -388,3 +390,53 @@ def test_new_version_takes_the_old_versions_partitions_over(stack, ledger, subje
                              {"sink": new.job, "partitions": [0, 1], "from_epoch": swap.epoch + 1, "to_epoch": last}]
     table = run_cli({**cli_env, "COLUMNS": "400"}, "status").stdout
     assert f"{new.job}: 0,1 epochs {swap.epoch + 1}-{last}; {old.job}: 0,1 epochs 0-{swap.epoch}" in table, table
+
+
+def test_swaps_rescale_keyed_state_and_keep_per_key_order(stack, ledger, subject_name, spawn):
+    """Rescale on a hot-swap, with state: v1 (2 workers) -> v2 (1 worker) -> v3 (2 workers), each taking the
+    target's partitions over and inheriting the keyed state across the change of parallelism (every old
+    changelog partition read exactly up to the hand-over, each worker keeping the keys it reads). Under
+    continuous keyed input: every result exactly once from the version that owned its epoch, each key in
+    one partition throughout, its running count 1, 2, 3, ... across all three versions in offset order:
+    the state after the last swap is the state of a run without swaps."""
+    raw, target = subject_name, f"{subject_name}-t"
+    create_subject(ledger, stack.kafka, raw, 4)
+    create_subject(ledger, stack.kafka, target, 4)
+    more = threading.Event()
+    gen = spawn.generator(raw, epochs=5000, pace=0.04, until=more, keys=12)
+    versions = [JobSpec(job=f"{raw}-v1", inputs=(raw,), output=target, interval=0.2, parallelism=2)]
+    for v, workers in ((2, 1), (3, 2)):
+        versions.append(JobSpec(job=f"{raw}-v{v}", inputs=(raw,), output=target, interval=0.2, parallelism=workers,
+                                version=str(v), follows=versions[-1].job, inherit_state=True))
+    threads = [spawn.job(versions[0], count_key(1), w) for w in range(2)]
+    Coordinator(ledger).align(versions[0].job, timeout=LIVE)
+    swapper = HotSwap(ledger)
+    swaps = []
+    for v, (old, new) in enumerate(itertools.pairwise(versions), start=2):
+        threads += [spawn.job(new, count_key(v), w) for w in range(new.parallelism)]
+        wait_for(lambda new=new: swapper.committed(new.job, new.inputs) >= 0, LIVE, f"v{v} following")
+        swap = swapper.run(old.job, new.job, target, timeout=LIVE)
+        wait_for(lambda s=swap.epoch: (ledger.frontier(target) or 0) >= s + 3, LIVE, f"v{v} output after the swap")
+        swaps.append(swap.epoch)
+    more.set()
+    gen.finished()
+    for thread in threads:
+        thread.join()
+    with EpochReader(ledger, stack.kafka) as reader:
+        records = list(reader.read(target, 0, ledger.frontier(target)))
+    outputs = [(r.epoch, json.loads(r.value)) for r in records]
+    assert_exactly_once(outputs, gen.sent)
+    counts: dict[str, list[int]] = {}
+    partition_of: dict[str, set[int]] = {}
+    for r, (epoch, value) in zip(records, outputs, strict=True):
+        assert value["v"] == 1 + sum(epoch > s for s in swaps), f"epoch {epoch}: a v{value['v']} result"
+        counts.setdefault(value["k"], []).append(value["count"])
+        partition_of.setdefault(value["k"], set()).add(r.partition)
+    assert len(counts) == 12 and all(len(p) == 1 for p in partition_of.values()), partition_of
+    for key, seq in counts.items():
+        assert seq == list(range(1, len(seq) + 1)), f"key {key}: counts {seq[:50]} do not run on across the swaps"
+    assert ledger.subject(target).partitions == 4
+    jobs = swapper.jobs
+    for new in versions[1:]:
+        first = min(jobs.worker_epoch_numbers(new.job, 0))
+        assert jobs.worker_epoch(new.job, 0, first).state_from == f"{new.follows}@{first - 1}"

@@ -104,7 +104,8 @@ class SinkProducer(StampedProducer):
         """Claim (or reclaim, as a new incarnation) the producer in every subject written, and fence
         the Kafka transaction an older incarnation left open."""
         ledger, sink, me = self.ledger, self.sink, self.producer_id
-        topics = {subject: ledger.subject(subject).topic for subject in self.lanes}
+        metas = {subject: ledger.subject(subject) for subject in self.lanes}
+        topics = {subject: meta.topic for subject, meta in metas.items()}
 
         def starts(lane: Lane) -> Callable[[], dict[int, int]]:
             return lambda: end_offsets(self.bootstrap, topics[lane.subject], lane.partitions,
@@ -124,7 +125,8 @@ class SinkProducer(StampedProducer):
                 )
             leases[lease.subject] = ledger.close_empty(lease, main.next_epoch)  # epochs written without it
         self._leases = leases
-        self.start(topics)  # fences an older incarnation's transaction
+        # Fences an older incarnation's transaction; keyed records are routed by each subject's partition count.
+        self.start(topics, {s: meta.partitions for s, meta in metas.items()})
         return self
 
     def close(self) -> None:
@@ -260,6 +262,7 @@ class SinkProducer(StampedProducer):
         self._leases[self.subject] = lease
         self._writers.pop(self.subject, None)
         self.partitions = sorted(lease.node.partitions)
+        self.route(self.ledger.subject(self.subject).partitions)
 
     @property
     def holds_partitions(self) -> bool:

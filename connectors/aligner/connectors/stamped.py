@@ -31,6 +31,7 @@ from confluent_kafka import KafkaException, Producer
 from aligner.connectors.kafka import producer_config, requires_abort, retriable
 from aligner.epochs import ranges_for
 from aligner.errors import AlignerError, EpochFailedError, StoppedError
+from aligner.keys import routes
 from aligner.models import Range
 from aligner.stamps import HEADER, Stamp
 
@@ -105,6 +106,8 @@ class Lane:
         self.last: dict[int, int] = {}
         self._produce: Callable[..., None] | None = None
         self._rr = 0
+        self.routes: list[int] = routes(self.partitions, None)
+        """Keyed records go to ``routes[crc32(key) % len(routes)]`` (:func:`aligner.keys.routes`)."""
 
     def _open_epoch(self, stamp: Stamp) -> None:
         self.headers = [(HEADER, stamp.encode())]
@@ -117,10 +120,17 @@ class Lane:
         self.accepting = frozenset()
         self.held = {}
 
+    def route(self, partitions: int | None) -> None:
+        """Route keyed records by the subject's partition count: a key goes to its own partition
+        (``crc32(key) % partitions``, :mod:`aligner.keys`) when this producer owns it, so it keeps its
+        partition across versions of a job of any parallelism that divides the count."""
+        self.routes = routes(self.partitions, partitions)
+
     def pick(self, key: bytes | None) -> int:
         """A keyed record goes to the owned partition its key hashes to; others round-robin."""
         if key is not None:
-            return self.partitions[zlib.crc32(key) % len(self.partitions)]
+            table = self.routes
+            return table[zlib.crc32(key) % len(table)]
         self._rr += 1
         return self.partitions[self._rr % len(self.partitions)]
 
@@ -237,13 +247,16 @@ class StampedProducer(Lane):
             raise AlignerError(f"producer {self.name} is not open")
         return self._kp
 
-    def start(self, topics: Mapping[str, str]) -> None:
+    def start(self, topics: Mapping[str, str], partitions: Mapping[str, int] | None = None) -> None:
         """Create the Kafka producer for the subjects' ``topics`` and fence any older incarnation's
-        open transaction (same transactional id)."""
+        open transaction (same transactional id). ``partitions``: each subject's partition count, which
+        keyed records are routed by (see :meth:`Lane.route`)."""
         self._kp = _Producer(self._config, self._release_held)
         for subject, lane in self.lanes.items():
             lane.topic = topics[subject]
             lane._produce = self._kp.produce
+            if partitions is not None:
+                lane.route(partitions[subject])
         self.patiently(lambda t: self.kp.init_transactions(t))
 
     def close(self) -> None:

@@ -25,6 +25,7 @@ from aligner.connectors.state import MemoryStore, StateStore, create_changelog, 
 from aligner.connectors.subjects import ensure_shadow
 from aligner.errors import AlignerError, UnknownSubjectError
 from aligner.jobs import JobLedger
+from aligner.keys import worker_of
 from aligner.layout import writer_id
 from aligner.ledger import Ledger
 from aligner.models import WorkerEpochNode
@@ -196,25 +197,56 @@ class WorkerIO:
         changelog with the first epoch, which records where it came from."""
         spec = self.spec
         old_node = self.jobs.job(old)
-        if old_node.parallelism != spec.parallelism:
-            raise AlignerError(f"{spec.job} cannot inherit the state of {old}: {spec.parallelism} workers "
-                               f"against {old_node.parallelism}")
         if spec.changelog is None:
             raise AlignerError(f"{spec.job} declares no state (state='none'); it cannot inherit {old}'s")
-        committed = self._await_old_epoch(old, epoch)
-        self.state.restore(self.ledger, self.bootstrap, f"{old}.state", self.worker, epoch,
-                           since=committed.state_base)
-        self.state.mark_all_changed()
         assert self.source is not None
-        self.source.restore(committed.offsets, committed.load_from)
+        if old_node.parallelism != spec.parallelism:
+            self._inherit_rescaled(old, old_node.parallelism, epoch)
+        else:
+            committed = self._await_old_epoch(old, self.worker, epoch)
+            self.state.restore(self.ledger, self.bootstrap, f"{old}.state", self.worker, epoch,
+                               since=committed.state_base)
+            self.source.restore(committed.offsets, committed.load_from)
+        self.state.mark_all_changed()
         self.inherited = f"{old}@{epoch}"
 
-    def _await_old_epoch(self, old: str, epoch: int) -> WorkerEpochNode:
-        path = self.ledger.layout.worker_epoch(old, self.worker, epoch)
-        while (committed := self.jobs.worker_epoch_or_none(old, self.worker, epoch)) is None:
+    def _inherit_rescaled(self, old: str, workers: int, epoch: int) -> None:
+        """State hand-off across a change of parallelism: read every changelog partition of the old version
+        exactly up to ``epoch`` and keep the keys this worker reads (:func:`aligner.keys.worker_of`); take
+        the positions of this worker's input partitions from whichever old worker read them."""
+        spec = self.spec
+        counts = {self.ledger.subject(s).partitions for s in spec.inputs}
+        if len(counts) != 1:
+            raise AlignerError(f"{spec.job} cannot rescale {old}'s state: keyed state follows a key's input "
+                               f"partition, and its inputs have different partition counts {sorted(counts)}")
+        (partitions,) = counts
+        records = [self._await_old_epoch(old, i, epoch) for i in range(workers)]
+        kept = 0
+        for i, committed in enumerate(records):
+            part = MemoryStore()
+            part.restore(self.ledger, self.bootstrap, f"{old}.state", i, epoch, since=committed.state_base)
+            for key, value in part.items():
+                if worker_of(key.encode(), partitions, spec.parallelism) == self.worker:
+                    self.state.put(key, value)
+                    kept += 1
+        offsets: dict[str, dict[int, int]] = {}
+        load_from: dict[str, int] = {}
+        for committed in records:
+            for subject, positions in committed.offsets.items():
+                offsets.setdefault(subject, {}).update(positions)
+            for subject, first in committed.load_from.items():
+                load_from[subject] = min(first, load_from.get(subject, first))
+        assert self.source is not None
+        self.source.restore(offsets, load_from)
+        log.info("%s worker %d: took %d keys of %s's state as of epoch %d from its %d workers", spec.job,
+                 self.worker, kept, old, epoch, workers)
+
+    def _await_old_epoch(self, old: str, worker: int, epoch: int) -> WorkerEpochNode:
+        path = self.ledger.layout.worker_epoch(old, worker, epoch)
+        while (committed := self.jobs.worker_epoch_or_none(old, worker, epoch)) is None:
             if self.ledger.stopping():
                 raise StoppedError(f"{self.spec.job} worker {self.worker} stopped")
-            self.idle.waiting(f"{old} worker {self.worker} to commit epoch {epoch} (state hand-off)")
+            self.idle.waiting(f"{old} worker {worker} to commit epoch {epoch} (state hand-off)")
             self.idle.arm(path, lambda cb: self.ledger.watch_node(path, cb))
             self.idle.wake.wait(1.0)
             self.idle.wake.clear()
