@@ -20,7 +20,7 @@ from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Ledger
 from aligner.lineage_models import SparkSourceBatchNode
-from aligner.models import parse
+from aligner.models import WritersNode, parse
 from aligner.ops import Delete, first_failure
 
 _OPS_PER_MULTI = 500
@@ -63,18 +63,35 @@ class Retention:
                 out += [lay.spark_sink_epoch(subject, sink, n) for n in numbers if n < floor]
         return out
 
-    def dead_producers(self, subject: str, floor: int, sinks: Collection[str]) -> list[str]:
-        """Producer nodes of the writers of ``sinks`` (sinks that never write again: swapped-out jobs) that
-        finished before ``floor``: no epoch they wrote is retained. Another finished writer keeps its node,
-        which a restart of it re-opens."""
+    def dead_writers(self, subject: str, floor: int, sinks: Collection[str]) -> list[str]:
+        """The writers of ``sinks`` (sinks that never write again: swapped-out jobs) that finished before
+        ``floor``: no epoch they wrote is retained. Another finished writer stays, which a restart of it
+        re-opens."""
         doc, _ = self.ledger.writers(subject)
+        return [w for w, e in doc.writers.items()
+                if split_writer(w)[0] in sinks and e.finished_after is not None and e.finished_after < floor]
+
+    def dead_producers(self, subject: str, floor: int, sinks: Collection[str]) -> list[str]:
+        """The producer nodes of :meth:`dead_writers` that still exist."""
         lay = self.ledger.layout
-        out: list[str] = []
-        for writer, entry in doc.writers.items():
-            sink, producer = split_writer(writer)
-            if sink in sinks and entry.finished_after is not None and entry.finished_after < floor:
-                out.append(lay.producer(subject, sink, producer))
-        return [p for p in out if self.ledger.zk.exists(p) is not None]
+        paths = [lay.producer(subject, *split_writer(w)) for w in self.dead_writers(subject, floor, sinks)]
+        return [p for p in paths if self.ledger.zk.exists(p) is not None]
+
+    def forget_writers(self, subject: str, floor: int, sinks: Collection[str]) -> int:
+        """Remove :meth:`dead_writers` from the writers document, after their nodes: a target that serves
+        version after version keeps one entry per producer of the versions it retains, not of every
+        version it ever had. Returns how many entries went."""
+        gone = set(self.dead_writers(subject, floor, sinks))
+        if not gone:
+            return 0
+
+        def without(doc: WritersNode | None) -> WritersNode | None:
+            if doc is None or not gone & set(doc.writers):
+                return None
+            return WritersNode(writers={w: e for w, e in doc.writers.items() if w not in gone})
+
+        self.ledger.update(WritersNode, self.ledger.layout.writers(subject), without)
+        return len(gone)
 
     # ---- Spark queries ------------------------------------------------------------------------
 

@@ -186,6 +186,9 @@ def collect(ledger: Ledger, keep_epochs: int | None = None, keep_seconds: float 
             report["deleted_nodes"] += retention.collect_subject(subject, floor, gone)
             gone_sinks = [j for j in needs.swaps if needs.swapped_out(j) and needs.finished_sink(ledger, j, subject)]
             report["deleted_nodes"] += retention.delete(retention.dead_producers(subject, floor, gone_sinks), depth=0)
+            forgotten = retention.forget_writers(subject, floor, gone_sinks)
+            if forgotten:
+                report["subjects"][subject]["forgotten_writers"] = forgotten
     report["jobs"] = _collect_jobs(ledger, retention, needs, policy, dry_run)
     report["deleted_nodes"] += 0 if dry_run else sum(j["deleted_nodes"] for j in report["jobs"].values())
     if not dry_run and subjects is None:
