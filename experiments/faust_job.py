@@ -15,8 +15,11 @@ Environment:
     FAUST_JOB_PARALLELISM  workers of the job (default 1); start one process per ALIGNER_WORKER index
     FAUST_JOB_FOLLOWS   run as the new version of this job (hot-swap): follow its aligned epochs, void output
                         until ``aligner hotswap --old FOLLOWS --new FAUST_JOB_ID`` commits the swap
-    FAUST_JOB_OUTPUT_PARTITIONS  comma-separated output partitions this job writes (default: all); the old
-                        and the new version of a hot-swap write different partitions of the same target
+    FAUST_JOB_OUTPUT_PARTITIONS  comma-separated output partitions this job writes (default: its share of
+                        all; a new version takes the old version's over at its swap)
+    FAUST_JOB_INHERIT_STATE  ``1``: with FAUST_JOB_FOLLOWS, start from the old version's keyed state
+    FAUST_JOB_FUNCTION  ``module:function``: run this job function instead of ``tag`` (e.g. the chaos
+                        checker's ``experiments.chaos.jobs:job_a``)
     FAUST_JOB_ASYNC     ``1``: the same function as an ``async def`` generator (agent style)
     FAUST_JOB_BATCH     ``1``: the same function as a batch function (``@aligned.batch``: once per fetch)
     FAUST_JOB_PLAIN     ``1``: on a plain ``faust.App`` (Faust's defaults) instead of ``aligned.faust_app()``
@@ -56,6 +59,7 @@ import faust
 import aligner.connectors.faust as aligned
 from aligner.connectors.runtime import KeyedState
 from aligner.connectors.source import SourceRecord
+from aligner.connectors.worker import load_function
 from aligner.settings import Settings
 
 JOB_ID = os.environ.get("FAUST_JOB_ID", "faust-tagger")
@@ -130,11 +134,13 @@ if os.environ.get("FAUST_JOB_PLAIN") == "1":
                     datadir=str(_env.home / "faust" / APP_ID))
 else:
     app = aligned.faust_app(APP_ID)
+FUNCTION = load_function(os.environ["FAUST_JOB_FUNCTION"]) if os.environ.get("FAUST_JOB_FUNCTION") else \
+    tag_async if os.environ.get("FAUST_JOB_ASYNC") == "1" else tag_batch if os.environ.get("FAUST_JOB_BATCH") == "1" \
+    else tag
 job = aligned.job(app, job_id=JOB_ID, inputs=INPUTS, output=OUTPUT, version=VERSION, interval=INTERVAL,
                   parallelism=PARALLELISM, follows=FOLLOWS, output_partitions=OUTPUT_PARTITIONS,
-                  fault=pause_at(PAUSE),
-                  report=say)(tag_async if os.environ.get("FAUST_JOB_ASYNC") == "1" else
-                              tag_batch if os.environ.get("FAUST_JOB_BATCH") == "1" else tag)
+                  inherit_state=os.environ.get("FAUST_JOB_INHERIT_STATE") == "1", fault=pause_at(PAUSE),
+                  report=say)(FUNCTION)
 
 
 if __name__ == "__main__":

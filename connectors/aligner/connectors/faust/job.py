@@ -349,8 +349,8 @@ def _exit_now(code: int, why: str | None = None) -> None:
 def job(app: faust.App, *, job_id: str, inputs: Sequence[str], output: str, parallelism: int = 1,
         version: str = "1", interval: float = 1.0, mode: Mode = "exactly_once", epochs_per_checkpoint: int = 1,
         deterministic: bool = True, follows: str | None = None, output_partitions: Sequence[int] | None = None,
-        worker: int | None = None, settings: Settings | None = None, fault: FaultHook | None = None,
-        report: Report | None = None, stop_grace: float | None = STOP_GRACE,
+        inherit_state: bool = False, worker: int | None = None, settings: Settings | None = None,
+        fault: FaultHook | None = None, report: Report | None = None, stop_grace: float | None = STOP_GRACE,
         ) -> Callable[[Callable[..., Any]], AlignedJob]:
     """Declare an epoch job of ``app``: aligned-capable sources ``inputs``, stamped sink ``output``.
 
@@ -366,14 +366,15 @@ def job(app: faust.App, *, job_id: str, inputs: Sequence[str], output: str, para
     ``ALIGNER_WORKER``. SIGTERM or SIGINT stops the worker within ``stop_grace`` seconds, exit code 0.
 
     Hot-swap: ``follows=OLD_JOB`` runs this app as the new version of ``OLD_JOB`` (it follows the old
-    job's aligned epochs and voids its output until ``aligner hotswap`` commits the swap), and
-    ``output_partitions`` restricts the job's producers to some partitions of ``output``, so the old
-    and the new version write different partitions of the same target subject. The old version's
-    step loop ends (``finished``) after the swap epoch S; the new one writes from S+1 on.
+    job's aligned epochs and voids its output until ``aligner hotswap`` commits the swap, then takes the
+    old version's partitions of ``output`` over from S+1), with ``inherit_state`` starting from the old
+    version's keyed state (of any parallelism: see :mod:`aligner.keys`). ``output_partitions`` gives
+    the job partitions of its own instead. The old version's step loop ends (``finished``) after the
+    swap epoch S; the new one writes from S+1 on.
     """
     spec = JobSpec(job=job_id, inputs=tuple(inputs), output=output, parallelism=parallelism, version=version,
                    interval=interval, mode=mode, epochs_per_checkpoint=epochs_per_checkpoint,
-                   deterministic=deterministic, follows=follows,
+                   deterministic=deterministic, follows=follows, inherit_state=inherit_state,
                    output_partitions=tuple(output_partitions) if output_partitions is not None else None)
 
     def decorate(fn: Callable[..., Any]) -> AlignedJob:
