@@ -268,7 +268,7 @@ class Upgrades:
         writers entries); the figures say what stays."""
         led = self.led
         assert led is not None
-        before = _count(led, ROOT)
+        before = led.tree_size(ROOT)
         gc = self.add("gc", self.cli("gc", "--keep-epochs", "10", "--json"))
         gc.long_running = False
         self.wait(lambda: gc.returncode() is not None, "aligner gc")
@@ -284,7 +284,7 @@ class Upgrades:
         if stale:
             self.anomalies.append(f"versions that wrote only below the retention floor {floor} still have "
                                   f"producers on {OUT!r} after gc: {stale}")
-        return {"znodes_before": before, "znodes_after": _count(led, ROOT), "first_retained": floor,
+        return {"znodes_before": before, "znodes_after": led.tree_size(ROOT), "first_retained": floor,
                 "writers": sorted(doc.writers), "producers": producers}
 
 
@@ -294,13 +294,6 @@ def _cadence(led: Ledger, frontier: int) -> float | None:
     times = [led.committed(OUT, e).committed_at for e in range(first, frontier + 1)]
     diffs = [(b - a) / 1000 for a, b in itertools.pairwise(times)]
     return statistics.median(diffs) if diffs else None
-
-
-def _count(led: Ledger, path: str) -> int:
-    n = 1
-    for child in led.zk.get_children(path):
-        n += _count(led, f"{path}/{child}")
-    return n
 
 
 class Interrupted(BaseException):  # not swallowed by any "except Exception"

@@ -145,6 +145,17 @@ class Store:
         sent = [self.zk.exists_async(f"{base}/{name}") for name in names]
         return sum(stat.numChildren for stat in (req.get() for req in sent) if stat is not None)
 
+    def tree_size(self, path: str) -> int:
+        """Nodes in the subtree at ``path``, itself included (what a ledger costs ZooKeeper), listed level by
+        level with pipelined reads."""
+        total, level = 0, [path]
+        while level:
+            total += len(level)
+            self._trip("read")
+            sent = [(p, self.zk.get_children_async(p)) for p in level]
+            level = [f"{p}/{c}" for p, req in sent for c in req.get()]
+        return total
+
     def first_number(self, base: str) -> int | None:
         """The lowest number under ``base`` (None: none), from its first non-empty bucket."""
         for _, name in self.buckets(base):
