@@ -124,7 +124,8 @@ def test_runtime_job_swapped_for_a_spark_query_and_the_query_for_a_faust_job_exa
         stack, root, ledger, subject_name, spawn, tmp_path):
     """Cross-engine (issue 13.2), there and back: a runtime job v1 is replaced by a Spark query v2 that
     rebuilds its own state, and the Spark query (swapped in, then out: a second upgrade) by a job v3
-    in a real Faust worker. Each version writes its own target partitions. The Spark query runs in shadow mode first
+    in a real Faust worker. No version declares output partitions: each takes the target's two partitions
+    over from the one before at its swap (issue 19), across engines. The Spark query runs in shadow mode first
     (13.3): the swap is refused while its results differ from the runtime job's, and goes ahead once
     the intended differences are named; its shadow then holds exactly what it voided, up to S."""
     started = time.monotonic()
@@ -134,15 +135,14 @@ def test_runtime_job_swapped_for_a_spark_query_and_the_query_for_a_faust_job_exa
 
     raw, target = subject_name, f"{subject_name}-t"
     create_subject(ledger, stack.kafka, raw, 2)
-    create_subject(ledger, stack.kafka, target, 6)
+    create_subject(ledger, stack.kafka, target, 2)
     more = threading.Event()
     gen = spawn.generator(raw, epochs=100_000, pace=0.2, until=more)
     # A shadow plans one job epoch per micro-batch (its shadow is compared epoch by epoch): v1's aligned
     # job epochs (10 input epochs, 2 s) are no faster than the query's batches, or it would fall behind.
-    spec = JobSpec(job=f"{raw}-v1", inputs=(raw,), output=target, interval=1.0, output_partitions=(0, 1),
-                   epochs_per_checkpoint=10)
+    spec = JobSpec(job=f"{raw}-v1", inputs=(raw,), output=target, interval=1.0, epochs_per_checkpoint=10)
     v1 = spawn.job(spec, tag_v1)
-    spark = Query(spawn, stack, root, raw, target, f"{raw}-q2", "2", "2,3", tmp_path / "q2",
+    spark = Query(spawn, stack, root, raw, target, f"{raw}-q2", "2", "", tmp_path / "q2",
                   follows=spec.job, shadow=True).launch()
     Coordinator(ledger).align(spec.job, timeout=LIVE)
     spark.ready()
@@ -164,7 +164,7 @@ def test_runtime_job_swapped_for_a_spark_query_and_the_query_for_a_faust_job_exa
     v1.join(LIVE)  # the runtime job ended by itself after S
     back = f"{raw}-v3"
     v3 = faust_worker(spawn, root, str(tmp_path / "home"), back, raw, target, interval="0.3", version="3",
-                      follows=spark.job, output_partitions="4,5")
+                      follows=spark.job)
     wait_for(lambda: (ledger.frontier(target) or 0) >= first.epoch + 3 and any(
         c.job_epoch is not None for c in consumers(jobs, back, raw).values()), LIVE,
         "Spark output after the swap, and v3 following", on_wait=spark.healthy)
@@ -180,6 +180,13 @@ def test_runtime_job_swapped_for_a_spark_query_and_the_query_for_a_faust_job_exa
     v3.wait_line(lambda line: line.startswith("finished "), LIVE)  # the input finished: v3 drains it
     mark("v3 finished")
     verify_running(ledger, stack, target, sent, first.epoch, second.epoch)
+    doc, _ = ledger.writers(target)
+    assert ledger.subject(target).partitions == 2
+    for p in (0, 1):  # the target's partitions went from engine to engine, epochs ending and starting at S
+        assert [doc.owner_of(p, e) for e in (first.epoch, first.epoch + 1, second.epoch + 1)] == [
+            f"{spec.job}:0", f"{spark.job}:{p}", f"{back}:0"]
+        for s in (first.epoch, second.epoch):
+            assert ledger.committed(target, s + 1).slices[p].start == ledger.committed(target, s).slices[p].end
     shadow = f"{spark.job}.shadow"
     assert all(e.finished_after is not None for e in ledger.writers(shadow)[0].writers.values())
     assert all(epoch <= first.epoch for epoch, _ in read_all(ledger, stack.kafka, shadow))

@@ -226,6 +226,12 @@ class JobNode(Node):
     is voided, so ``aligner verify`` can compare it with the old version's before the swap."""
     created_at: int = Field(default_factory=now_ms)
 
+    @property
+    def hands_over(self) -> bool:
+        """A new version without partitions of its own: its hot-swap hands it the old version's partitions
+        of the target from S+1 (:mod:`aligner.handover`); until then its producers hold none."""
+        return self.follows is not None and self.output_partitions is None
+
     def same_shape(self, other: JobNode) -> bool:
         keys = ("version", "inputs", "output", "parallelism", "deterministic", "per_key_order")
         return all(getattr(self, k) == getattr(other, k) for k in keys)

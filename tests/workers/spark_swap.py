@@ -2,7 +2,8 @@
 
 The query is ``experiments.running_query`` (v1 a running count per key, v2 a running sum: incompatible
 state). Registered as job ``--job`` (``--follows`` the old version), writing target partitions
-``--partitions``; with ``--shadow`` (a new version) its voided output goes to subject ``JOB.shadow``.
+``--partitions`` (empty: the old version's, handed over at the swap); with ``--shadow`` (a new version) its
+voided output goes to subject ``JOB.shadow``.
 
 Prints ``jvm PID`` once the session is up (SIGKILL it with this process), ``query ID`` once started,
 then ``swapped out`` and ``done`` when the query was stopped because its sink finished after a
@@ -54,7 +55,7 @@ def main() -> None:
         })
         say(f"jvm {spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()}")
     ledger = Ledger.connect(args.zk, args.root)
-    parts = [int(p) for p in args.partitions.split(",")]
+    parts = [int(p) for p in args.partitions.split(",") if p] or None  # "": a version takes the partitions over
     register_query(ledger, args.job, [args.source], args.target, follows=args.follows, output_partitions=parts,
                    version=args.version, shadow=args.shadow)
 

@@ -140,7 +140,7 @@ class WorkerIO:
     @property
     def hands_over(self) -> bool:
         """A new version without partitions of its own: its swap hands it the old version's (from S+1)."""
-        return self.spec.follows is not None and self.spec.output_partitions is None
+        return self.spec.node().hands_over
 
     def take_over(self, swap_epoch: int | None, await_target: Callable[[int], None]) -> None:
         """The first writing epoch of a new version that writes no partition yet: once the swap epoch is

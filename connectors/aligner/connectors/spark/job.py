@@ -81,7 +81,7 @@ so ``query.stop()`` is never held up for long."""
 def sink_slots(ledger: Ledger, kafka: str, node: JobNode) -> list[Lease]:
     """The job's sink producers (claimed the first time, idempotent): sink id = job id."""
     parts = output_partitions(ledger, node)
-    return open_slots(ledger, kafka, node.output, node.job, len(parts), parts)
+    return open_slots(ledger, kafka, node.output, node.job, len(parts), parts, hands_over=node.hands_over)
 
 
 def shadow_slots(ledger: Ledger, kafka: str, node: JobNode, epoch: int) -> list[Lease]:

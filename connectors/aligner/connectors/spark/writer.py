@@ -90,7 +90,7 @@ from aligner.connectors.stamped import StampedProducer, epoch_ranges
 from aligner.errors import AlignerError
 from aligner.layout import writer_id
 from aligner.ledger import Contribution, Lease, Ledger
-from aligner.models import JobNode, ProducerNode, Range, SwapNode
+from aligner.models import JobNode, Phase, ProducerNode, Range, SwapNode
 from aligner.stamps import Stamp
 
 log = logging.getLogger("aligner.spark.writer")
@@ -165,10 +165,11 @@ def load_slots(ledger: Ledger, subject: str, sink: str, slots: range | list[int]
 
 
 def open_slots(ledger: Ledger, kafka: str, subject: str, sink: str, n: int,
-               partitions: Sequence[int] | None = None, not_before: int = 0) -> list[Lease]:
+               partitions: Sequence[int] | None = None, not_before: int = 0, hands_over: bool = False) -> list[Lease]:
     """Claim the sink's N slots when missing and bring them to a common next epoch; idempotent.
     The slots share ``partitions`` of the subject (default: all of them); new ones write from the
-    subject's next epoch, or ``not_before`` when later."""
+    subject's next epoch, or ``not_before`` when later. ``hands_over``: a new version's slots, claimed
+    holding no partition until its swap hands them the old version's (:func:`take_over_slots`)."""
     meta = ledger.subject(subject)
     shared = list(partitions) if partitions is not None else list(range(meta.partitions))
     if n > len(shared):
@@ -182,7 +183,8 @@ def open_slots(ledger: Ledger, kafka: str, subject: str, sink: str, n: int,
             f"sink {sink!r} of subject {subject!r} already has {mine[-1] + 1} producers; it cannot write with "
             f"producers={n} (use the same producers option or a new sinkId)"
         )
-    missing = {str(i): [shared[j] for j in partitions_for(i, n, len(shared))] for i in range(n) if i not in mine}
+    missing = {str(i): [] if hands_over else [shared[j] for j in partitions_for(i, n, len(shared))]
+               for i in range(n) if i not in mine}
     if missing:  # together: every slot from one first epoch
         ledger.claim_producers(subject, sink, missing,
                                lambda parts: end_offsets(kafka, meta.topic, parts, committed_only=False), not_before)
@@ -190,6 +192,30 @@ def open_slots(ledger: Ledger, kafka: str, subject: str, sink: str, n: int,
     target = max(lease.next_epoch for lease in leases)
     # An epoch only some slots were expected to write: the others close it empty.
     return [ledger.close_empty(lease, target) for lease in leases]
+
+
+def take_over_slots(ledger: Ledger, kafka: str, node: JobNode, swap: SwapNode | None,
+                    leases: list[Lease]) -> list[Lease]:
+    """A new version's sink at its first writing epoch S+1 (the driver plans a writer per micro-batch, after
+    the previous batch committed S): once S is committed at the target, slot i takes partitions
+    ``partitions_for(i, N, P)`` over from the old version (:meth:`aligner.ledger.Ledger.take_over`).
+    Any other time it returns ``leases`` as they are."""
+    if (not node.hands_over or swap is None or swap.phase not in (Phase.COMMIT, Phase.DONE)
+            or any(lease.node.partitions for lease in leases)
+            or any(lease.next_epoch != swap.epoch + 1 for lease in leases)):
+        return leases
+    assert node.follows is not None
+    wait_target(ledger, node, swap)
+    meta = ledger.subject(node.output)
+
+    def starts(parts: Sequence[int]) -> Mapping[int, int]:
+        return end_offsets(kafka, meta.topic, parts, committed_only=False)
+
+    taken = [ledger.take_over(lease, partitions_for(i, len(leases), meta.partitions), node.follows, swap.epoch, starts)
+             for i, lease in enumerate(leases)]
+    log.info("job %s: took partitions of %r over from %s after epoch %d", node.job, node.output, node.follows,
+             swap.epoch)
+    return taken
 
 
 def commit_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any], batch_id: int,
@@ -377,7 +403,9 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
             # The swap as planned: the planner never lets a batch run across S, nor past it before the swap
             # committed, so what the batch's tasks decide from it is what the commit decides.
             self.node, self.swap = node, swap_in(ledger, node)
-            leases = open_slots(ledger, conn.kafka, node.output, node.job, len(parts), parts)  # sink id = job id
+            leases = open_slots(ledger, conn.kafka, node.output, node.job, len(parts), parts,  # sink id = job id
+                                hands_over=node.hands_over)
+            leases = take_over_slots(ledger, conn.kafka, node, self.swap, leases)
         else:
             self.producers = self.spec.producers or meta.partitions
             leases = open_slots(ledger, conn.kafka, conn.subject, self.spec.sink, self.producers)
