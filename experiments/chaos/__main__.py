@@ -22,7 +22,7 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
 def one_run(seed: int, faults: int, duration: float, out: Path, rate: float, faust: bool = True,
             zk_servers: int = 1, spark_workers: int = 0, rocksdb: bool = False,
-            damage_zk: bool = False) -> dict[str, Any]:
+            damage_zk: bool = False, rescale: bool = True) -> dict[str, Any]:
     """One run: print the schedule, play it, check, and write the JSON report and the PNG timeline."""
     plan, ops = nemesis.schedule(seed, faults, duration, faust=faust, cluster=spark_workers > 0, rocksdb=rocksdb,
                                  ensemble=zk_servers > 1 and damage_zk)
@@ -31,7 +31,7 @@ def one_run(seed: int, faults: int, duration: float, out: Path, rate: float, fau
         console.print("  " + f.describe())
     outdir = out / f"seed-{seed}"
     run = Run(seed, plan, ops, outdir, rate=rate, faust=faust, say=console.print, zk_servers=zk_servers,
-              spark_workers=spark_workers, rocksdb=rocksdb)
+              spark_workers=spark_workers, rocksdb=rocksdb, rescale=rescale)
     try:
         result = execute(run, drain_timeout=600)
     except (KeyboardInterrupt, Interrupted):
@@ -42,7 +42,7 @@ def one_run(seed: int, faults: int, duration: float, out: Path, rate: float, fau
     done = [e for e in run.events if e["kind"] in nemesis.FAULT_WEIGHTS and "(none" not in e["target"]]
     report = {
         "seed": seed, "faust": faust, "zk_servers": zk_servers, "spark_workers": spark_workers, "rocksdb": rocksdb,
-        "damage_zk": damage_zk,
+        "damage_zk": damage_zk, "rescale": rescale,
         "faults_requested": faults, "duration": duration,
         "rate": rate,
         "started": run.started, "schedule": nemesis.as_json(plan), "operations": nemesis.as_json(ops),
@@ -90,13 +90,16 @@ def main(
         help="On an ensemble, also damage a stopped follower's disk (damage-zk), then rebuild it from the quorum "
              "as an operator does for any damaged member (ZooKeeper 3.8.0 served an old tree from a garbage "
              "snapshot once, see README)")] = False,
+    rescale: Annotated[bool, typer.Option(
+        help="Each hot-swap of job A changes its parallelism (2 -> 1 -> 2 -> 4 ...), the new version taking a's "
+             "partitions over")] = True,
 ) -> None:
     """Run the chain under a seeded nemesis and check every subject; exit 1 on any anomaly."""
     reports = []
     try:
         for i in range(runs):
             reports.append(one_run(seed + i, faults, duration, out, rate, faust, zk_servers,
-                                   spark_workers, rocksdb, damage_zk))
+                                   spark_workers, rocksdb, damage_zk, rescale))
     except (KeyboardInterrupt, Interrupted):
         console.print("[red]interrupted[/]: every process of the run was stopped")
         sys.exit(130)

@@ -296,11 +296,15 @@ def count_bases(ch: Chain, s_a: Subject, rank: dict[int, int]) -> dict[int, int]
     return {k: b for k, (_r, b) in base.items()}
 
 
-def check_a(ch: Chain, s_in: Subject, s_a: Subject, rank: dict[int, int], jobs_a: list[str]) -> dict[int, str]:
-    """a: job A's versions: every input once, right content, within its lineage; returns version -> job."""
+def check_a(ch: Chain, s_in: Subject, s_a: Subject, rank: dict[int, int], jobs_a: list[str],
+            workers_a: list[int] | None = None) -> dict[int, str]:
+    """a: job A's versions (``workers_a``: each one's workers, default 2): every input once, right content,
+    within its lineage; returns version -> job."""
     an, names = ch.an, ch.names
     job_of = dict(enumerate(jobs_a, start=1))
-    pos_a = Positions(ch.led, [(j, w) for j in job_of.values() for w in (0, 1)], s_in.name, ch.retained)
+    workers = dict(enumerate(workers_a or [2] * len(jobs_a), start=1))
+    pos_a = Positions(ch.led, [(j, w) for g, j in job_of.items() for w in range(workers[g])], s_in.name,
+                      ch.retained)
     ch.once(s_a, s_in)
     in_pos = first_of(s_in.records)
     bases = count_bases(ch, s_a, rank)
@@ -313,7 +317,7 @@ def check_a(ch: Chain, s_in: Subject, s_a: Subject, rank: dict[int, int], jobs_a
         c = None if n not in rank else rank[n] + bases.get(n % KEYS, 0)
         want = {"h": h(n), "c": c, "src": [src.partition, src.offset] if src else None}
         have = {"h": v.get("h"), "c": v.get("c"), "src": v.get("src")}
-        if want != have or v.get("v") not in job_of or v.get("w") not in (0, 1):
+        if want != have or v.get("v") not in job_of or v.get("w") not in range(workers[v["v"]]):
             an.add("wrong_content", s_a.name, f"epoch {r.epoch} p{r.partition}@{r.offset}: {v}, expected {want}")
             continue
         if src is None:
@@ -326,7 +330,7 @@ def check_a(ch: Chain, s_in: Subject, s_a: Subject, rank: dict[int, int], jobs_a
         pairs.append(((src.partition, src.offset), r.epoch))
     monotonic(an, s_a.name, pairs)
     final = max(g for g, job in job_of.items() if g == 1 or pos_a.nodes.get((job, 0)))
-    pos_a.tiling(an, s_a.name, s_in, [(job_of[final], w) for w in (0, 1)], ch.led, names["A"])
+    pos_a.tiling(an, s_a.name, s_in, [(job_of[final], w) for w in range(workers[final])], ch.led, names["A"])
     return job_of
 
 
@@ -375,7 +379,8 @@ def check_b(ch: Chain, s_a: Subject, s_b: Subject) -> None:
 
 
 def check(led: Ledger, kafka: str, produced: dict[str, Any], names: dict[str, str],
-          faust: bool = True, jobs_a: list[str] | None = None, retained: bool = False) -> dict[str, Any]:
+          faust: bool = True, jobs_a: list[str] | None = None, retained: bool = False,
+          workers_a: list[int] | None = None) -> dict[str, Any]:
     """Classify every anomaly of a drained chain; ``names`` maps in/a/b/f/A/A2/F/B to subjects and jobs,
     ``jobs_a`` names job A's versions in order (default A, A2; a record's ``v`` is its version's place);
     ``retained``: gc ran, check the retained window (module docstring)."""
@@ -384,7 +389,7 @@ def check(led: Ledger, kafka: str, produced: dict[str, Any], names: dict[str, st
         s_in, s_a, s_b, s_f = (Subject(led, reader, names[k], an) for k in ("in", "a", "b", "f"))
     ch = Chain(an, led, names, retained)
     rank = check_in(ch, s_in, produced)
-    job_of = check_a(ch, s_in, s_a, rank, jobs_a or [names["A"], names["A2"]])
+    job_of = check_a(ch, s_in, s_a, rank, jobs_a or [names["A"], names["A2"]], workers_a)
     check_b(ch, s_a, s_b)
     subjects = (s_in, s_a, s_b, s_f) if faust else (s_in, s_a, s_b)
     if faust:

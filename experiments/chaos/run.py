@@ -36,9 +36,12 @@ ROOT = "/chaos"
 IN, A_OUT, B_OUT, F_OUT = "in", "a", "b", "f"
 JOB_A, JOB_A2, JOB_F, SINK_B = "A", "A2", "F", "B"
 NAMES = {"in": IN, "a": A_OUT, "b": B_OUT, "f": F_OUT, "A": JOB_A, "A2": JOB_A2, "F": JOB_F, "B": SINK_B}
-PARTS_PER_GENERATION = 2
-"""Partitions of ``a`` each version of job A claims: a finished writer keeps its partitions until hot-swaps hand
-them over, so every generation (A, A2, A3, ...) writes fresh ones and ``a`` has 2 per generation."""
+A_PARTITIONS = 4
+"""Partitions of ``a``: every version of job A takes them over from the one before at its hot-swap (issue 19),
+so ``a`` never grows, however many versions a soak swaps in."""
+RESCALE = (2, 1, 2, 4)
+"""Workers of job A's versions 1, 2, 3, 4, 5, ... with ``rescale`` (cycling): each swap changes the
+parallelism, state handed over or rebuilt by the key rule; all divide the 4 partitions of ``in`` and ``a``."""
 
 
 def job_a_name(generation: int) -> str:
@@ -46,9 +49,9 @@ def job_a_name(generation: int) -> str:
     return JOB_A if generation == 1 else f"{JOB_A}{generation}"
 
 
-def a_partitions(generations: int) -> int:
-    """Partitions ``a`` needs for ``generations`` versions of job A (at least the 4 of a plain chaos run)."""
-    return max(4, PARTS_PER_GENERATION * generations)
+def workers_of(generation: int, rescale: bool) -> int:
+    """Workers of job A's version ``generation``."""
+    return RESCALE[(generation - 1) % len(RESCALE)] if rescale else 2
 RESTART_DELAY = 0.5
 """Seconds the restarter waits before restarting a SIGKILLed component (systemd's RestartSec)."""
 
@@ -149,6 +152,8 @@ class Run:
     """Extra loops of the main loop (a soak's sampler); each must end once ``draining`` is set."""
     draining: bool = False
     inherit_state: bool = False
+    rescale: bool = True
+    """Each hot-swap changes job A's parallelism (:data:`RESCALE`)."""
     """A new version of job A takes the old one's keyed state at the swap (``--inherit-state``) instead of
     rebuilding it from its input's first epoch, which retention may have collected."""
     retained: bool = False
@@ -244,11 +249,12 @@ class Run:
 
     # ---- the chain -----------------------------------------------------------------------------
 
-    def worker_argv(self, job: str, i: int, extra: list[str]) -> list[str]:
+    def worker_argv(self, job: str, i: int, extra: list[str], workers: int = 2) -> list[str]:
         assert self.info is not None
         return python("aligner.connectors.runtime", "--zk", self.info.zk, "--kafka", self.info.kafka, "--root", ROOT,
                       "--job", job, "--function", "experiments.chaos.jobs:job_a", "--input", IN,
-                      "--output", A_OUT, "--worker", str(i), "--parallelism", "2", "--interval", str(self.interval),
+                      "--output", A_OUT, "--worker", str(i), "--parallelism", str(workers),
+                      "--interval", str(self.interval),
                       *(["--state", "rocksdb", "--state-dir", str(self.outdir / "state")] if self.rocksdb else []),
                       *extra)
 
@@ -256,7 +262,7 @@ class Run:
         info = self.info
         assert info is not None
         with Ledger.connect(info.zk, ROOT) as led:
-            for name, parts in ((IN, 4), (A_OUT, a_partitions(self.generations)), (B_OUT, 4), (F_OUT, 2)):
+            for name, parts in ((IN, 4), (A_OUT, A_PARTITIONS), (B_OUT, 4), (F_OUT, 2)):
                 create_subject(led, info.kafka, name, parts)
         home = str(self.outdir / "home")
         self.add("producer", python("experiments.chaos.producer", "--kafka", info.kafka, "--topic", IN,
@@ -276,14 +282,14 @@ class Run:
                   "FAUST_JOB_INTERVAL": str(self.interval)})
 
     def start_generation(self, g: int) -> None:
-        """Start job A's version ``g`` (following version ``g - 1`` after the first) on fresh partitions of ``a``."""
-        first = PARTS_PER_GENERATION * (g - 1)
-        parts = ",".join(str(p) for p in range(first, first + PARTS_PER_GENERATION))
+        """Start job A's version ``g`` (following version ``g - 1`` after the first, to take ``a``'s partitions
+        over at the swap), with its number of workers."""
         follows = ["--version", str(g), "--follows", job_a_name(g - 1)] if g > 1 else []
         if g > 1 and self.inherit_state:
             follows.append("--inherit-state")
-        for i in range(2):
-            argv = self.worker_argv(job_a_name(g), i, [*follows, "--output-partitions", parts])
+        workers = workers_of(g, self.rescale)
+        for i in range(workers):
+            argv = self.worker_argv(job_a_name(g), i, follows, workers)
             self.add(f"{job_a_name(g)}-{i}", argv, {"CHAOS_WORKER": str(i), "CHAOS_VERSION": str(g)})
             if g > 1:
                 self.event("start", f"{job_a_name(g)}-{i}", 0.0)
@@ -295,7 +301,7 @@ class Run:
     def workers(self) -> list[Proc]:
         """The job A workers of the newest version started (the one that finishes the run)."""
         g = self.newest_generation()
-        return [self.procs[f"{job_a_name(g)}-{i}"] for i in range(2)]
+        return [self.procs[f"{job_a_name(g)}-{i}"] for i in range(workers_of(g, self.rescale))]
 
     # ---- the coordinator's lane ----------------------------------------------------------------
 
@@ -358,7 +364,7 @@ class Run:
         swap; retried until done. A run's first swap is A -> A2, a soak's next ones A2 -> A3 and so on."""
         old, new = job_a_name(self.generation), job_a_name(self.generation + 1)
         if self.generation + 1 > self.generations:
-            self.say(f"  [yellow]hot-swap skipped: the run sized subject a for {self.generations} versions of A[/]")
+            self.say(f"  [yellow]hot-swap skipped: the run planned {self.generations} versions of A[/]")
             return
         for attempt in range(5):
             if not (yield from self.aligned(old, IN)) and not (
@@ -378,10 +384,11 @@ class Run:
     def _v2_follows(self, new: str) -> Generator[None, None, bool]:
         assert self.led is not None
         led = self.led
+        workers = workers_of(self.generation + 1, self.rescale)
 
         def follows() -> bool:
             c = JobLedger(led).consumers(new, IN)
-            return len(c) == 2 and all(n.job_epoch is not None for n in c.values())
+            return len(c) == workers and all(n.job_epoch is not None for n in c.values())
 
         deadline = time.time() + 180
         while time.time() < deadline:
@@ -684,8 +691,10 @@ def _play(run: Run, drain_timeout: float) -> dict[str, Any]:
     from experiments.chaos.checker import check
 
     assert run.led is not None and run.info is not None
-    jobs_a = [job_a_name(g) for g in range(1, run.newest_generation() + 1)]
-    result = check(run.led, run.info.kafka, produced, NAMES, faust=run.faust, jobs_a=jobs_a, retained=run.retained)
+    versions = range(1, run.newest_generation() + 1)
+    jobs_a = [job_a_name(g) for g in versions]
+    result = check(run.led, run.info.kafka, produced, NAMES, faust=run.faust, jobs_a=jobs_a, retained=run.retained,
+                   workers_a=[workers_of(g, run.rescale) for g in versions])
     return {"check": result, "nemesis_end": nemesis_end, "drained": drained, "checked": run.rel()}
 
 

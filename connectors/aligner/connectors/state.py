@@ -44,7 +44,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -273,6 +273,18 @@ class StateStore:
         overlay = self._overlay
         for key, raw in self._base_items():
             overlay.setdefault(key, raw)
+
+    def take(self, other: StateStore, keep: Callable[[str], bool]) -> int:
+        """Put the committed keys of ``other`` that ``keep`` accepts into the open epoch, their values as
+        encoded (no decoding): part of another worker's state, handed over at a rescaling hot-swap.
+        Returns how many keys it took."""
+        overlay, unsynced, n = self._overlay, self._unsynced, 0
+        for key, raw in other._base_items():
+            if keep(key):
+                overlay[key] = raw
+                unsynced.add(key)
+                n += 1
+        return n
 
     def rollback(self) -> None:
         """Forget the changes of the open (aborted) epoch: the store is as of its tag again."""
@@ -661,6 +673,18 @@ def restore(ledger: Ledger, bootstrap: str, changelog_subject: str, partition: i
     return store
 
 
+def take_keys(ledger: Ledger, bootstrap: str, changelog_subject: str, partition: int, upto_epoch: int,
+              since: int | None, into: StateStore, keep: Callable[[str], bool]) -> int:
+    """Read one changelog partition exactly as of ``upto_epoch`` and put the keys ``keep`` accepts into
+    ``into``'s open epoch (a rescaling hand-over, :func:`aligner.keys.worker_of`); returns how many."""
+    part = MemoryStore()
+    try:
+        part.restore(ledger, bootstrap, changelog_subject, partition, upto_epoch, since=since)
+        return into.take(part, keep)
+    finally:
+        part.close()
+
+
 def create_changelog(ledger: Ledger, bootstrap: str, name: str, workers: int) -> SubjectNode:
     """Create (or confirm) a job's changelog subject: one partition per worker, a compacted topic."""
     client = admin(bootstrap)  # referenced until the futures resolve: a collected client cancels them
@@ -677,5 +701,5 @@ def create_changelog(ledger: Ledger, bootstrap: str, name: str, workers: int) ->
 
 __all__ = [
     "CHANGELOG_CONFIG", "MemoryStore", "Restored", "RocksStore", "StateStore", "Tag", "create_changelog",
-    "decode_change", "decode_value", "encode_change", "encode_value", "open_store", "restore",
+    "decode_change", "decode_value", "encode_change", "encode_value", "open_store", "restore", "take_keys",
 ]

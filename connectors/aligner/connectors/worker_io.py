@@ -21,7 +21,7 @@ from aligner.connectors.idle import Idle
 from aligner.connectors.job_spec import JobSpec
 from aligner.connectors.sink import TRANSIENT, FaultHook, SinkProducer, partitions_for
 from aligner.connectors.source import SubjectSource
-from aligner.connectors.state import MemoryStore, StateStore, create_changelog, open_store
+from aligner.connectors.state import MemoryStore, StateStore, create_changelog, open_store, take_keys
 from aligner.connectors.subjects import ensure_shadow
 from aligner.errors import AlignerError, UnknownSubjectError
 from aligner.jobs import JobLedger
@@ -221,14 +221,11 @@ class WorkerIO:
                                f"partition, and its inputs have different partition counts {sorted(counts)}")
         (partitions,) = counts
         records = [self._await_old_epoch(old, i, epoch) for i in range(workers)]
-        kept = 0
-        for i, committed in enumerate(records):
-            part = MemoryStore()
-            part.restore(self.ledger, self.bootstrap, f"{old}.state", i, epoch, since=committed.state_base)
-            for key, value in part.items():
-                if worker_of(key.encode(), partitions, spec.parallelism) == self.worker:
-                    self.state.put(key, value)
-                    kept += 1
+        def mine(key: str) -> bool:
+            return worker_of(key.encode(), partitions, spec.parallelism) == self.worker
+
+        kept = sum(take_keys(self.ledger, self.bootstrap, f"{old}.state", i, epoch, committed.state_base, self.state,
+                             mine) for i, committed in enumerate(records))
         offsets: dict[str, dict[int, int]] = {}
         load_from: dict[str, int] = {}
         for committed in records:
