@@ -117,6 +117,8 @@ def test_a_new_version_takes_the_old_versions_partitions_over_after_the_swap_epo
     with pytest.raises(FencedError):  # the old version's producers are fenced: a zombie commits nothing more
         _commit(ledger, old[0], {0: 1})
     taken = _commit(ledger, taken, {0: 2, 1: 4})
+    restarted = ledger.claim(subject_name, "old", "0", [0], dict)  # an old worker restarted after the swap
+    assert restarted.node.incarnation > old[0].node.incarnation  # reopens (finished: it writes nothing more)
     assert ledger.committed(subject_name, 4).offsets == {0: (16, 18), 1: (116, 120)}
     doc, _ = ledger.writers(subject_name)
     assert doc.expected(4) == ("new:0",) and doc.owner_of(0, 3) == "old:0" and doc.owner_of(0, 4) == "new:0"

@@ -162,12 +162,15 @@ class ClaimRecipes(EpochReads):
 
     @staticmethod
     def _entry(subject: str, doc: WritersNode, me: str, parts: tuple[int, ...]) -> WriterEntry | None:
-        """The producer's writers entry in a subject, after checking that nobody else owns its partitions."""
-        for p in parts:  # a finished writer's partitions are free: it wrote them up to an epoch before ours
-            owner = doc.holder(p)
-            if owner is not None and owner != me:
-                raise PartitionClaimedError(subject, p, owner, me)
+        """The producer's writers entry in a subject, after checking that nobody else owns its partitions
+        (a finished producer reopening, an old version restarted after its swap, writes nothing more: the
+        partitions it held may be another's now)."""
         entry = doc.writers.get(me)
+        if entry is None or entry.finished_after is None:
+            for p in parts:  # a finished writer's partitions are free: it wrote them up to an epoch before ours
+                owner = doc.holder(p)
+                if owner is not None and owner != me:
+                    raise PartitionClaimedError(subject, p, owner, me)
         if entry is not None and entry.partitions != parts:
             raise SubjectConflictError(
                 f"producer {me} of {subject!r} owns partitions {list(entry.partitions)}; "
