@@ -24,11 +24,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--topic", required=True)
     ap.add_argument("--rate", type=float, default=200.0, help="records per second")
     ap.add_argument("--out", required=True, help="JSON file of the acknowledged numbers")
+    ap.add_argument("--linger-ms", type=float, default=5.0,
+                    help="librdkafka's linger.ms: how long records gather into one batch per partition")
     args = ap.parse_args(argv)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    producer = Producer({"bootstrap.servers": args.kafka, "enable.idempotence": True, "linger.ms": 5,
+    producer = Producer({"bootstrap.servers": args.kafka, "enable.idempotence": True, "linger.ms": args.linger_ms,
                          "message.timeout.ms": 900_000, "log_level": 3})
     acked: list[int] = []
     failed: list[int] = []

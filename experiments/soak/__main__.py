@@ -74,7 +74,8 @@ def report_of(run: Run, soak: Soak, result: dict[str, Any] | None, minutes: floa
              if e["kind"] == "op" and e["target"].startswith("hotswap") and e.get("ok")]
     return {
         "seed": run.seed, "minutes": minutes, "settings": asdict(soak.settings), "interval": run.interval,
-        "rate": run.rate, "inherit_state": run.inherit_state, "faust": run.faust, "check_growth": check_growth,
+        "rate": run.rate, "linger_ms": run.linger_ms, "inherit_state": run.inherit_state, "faust": run.faust,
+        "check_growth": check_growth,
         "started": run.started,
         "faults_total": len(done), "faults_by_kind": dict(Counter(e["kind"] for e in done)),
         "swaps": swaps, "generation": run.generation, "samples": soak.samples, "frontiers": soak.frontiers,
@@ -127,6 +128,11 @@ def main(
                                                      "from the input fails once gc collected its start)")] = True,
     interval: Annotated[float, typer.Option(min=0.01, help="Seconds per epoch of the marker and the jobs")] = 0.5,
     rate: Annotated[float, typer.Option(min=1, help="Input records per second")] = 150.0,
+    linger_ms: Annotated[float, typer.Option(
+        min=0, help="The input producer's linger.ms: 200 gathers ~5 batches a second per partition, as a producer "
+                    "feeding the embedded broker for hours should (Tansu's memory storage has no offset index: "
+                    "its fetches slow with the batches a partition holds; at librdkafka's 5 ms default, ~25 a "
+                    "second, a 2-hour soak stalled at minutes 43-63)")] = 200.0,
     faust: Annotated[bool, typer.Option(help="Run job F on Faust")] = True,
     drain_timeout: Annotated[float, typer.Option(min=10, help="Seconds the final drain may take")] = 900.0,
     out: Annotated[Path, typer.Option(help="Directory of soak.json, soak.png and the run's logs")] = RESULTS / "soak",
@@ -134,7 +140,7 @@ def main(
     """Soak the chaos chain; exit 1 with one line on a stall, an anomaly or growth after the window."""
     out = out.resolve()  # the stack's zoo.cfg names its data dir under it, and ZooKeeper runs elsewhere
     run = plan_run(seed, minutes, fault_every, swap_every, faust, out / "run")
-    run.rate, run.interval, run.inherit_state = rate, interval, inherit_state
+    run.rate, run.interval, run.inherit_state, run.linger_ms = rate, interval, inherit_state, linger_ms
     console.print(f"[bold]soak, seed {seed}[/]: {minutes:g} min, {len(run.faults)} faults, "
                   f"{run.generations - 2} hot-swaps planned, samples every {sample:g}s, "
                   f"gc {f'every {gc_every:g}s' if gc_every else 'off'}, "
