@@ -39,6 +39,7 @@ from aligner.coordinator.stack import StackInfo
 from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Ledger
+from aligner.models import Phase
 from experiments.chain import open_stack
 from experiments.chaos.jobs import KEYS
 from experiments.chaos.procs import Proc, python
@@ -182,25 +183,33 @@ class Upgrades:
         coordinator = self.add(f"hotswap-{v}", argv)
         coordinator.long_running = False
         victim_kind = rng.choice(["old worker", "new worker", "coordinator"])
-        kill_at = started + rng.uniform(0.3, 4.0)
+        step = rng.choice([Phase.PRECOMMIT, Phase.COMMIT])  # the kill lands in this step of the swap (or later)
+        order = [Phase.PRECOMMIT, Phase.COMMIT, Phase.DONE]
         killed: list[str] = []
+
+        def reached() -> bool:
+            swap = jobs.swap(old_job)[0]
+            return swap is not None and swap.phase in order and order.index(Phase(swap.phase)) >= order.index(step)
 
         def tick() -> None:
             nonlocal coordinator
-            if not killed and time.monotonic() >= kill_at:
-                proc = coordinator if victim_kind == "coordinator" else rng.choice(
-                    old if victim_kind == "old worker" else new)
+            if not killed and reached():
+                wanted = [coordinator] if victim_kind == "coordinator" else old if victim_kind == "old worker" \
+                    else new
+                alive = [p for p in wanted if p.alive()] or [p for p in new if p.alive()]  # it ended: a new worker
+                proc = rng.choice(alive or wanted)
                 if proc.alive():
                     proc.kill()
                     killed.append(proc.name)
-                    self.events.append({"swap": v, "killed": proc.name, "at": round(time.monotonic() - started, 2)})
+                    self.events.append({"swap": v, "killed": proc.name, "step": str(step),
+                                        "at": round(time.monotonic() - started, 2)})
                     proc.start()  # restarted at once: a worker resumes from its last epoch, the command reruns
                 else:
                     killed.append(f"({proc.name} had ended)")
             if coordinator.returncode() not in (None, 0):
                 coordinator.start()  # a failed or killed hotswap command is run again until it is done
 
-        self.wait(lambda: coordinator.returncode() == 0, f"hotswap {old_job} -> {new_job}", tick)
+        self.wait(lambda: coordinator.returncode() == 0 and bool(killed), f"hotswap {old_job} -> {new_job}", tick)
         swap, _ = jobs.swap(old_job)
         assert swap is not None
         s = swap.epoch

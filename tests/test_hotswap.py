@@ -367,9 +367,12 @@ def test_new_version_takes_the_old_versions_partitions_over(stack, ledger, subje
     Coordinator(ledger).align(old.job, timeout=LIVE)
     v2 = [spawn.job(new, tag_v2, w) for w in range(2)]
     swapper = HotSwap(ledger)
-    wait_for(lambda: swapper.committed(new.job, new.inputs) >= 0, LIVE, "v2 following")
-    following = {w: e for w, e in ledger.writers(target)[0].writers.items() if w.startswith(f"{new.job}:")}
-    assert len(following) == 2 and not any(e.partitions for e in following.values())
+
+    def following() -> dict:
+        return {w: e for w, e in ledger.writers(target)[0].writers.items() if w.startswith(f"{new.job}:")}
+
+    wait_for(lambda: len(following()) == 2, LIVE, "both v2 workers following")  # writers of no partition
+    assert not any(e.partitions for e in following().values())
     swap = swapper.run(old.job, new.job, target, timeout=LIVE)
     wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 5, LIVE, "v2 output after the swap")
     more.set()
@@ -385,7 +388,7 @@ def test_new_version_takes_the_old_versions_partitions_over(stack, ledger, subje
     assert ledger.subject(target).partitions == 2
     status = json.loads(run_cli(cli_env, "status", "--json").stdout)
     (row,) = [r for r in status["subjects"] if r["subject"] == target]
-    last = doc.writers[f"{new.job}:0"].finished_after  # the input finished: so did v2
+    last = max(e.finished_after or 0 for w, e in doc.writers.items() if w.startswith(f"{new.job}:"))  # input done
     assert row["owners"] == [{"sink": old.job, "partitions": [0, 1], "from_epoch": 0, "to_epoch": swap.epoch},
                              {"sink": new.job, "partitions": [0, 1], "from_epoch": swap.epoch + 1, "to_epoch": last}]
     table = run_cli({**cli_env, "COLUMNS": "400"}, "status").stdout
