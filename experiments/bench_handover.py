@@ -4,7 +4,8 @@ For each state size (``--keys`` and a tenth of it) the old version (2 workers) h
 into its changelog subject (one partition per worker, every key once, ``--value-bytes`` per value, in epochs
 of 100,000 records). A new version of 1 worker, and one of 4, takes it over as
 :meth:`aligner.connectors.worker_io.WorkerIO` does at its first epoch: every old changelog partition read
-exactly as of the last epoch, the keys :func:`aligner.keys.worker_of` gives the worker kept
+exactly as of the last epoch (those that can hold its keys, :func:`aligner.keys.sources`: both for the
+worker of 1, one for each worker of 4), the keys :func:`aligner.keys.worker_of` gives the worker kept
 (:func:`aligner.connectors.state.take_keys`). Reported per size, median of ``--rounds``: seconds for the
 new worker of 1 (all keys) and for each new worker of 4 (a quarter, all four in turn), and the raw
 baseline in the same process: a plain confluent-kafka read of the same partitions' offsets
@@ -26,7 +27,7 @@ from rich.table import Table
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.state import MemoryStore, create_changelog, encode_value, take_keys
 from aligner.coordinator.stack import EmbeddedStack
-from aligner.keys import worker_of
+from aligner.keys import sources, worker_of
 from aligner.ledger import Ledger
 from experiments.common import read_raw, write_results
 
@@ -79,7 +80,7 @@ def _bench(info: Any, led: Ledger, keys: int, args: argparse.Namespace) -> dict[
                 into = MemoryStore()
                 took += sum(take_keys(led, info.kafka, subject, p, last, None, into,
                                       lambda key, w=w, new=new: worker_of(key.encode(), INPUT_PARTITIONS, new) == w)
-                            for p in range(OLD_WORKERS))
+                            for p in sources(w, new, OLD_WORKERS))
                 into.close()
             times[f"to_{new}"].append(time.perf_counter() - t0)
             assert took == keys, (new, took, keys)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from aligner.errors import AlignerError, FencedError, PartitionClaimedError
 from aligner.handover import ownership, take_over
-from aligner.keys import partition_of, routes, worker_of
+from aligner.keys import partition_of, routes, sources, worker_of
 from aligner.ledger import Ledger
 from aligner.models import Range, SubjectNode, WriterEntry, WritersNode
 
@@ -147,3 +147,11 @@ def test_a_key_keeps_its_worker_and_output_partition_across_parallelisms(p_in: i
         table = routes(owned, p_out)
         assert all(r in owned for r in table)
         assert table[zlib.crc32(key) % len(table)] == partition_of(key, p_out)
+
+
+@given(st.integers(1, 12), st.integers(1, 6), st.integers(1, 6), st.binary(min_size=1, max_size=16))
+def test_a_rescaling_hand_over_reads_every_old_partition_that_holds_its_keys(p_in: int, old: int, new: int,
+                                                                              key: bytes) -> None:
+    w = worker_of(key, p_in, new)
+    assert worker_of(key, p_in, old) in sources(w, new, old)
+    assert sources(0, 1, old) == list(range(old)) and len(sources(w, 2 * old, old)) == 1

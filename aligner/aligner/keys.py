@@ -14,6 +14,7 @@ keeps its worker, its state and its output partition across versions of any para
 
 from __future__ import annotations
 
+import math
 import zlib
 
 
@@ -38,3 +39,12 @@ def routes(owned: list[int], partitions: int | None) -> list[int]:
         return list(owned)
     mine = set(owned)
     return [r if r in mine else owned[r % len(owned)] for r in range(partitions)]
+
+
+def sources(worker: int, parallelism: int, old_parallelism: int) -> list[int]:
+    """The workers of an old version (of ``old_parallelism``) that read any input partition, so hold any key,
+    of ``worker`` of a new version (of ``parallelism``): those equal to it modulo the two parallelisms'
+    greatest common divisor (a key's input partition q is read by q % n of either version). A rescaling
+    hand-over reads only their changelog partitions: 2 -> 4 workers, one each; 2 -> 1, both."""
+    g = math.gcd(parallelism, old_parallelism)
+    return [i for i in range(old_parallelism) if i % g == worker % g]
