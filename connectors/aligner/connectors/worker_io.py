@@ -25,7 +25,7 @@ from aligner.connectors.state import MemoryStore, StateStore, create_changelog, 
 from aligner.connectors.subjects import ensure_shadow
 from aligner.errors import AlignerError, UnknownSubjectError
 from aligner.jobs import JobLedger
-from aligner.keys import worker_of
+from aligner.keys import sources, worker_of
 from aligner.layout import writer_id
 from aligner.ledger import Ledger
 from aligner.models import WorkerEpochNode
@@ -220,12 +220,14 @@ class WorkerIO:
             raise AlignerError(f"{spec.job} cannot rescale {old}'s state: keyed state follows a key's input "
                                f"partition, and its inputs have different partition counts {sorted(counts)}")
         (partitions,) = counts
-        records = [self._await_old_epoch(old, i, epoch) for i in range(workers)]
+        olds = sources(self.worker, spec.parallelism, workers)  # the old workers that can hold this one's keys
+        records = [self._await_old_epoch(old, i, epoch) for i in olds]
+
         def mine(key: str) -> bool:
             return worker_of(key.encode(), partitions, spec.parallelism) == self.worker
 
         kept = sum(take_keys(self.ledger, self.bootstrap, f"{old}.state", i, epoch, committed.state_base, self.state,
-                             mine) for i, committed in enumerate(records))
+                             mine) for i, committed in zip(olds, records, strict=True))
         offsets: dict[str, dict[int, int]] = {}
         load_from: dict[str, int] = {}
         for committed in records:
