@@ -198,3 +198,15 @@ def test_growth_is_judged_once_retention_holds_every_subject() -> None:
     never = verdict([], None, 0, figures(filling, 100.0, None, never_held=["b"]), check_growth=True)
     assert never == ["growth not measured: retention never raised the floor of b (each still held fewer epochs "
                      "than it keeps)"]
+
+
+def test_a_rescale_is_not_growth() -> None:
+    """A swap from 1 to 4 workers runs 4 processes of the same size: the chain keeps no more per process."""
+    from experiments.soak.verdict import components_rss, role
+
+    assert (role("A-0"), role("A12-3"), role("spark")) == ("A worker", "A worker", "spark")
+    one = {"rss": {"zookeeper": 900, "broker": 900, "soak": 900, "producer": 900, "marker": 60, "A2-0": 50}}
+    four = {"rss": {**one["rss"], "A2-0": 0, **{f"A3-{w}": 50 for w in range(4)}}}
+    del four["rss"]["A2-0"]
+    assert components_rss(one) == components_rss(four) == 110
+    assert components_rss({"rss": {**four["rss"], "A3-0": 130}}) == 130  # one worker growing still shows

@@ -25,9 +25,24 @@ def rss_of(group: str) -> Getter:
     return lambda s: s["rss"].get(group)
 
 
+WORKER = re.compile(r"^(?P<job>[A-Za-z_]+)\d*-\d+$")
+"""A job worker's process group, ``{job}{version}-{worker}`` (``A-0``, ``A12-3``)."""
+
+
+def role(group: str) -> str:
+    """What a process group does: every version's workers of one job share a role."""
+    m = WORKER.match(group)
+    return f"{m['job']} worker" if m else group
+
+
 def components_rss(s: Sample) -> float:
-    """Every component of the chain together (not ZooKeeper, the broker or the soak itself)."""
-    return float(sum(v for k, v in s["rss"].items() if k not in ("zookeeper", "broker", "soak")))
+    """The chain's components held to the bound, one process per role (a job's workers averaged): a swap
+    that rescales changes how many workers run, not what each keeps, so a plain sum grows with parallelism."""
+    by_role: dict[str, list[float]] = {}
+    for group, rss in s["rss"].items():
+        if group not in ("zookeeper", *NOT_HELD_TO_IT):
+            by_role.setdefault(role(group), []).append(float(rss))
+    return sum(statistics.mean(v) for v in by_role.values())
 
 
 GROWTH_CHECKED: dict[str, Getter] = {
