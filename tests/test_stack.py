@@ -294,3 +294,20 @@ def test_stack_up_rebuilds_a_member_that_refuses_its_damaged_data(home_env: dict
     assert len(list(data[0].parent.glob("version-2.damaged-*"))) == 0
     assert len(list(data[1].parent.glob("version-2.damaged-*"))) == 1  # the first rebuild's, nothing new
     assert run_cli(env, "stack", "down").returncode == 0
+
+
+def test_a_stack_in_a_relative_directory_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m experiments.chaos --out experiments/results/x`` gave ZooKeeper a relative dataDir, which it
+    resolved in its own directory and refused ("Invalid config")."""
+    from aligner.coordinator.stack import EmbeddedStack
+
+    monkeypatch.chdir(tmp_path)
+    with EmbeddedStack(Path("rel") / "stack") as info:
+        assert info.workdir == str(tmp_path / "rel" / "stack")
+        assert f"dataDir={tmp_path}/rel/stack/" in (tmp_path / "rel" / "stack" / "zoo.cfg").read_text()
+        ledger = Ledger.connect(info.zk, "/rel")
+        try:
+            ledger.register_subject(SubjectNode(name="in", topic="in", partitions=1))
+            assert ledger.subject("in").partitions == 1
+        finally:
+            ledger.close()

@@ -382,7 +382,8 @@ class EmbeddedStack:
         if zk_servers > 1 and zk_tls:
             raise StackError("a ZooKeeper ensemble with TLS is not supported by the embedded stack yet")
         self._own_workdir = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="aligner-stack-"))
+        # ZooKeeper and the broker run in directories of their own: a relative path would name another place
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="aligner-stack-")).resolve()
         self.tie_to_parent = tie_to_parent
         self.zk_tls = zk_tls
         self.zk_servers = zk_servers
