@@ -1,7 +1,9 @@
 """Upgrades in a row (issue 19): one target, continuous keyed input, version after version of a job
-swapped in by ``aligner hotswap`` — runtime and Faust versions mixed, the parallelism changing, each new
-version taking the target's partitions over and inheriting the keyed state — with a random party
-SIGKILLed during each swap (a worker of the old version, one of the new version, or the coordinator).
+swapped in by ``aligner hotswap`` — runtime, Faust and Spark versions mixed, the parallelism changing, each
+new version taking the target's partitions over and inheriting the keyed state (a Spark version rebuilds
+it from the start of the input, and so does the version after it: a new checkpoint takes no other engine's
+state, and Spark's state is not a changelog) — with a random party SIGKILLed during each swap (a worker or
+driver of the old version, one of the new version, or the coordinator).
 
 Then it checks every record: each input's result exactly once, from the version that owned its epoch
 (``v``), each key in one target partition throughout and its per-key count running 0, 1, 2, ... across
@@ -48,10 +50,11 @@ ROOT = "/upgrades"
 IN, OUT = "in", "out"
 PARTITIONS = 4
 """Of the input and the target: every parallelism of the plan divides it (the key rule, aligner.keys)."""
-PLAN: list[tuple[str, int]] = [("runtime", 2), ("runtime", 1), ("faust", 2), ("runtime", 4), ("faust", 1),
-                               ("runtime", 2), ("faust", 2), ("runtime", 1), ("runtime", 2), ("faust", 1),
+PLAN: list[tuple[str, int]] = [("runtime", 2), ("runtime", 1), ("faust", 2), ("runtime", 4), ("spark", 4),
+                               ("faust", 1), ("runtime", 2), ("faust", 2), ("spark", 4), ("runtime", 1),
                                ("runtime", 2)]
-"""Engine and parallelism of versions 1, 2, ...: runtime and Faust mixed, the parallelism changing 8 times."""
+"""Engine and parallelism of versions 1, 2, ...: runtime, Faust and Spark mixed, the parallelism changing 9
+times (a Spark version's is its write tasks, one per target partition; one driver process)."""
 LIVE = 300.0
 """Liveness bound on each wait (seconds): a run that gets stuck says where instead of hanging."""
 
@@ -68,6 +71,7 @@ class Upgrades:
     seed: int
     rate: float
     interval: float
+    plan: list[tuple[str, int]] = field(default_factory=lambda: list(PLAN))
     procs: dict[str, Proc] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     anomalies: list[str] = field(default_factory=list)
@@ -85,8 +89,16 @@ class Upgrades:
         return python("aligner.coordinator", "--zk", self.info.zk, "--kafka", self.info.kafka, "--root", ROOT, *args)
 
     def start_version(self, v: int) -> list[Proc]:
-        engine, workers = PLAN[v - 1]
+        engine, workers = self.plan[v - 1]
         follows = job_name(v - 1) if v > 1 else None
+        inherit = follows is not None and self.plan[v - 2][0] != "spark"  # after Spark: rebuilt from the input
+        if engine == "spark":
+            assert follows is not None, "version 1 is a runtime job (the coordinator aligns it)"
+            argv = python("experiments.upgrades_spark", "--zk", self.info.zk, "--kafka", self.info.kafka,
+                          "--root", ROOT, "--source", IN, "--target", OUT, "--job", job_name(v), "--follows", follows,
+                          "--checkpoint", str(self.out / "checkpoints" / job_name(v)), "--version", str(v),
+                          "--partitions", str(PARTITIONS), "--keys", str(KEYS))
+            return [self.add(f"{job_name(v)}-driver", argv)]
         procs = []
         for w in range(workers):
             env = {"CHAOS_WORKER": str(w), "CHAOS_VERSION": str(v)}
@@ -95,7 +107,8 @@ class Upgrades:
                               "--root", ROOT, "--job", job_name(v), "--version", str(v),
                               "--function", "experiments.chaos.jobs:job_a", "--input", IN, "--output", OUT,
                               "--worker", str(w), "--parallelism", str(workers), "--interval", str(self.interval),
-                              *(["--follows", follows, "--inherit-state"] if follows else []))
+                              *(["--follows", follows] if follows else []),
+                              *(["--inherit-state"] if inherit else []))
             else:
                 argv = python("experiments.faust_job", "worker", "-l", "warn", "--without-web")
                 env |= {"ALIGNER_ZK": self.info.zk, "ALIGNER_KAFKA": self.info.kafka, "ALIGNER_ROOT": ROOT,
@@ -104,7 +117,8 @@ class Upgrades:
                         "FAUST_JOB_OUTPUT": OUT, "FAUST_JOB_PARALLELISM": str(workers),
                         "FAUST_JOB_INTERVAL": str(self.interval),
                         "FAUST_JOB_FUNCTION": "experiments.chaos.jobs:job_a",
-                        **({"FAUST_JOB_FOLLOWS": follows, "FAUST_JOB_INHERIT_STATE": "1"} if follows else {})}
+                        **({"FAUST_JOB_FOLLOWS": follows} if follows else {}),
+                        **({"FAUST_JOB_INHERIT_STATE": "1"} if inherit else {})}
             procs.append(self.add(f"{job_name(v)}-{w}", argv, env))
         return procs
 
@@ -165,7 +179,7 @@ class Upgrades:
             proc.long_running = False
             proc.terminate(10)
         led.close()
-        return {"swaps": swaps, "check": check, "anomalies": self.anomalies, "plan": PLAN[: self.swaps + 1],
+        return {"swaps": swaps, "check": check, "anomalies": self.anomalies, "plan": self.plan[: self.swaps + 1],
                 "events": self.events}
 
     def swap(self, v: int, old: list[Proc], new: list[Proc], rng: random.Random) -> dict[str, Any]:
@@ -216,7 +230,7 @@ class Upgrades:
         self.wait(lambda: (led.frontier(OUT) or -1) >= s + 2, f"{new_job} writing after S")
         times = {e: led.committed(OUT, e).committed_at for e in range(max(0, s - 2), s + 3)}
         gaps = [(times[e] - times[e - 1]) / 1000 for e in sorted(times)[1:]]
-        row = {"version": v, "engine": PLAN[v - 1][0], "workers": PLAN[v - 1][1], "killed": killed,
+        row = {"version": v, "engine": self.plan[v - 1][0], "workers": self.plan[v - 1][1], "killed": killed,
                "seconds": round(time.monotonic() - started, 2), "S": s, "epoch_at_request": at_request,
                "S_after_request": s - at_request, "gap_around_S": round(max(gaps), 3) if gaps else None,
                "cadence": round(cadence, 3) if cadence else None}
@@ -313,18 +327,40 @@ def _interrupt(*_: object) -> None:
     raise Interrupted()
 
 
+def _plan(text: str) -> list[tuple[str, int]]:
+    plan = []
+    for part in text.split(","):
+        engine, _, workers = part.partition(":")
+        if engine not in ("runtime", "faust", "spark") or not workers.isdigit() or int(workers) < 1 or \
+                PARTITIONS % int(workers):
+            raise argparse.ArgumentTypeError(f"{part!r}: runtime, faust or spark, then :N with N dividing "
+                                             f"{PARTITIONS}")
+        if engine == "spark" and int(workers) != PARTITIONS:
+            raise argparse.ArgumentTypeError(f"{part!r}: a Spark version writes with one task per target "
+                                             f"partition, spark:{PARTITIONS}")
+        plan.append((engine, int(workers)))
+    if len(plan) < 2 or plan[0][0] != "runtime":
+        raise argparse.ArgumentTypeError("two versions at least, the first a runtime job")
+    return plan
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.upgrades", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--swaps", type=int, default=10, choices=range(1, len(PLAN)), metavar=f"1..{len(PLAN) - 1}")
+    ap.add_argument("--swaps", type=int, default=None, help="swaps (default: 10, or every version of --plan)")
+    ap.add_argument("--plan", type=_plan, default=PLAN,
+                    help="engine:parallelism of each version, e.g. runtime:2,spark:4,faust:1 (version 1: runtime)")
     ap.add_argument("--seed", type=int, default=19)
     ap.add_argument("--rate", type=float, default=100.0, help="input records per second")
     ap.add_argument("--interval", type=float, default=0.5, help="seconds per input epoch")
     ap.add_argument("--out", type=Path, default=Path("experiments/results/upgrades"))
     args = ap.parse_args(argv)
+    swaps = args.swaps or (len(args.plan) - 1 if args.plan is not PLAN else 10)
+    if not 1 <= swaps < len(args.plan):
+        ap.error(f"--swaps: 1 to {len(args.plan) - 1} with this plan")
     args.out.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, _interrupt)
     with open_stack(False) as info:
-        run = Upgrades(info, args.out, args.swaps, args.seed, args.rate, args.interval)
+        run = Upgrades(info, args.out, swaps, args.seed, args.rate, args.interval, args.plan)
         try:
             report = run.run()
         finally:
@@ -334,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "upgrades.json").write_text(json.dumps(report, indent=1))
     ok = not report["anomalies"]
     print(json.dumps({"check": report["check"], "anomalies": report["anomalies"]}, indent=1))
-    print(f"{args.swaps} upgrades: {len(report['anomalies'])} anomalies")
+    print(f"{swaps} upgrades: {len(report['anomalies'])} anomalies")
     return 0 if ok else 1
 
 

@@ -136,3 +136,36 @@ def test_rows_become_json_records_and_too_many_tasks_is_a_clear_error(spark, sta
     got = sorted((r.e, r.j) for r in back.collect())
     assert got == [(0, j) for j in range(20)]
     assert back.where("at is null").count() == 0
+
+
+def test_route_by_key_puts_each_key_in_its_partition_by_the_key_rule(spark, stack, root, ledger, tmp_path, spawn):
+    """Issue 19: a query's rows reach the write task of ``crc32(key) % P`` (what runtime, Faust and Kafka
+    producers pick), so a key keeps its target partition across versions of every engine; Spark's own hash
+    partitioning puts most of these keys elsewhere."""
+    import zlib
+
+    from pyspark.sql import functions as F
+
+    from aligner.connectors.spark.keys import route_by_key
+
+    source, target = "xk-" + tmp_path.name[-8:], "yk-" + tmp_path.name[-8:]
+    create_subject(ledger, stack.kafka, source, 2)
+    create_subject(ledger, stack.kafka, target, 4)
+    keys = [f"key-{i}" for i in range(40)]
+    with SinkProducer(ledger, stack.kafka, source, "up", 0, [0, 1]) as producer:
+        producer.begin()
+        for n in range(RECORDS):
+            producer.send(json.dumps({"n": n}).encode(), key=keys[n % len(keys)].encode())
+        producer.commit()
+    conn = {"zk": stack.zk, "kafka": stack.kafka, "root": root}
+    rows = spark.readStream.format("aligned").options(**conn, subject=source).load().select("key", "value")
+    query = spawn.query(route_by_key(rows, 4).writeStream.format("aligned").options(**conn, subject=target, sinkId="k")
+                        .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
+    assert query.awaitTermination(LIVE), "availableNow query did not finish"
+    with EpochReader(ledger, stack.kafka) as reader:
+        got = [(r.key, r.partition) for r in reader.read(target, 0, ledger.frontier(target) or 0)]
+    assert sorted(k for k, _ in got) == sorted(keys[n % len(keys)].encode() for n in range(RECORDS))
+    assert [(k, p) for k, p in got if p != zlib.crc32(k) % 4] == []
+    spark_hash = spark.createDataFrame([(k,) for k in keys], "k string").select(
+        F.expr("pmod(hash(k), 4)").alias("p"), F.crc32(F.col("k").cast("binary")).alias("c")).collect()
+    assert sum(r.p != r.c % 4 for r in spark_hash) > len(keys) // 2
