@@ -16,6 +16,7 @@ from aligner.errors import AlignerError, AlignmentSplitError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.lineage import flatten, job_epoch_lineage
+from aligner.models import AlignmentDecision, DecisionPhase
 from tests.jobs import tag_v1
 from tests.streams import assert_exactly_once, read_all
 
@@ -341,6 +342,11 @@ def test_split_alignment_is_aborted_and_aligned_again(stack, ledger, subject_nam
     wait_for(lambda: w1.step(stop) and state(w1) is State.ALIGNING, LIVE, "w1 to take the later Align")
     with pytest.raises(AlignmentSplitError):
         jobs.source_state(spec.job, raw)
+    # The repairing coordinator died right after it recorded its abort (chaos seed 1907): the next `align`
+    # finishes that abort and aligns, where it used to refuse ("being aborted; run `aligner abort`").
+    _, version = jobs.decision(spec.job)
+    jobs.decide(AlignmentDecision(job=spec.job, subjects=(raw,), phase=DecisionPhase.ABORTING,
+                                  seq=jobs.command(spec.job, raw)[0].seq + 1, realign=True), version)
 
     result: list[object] = []
     coordinator = threading.Thread(target=lambda: result.append(Coordinator(ledger).align(spec.job, timeout=LIVE)),

@@ -253,6 +253,8 @@ def _decision(phase: str, subjects: tuple[str, ...] = ("x",)) -> AlignmentDecisi
     (decision.Observed(_decision("aligned"), ("x",), sources_aligned=False, from_start=False), decision.Next.START),
     (decision.Observed(_decision("catching_up", ("y",)), ("x",), from_start=False), decision.Next.START),
     (decision.Observed(_decision("aborting"), ("x",)), decision.Next.BLOCKED),
+    (decision.Observed(_decision("aborting").model_copy(update={"realign": True}), ("x",)),
+     decision.Next.FINISH_ABORT),
     (decision.Observed(_decision("catching_up"), ("x",), ready=False), decision.Next.AWAIT_READY),
     (decision.Observed(_decision("catching_up"), ("x",), ready=True, from_start=False), decision.Next.CHOOSE),
     (decision.Observed(_decision("catching_up"), ("x",), ready=True, from_start=True), decision.Next.FROM_START),

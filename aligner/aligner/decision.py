@@ -7,6 +7,7 @@ effect, so a coordinator killed anywhere is resumed by the next from the recorde
 
     (none|aligned|aborted) --start--> catching_up --ready--> aligning(k, J) --aligned--> aligned
     aligning --a consumer rejected (k, J)--> aligning(k', J')        aborting: abort first
+    (split) --> aborting, realign --> aborted --> catching_up ...     (the next align finishes that abort)
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ class Next(StrEnum):
     """Send Align(k, J); wait until every source aligned at J, or one rejected it."""
     RECORD_ALIGNED = "record_aligned"
     BLOCKED = "blocked"
-    """An abort is under way: it must finish first."""
+    """An operator's abort is under way: it must finish first."""
+    FINISH_ABORT = "finish_abort"
+    """The coordinator's own abort of a split alignment is under way (its coordinator died): finish it, then
+    align again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +84,7 @@ def step(seen: Observed) -> Next:
         return Next.FROM_START if seen.from_start else Next.START
     assert decision is not None
     if decision.phase == DecisionPhase.ABORTING:
-        return Next.BLOCKED
+        return Next.FINISH_ABORT if decision.realign else Next.BLOCKED
     if decision.phase == DecisionPhase.CATCHING_UP:
         if not seen.ready:
             return Next.AWAIT_READY

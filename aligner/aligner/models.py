@@ -338,6 +338,9 @@ class AlignmentDecision(Node):
     seq: int
     subject_epochs: dict[str, int] = {}
     job_epoch: int | None = None
+    realign: bool = False
+    """An abort the coordinator started itself, on a split alignment: whoever aligns next finishes it and
+    aligns again (an operator's abort is finished by ``aligner abort`` only)."""
     updated_at: int = Field(default_factory=now_ms)
 
 

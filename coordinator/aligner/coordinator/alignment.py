@@ -144,7 +144,7 @@ class Coordinator:
                     return self._align(job, subjects, at_epoch, timeout, progress)
                 except AlignmentSplitError as exc:
                     log.warning("job %s: %s; aborting the alignment and aligning again", job, exc)
-                    self.abort(job, timeout, progress)
+                    self.abort(job, timeout, progress, realign=True)
 
     def _align(self, job: str, subjects: Sequence[str] | None, at_epoch: int | None, timeout: float | None,
                progress: Progress | None) -> AlignmentDecision:
@@ -159,6 +159,9 @@ class Coordinator:
                 return decision
             if step is Next.BLOCKED:
                 raise AlignerError(f"job {job!r} is being aborted; run `aligner abort {job}` to finish it first")
+            if step is Next.FINISH_ABORT:  # a split's abort, whose coordinator died: finish it, align again
+                self.abort(job, timeout, progress)
+                continue
             if step is Next.AWAIT_READY or step is Next.AWAIT_ALIGNED:
                 assert decision is not None
                 self._send_decision(job, chosen, decision)
@@ -263,15 +266,17 @@ class Coordinator:
             return Settled.REJECTED
         return None
 
-    def abort(self, job: str, timeout: float | None = None, progress: Progress | None = None) -> AlignmentDecision:
-        """Return every source of the job to Unaligned, from any state, and clean up the decision."""
+    def abort(self, job: str, timeout: float | None = None, progress: Progress | None = None,
+              realign: bool = False) -> AlignmentDecision:
+        """Return every source of the job to Unaligned, from any state, and clean up the decision.
+        ``realign``: the coordinator's own abort of a split alignment, which the next align finishes."""
         subjects = self._subjects(job, None)
         recorded, version = self.jobs.decision(job)
         if recorded is not None and recorded.phase == DecisionPhase.ABORTING:
             aborting = recorded
         else:
             aborting = AlignmentDecision(job=job, subjects=subjects, phase=DecisionPhase.ABORTING,
-                                         seq=self._next_seq(job, subjects))
+                                         seq=self._next_seq(job, subjects), realign=realign)
             version = self.jobs.decide(aborting, version)
         self._send(job, subjects, Command(seq=aborting.seq, kind="abort"))
         self._wait("aborting", lambda: all(
