@@ -64,6 +64,10 @@ def test_smoke_soak_samples_everything_and_passes(soak: tuple[subprocess.Popen[s
     last_line = output.strip().splitlines()[-1]
     assert proc.returncode == 0, last_line  # a stall or an anomaly it found is a product bug to report
     assert report["passed"] and report["check"]["records_checked"] > 0
+    from experiments.soak.__main__ import rejudge  # `--judge`: the same report judged again, the same verdict
+
+    again = rejudge(out / "soak.json")
+    assert (again["passed"], again["figures"]) == (report["passed"], report["figures"])
 
 
 def test_first_signal_stops_the_soak_and_everything_it_started(soak: tuple[subprocess.Popen[str], Path]) -> None:

@@ -63,12 +63,8 @@ def report_of(run: Run, soak: Soak, result: dict[str, Any] | None, minutes: floa
               check_growth: bool) -> dict[str, Any]:
     """Everything the soak measured, its figures and its verdict (one dict, written as JSON)."""
     done = [e for e in run.events if e["kind"] in nemesis.FAULT_WEIGHTS and "(none" not in e["target"]]
-    retained = soak.settings.retention_every or soak.settings.gc_every
-    subjects = [x for x in soak.settings.gc_subjects if run.faust or x != F_OUT] if retained else []
-    start = retention_window(window, soak.gcs, subjects)
-    fig = figures(soak.samples, window, start,
-                  never_held=sorted(set(subjects) - floored(soak.gcs)) if start is None else None)
-    reasons = verdict(soak.stalls, result, len(run.observations), fig, check_growth, soak.gcs)
+    fig, reasons = judge(soak.samples, soak.gcs, soak.stalls, result, len(run.observations), soak.settings,
+                         run.faust, window, check_growth)
     check = (result or {}).get("check")
     swaps = [e["at"] + e["duration"] for e in run.events
              if e["kind"] == "op" and e["target"].startswith("hotswap") and e.get("ok")]
@@ -85,6 +81,31 @@ def report_of(run: Run, soak: Soak, result: dict[str, Any] | None, minutes: floa
         "events": run.events, "verdict": reasons, "passed": not reasons,
         "verdict_line": "; ".join(reasons) if reasons else "passed",
     }
+
+
+def judge(samples: list[dict[str, Any]], gcs: list[dict[str, Any]], stalls: list[Any], result: dict[str, Any] | None,
+          observations: int, settings: Settings, faust: bool, window: float,
+          check_growth: bool) -> tuple[dict[str, Any], list[str]]:
+    """The figures and the verdict's reasons (none: passed) from what the soak measured."""
+    retained = settings.retention_every or settings.gc_every
+    subjects = [x for x in settings.gc_subjects if faust or x != F_OUT] if retained else []
+    start = retention_window(window, gcs, subjects)
+    fig = figures(samples, window, start, never_held=sorted(set(subjects) - floored(gcs)) if start is None else None)
+    return fig, verdict(stalls, result, observations, fig, check_growth, gcs)
+
+
+def rejudge(path: Path) -> dict[str, Any]:
+    """A written ``soak.json`` judged again by this verdict (a soak outlives the code it started with)."""
+    report = json.loads(path.read_text())
+    result = None if report["error"] is None and report["check"] is None else {
+        "check": report["check"], "error": report["error"]}
+    fig, reasons = judge(report["samples"], report["gc"], report["stalls"], result, len(report["observations"]),
+                         Settings(**report["settings"]), report["faust"], report["figures"]["window_s"],
+                         report["check_growth"])
+    report.update(figures=fig, verdict=reasons, passed=not reasons,
+                  verdict_line="; ".join(reasons) if reasons else "passed")
+    path.write_text(json.dumps(report, indent=1))
+    return report
 
 
 def play(run: Run, soak: Soak, drain_timeout: float) -> dict[str, Any] | None:
@@ -136,8 +157,14 @@ def main(
     faust: Annotated[bool, typer.Option(help="Run job F on Faust")] = True,
     drain_timeout: Annotated[float, typer.Option(min=10, help="Seconds the final drain may take")] = 900.0,
     out: Annotated[Path, typer.Option(help="Directory of soak.json, soak.png and the run's logs")] = RESULTS / "soak",
+    judge_only: Annotated[Path | None, typer.Option(
+        "--judge", exists=True, dir_okay=False,
+        help="Run no soak: judge this soak.json again with this verdict, redraw its curves")] = None,
 ) -> None:
     """Soak the chaos chain; exit 1 with one line on a stall, an anomaly or growth after the window."""
+    if judge_only is not None:
+        conclude(rejudge(judge_only), judge_only.parent)
+        return
     out = out.resolve()  # the stack's zoo.cfg names its data dir under it, and ZooKeeper runs elsewhere
     run = plan_run(seed, minutes, fault_every, swap_every, faust, out / "run")
     run.rate, run.interval, run.inherit_state, run.linger_ms = rate, interval, inherit_state, linger_ms
