@@ -232,11 +232,13 @@ class Upgrades:
         gaps = [(times[e] - times[e - 1]) / 1000 for e in sorted(times)[1:]]
         row = {"version": v, "engine": self.plan[v - 1][0], "workers": self.plan[v - 1][1], "killed": killed,
                "seconds": round(time.monotonic() - started, 2), "S": s, "epoch_at_request": at_request,
-               "S_after_request": s - at_request, "gap_around_S": round(max(gaps), 3) if gaps else None,
-               "cadence": round(cadence, 3) if cadence else None}
+               "S_after_request": s - at_request,
+               "S_after_acceptance": None if swap.accepted is None else s - swap.accepted,
+               "gap_around_S": round(max(gaps), 3) if gaps else None, "cadence": round(cadence, 3) if cadence else None}
         print(f"swap v{v - 1} -> v{v} ({row['engine']}, {row['workers']} workers): {row['seconds']}s, S={s} "
-              f"({row['S_after_request']} epochs after the request), killed {killed}, largest gap around S "
-              f"{row['gap_around_S']}s against a cadence of {row['cadence']}s", flush=True)
+              f"({row['S_after_request']} epochs after the request, {row['S_after_acceptance']} after its "
+              f"acceptance), killed {killed}, largest gap around S {row['gap_around_S']}s against a cadence of "
+              f"{row['cadence']}s", flush=True)
         return row
 
     def drain(self, acked: set[int]) -> list[tuple[int, int, dict[str, Any]]]:

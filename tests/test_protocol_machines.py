@@ -182,7 +182,8 @@ def test_acks_in_time_late_and_waiting():
 
 
 def test_two_phase_transitions():
-    first = swap.precommit(None, "a", "b", "t", swap.choose(now=7, margin=2, at_epoch=None))
+    first = swap.precommit(None, "a", "b", "t", swap.choose(now=7, margin=2, at_epoch=None), 7)
+    assert first.epoch - first.accepted == 2  # type: ignore[operator]
     assert (first.phase, first.epoch, first.seq) == ("precommit", 9, 1)
     again = swap.precommit(first, "a", "b", "t", swap.choose(now=12, margin=2, at_epoch=20))
     assert (again.epoch, again.seq) == (20, 2)

@@ -358,4 +358,7 @@ class SwapNode(Node):
     epoch: int = Field(ge=0)
     phase: Phase
     seq: int = 1
+    accepted: int | None = None
+    """The furthest epoch either version or the target had committed when S was chosen: S - accepted is how
+    far ahead of the jobs the swap lands (its margin, or more for a requested or re-chosen S)."""
     updated_at: int = Field(default_factory=now_ms)

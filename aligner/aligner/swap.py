@@ -79,11 +79,13 @@ def choose(now: int, margin: int, at_epoch: int | None) -> int:
     return max(now + margin, at_epoch or 0)
 
 
-def precommit(previous: SwapNode | None, old: str, new: str, target: str, epoch: int) -> SwapNode:
+def precommit(previous: SwapNode | None, old: str, new: str, target: str, epoch: int,
+              accepted: int | None = None) -> SwapNode:
+    """S = ``epoch``, chosen when the jobs had committed up to ``accepted``."""
     if previous is not None and previous.phase in (Phase.COMMIT, Phase.DONE):
         raise IllegalTransition(Phase(previous.phase), "precommit")
     return SwapNode(old=old, new=new, target=target, epoch=epoch, phase=Phase.PRECOMMIT,
-                    seq=(previous.seq + 1) if previous else 1)
+                    seq=(previous.seq + 1) if previous else 1, accepted=accepted)
 
 
 def _to(swap: SwapNode, phase: Phase) -> SwapNode:

@@ -134,7 +134,7 @@ class HotSwap:
         if step is machine.Next.PRECOMMIT:
             now = max(self.committed(o.job, o.inputs), self.committed(n.job, n.inputs),
                       self.ledger.frontier(o.output) or 0)
-            return machine.precommit(swap, o.job, n.job, o.output, machine.choose(now, self.margin, at_epoch))
+            return machine.precommit(swap, o.job, n.job, o.output, machine.choose(now, self.margin, at_epoch), now)
         assert swap is not None
         return machine.commit(swap) if step is machine.Next.COMMIT else machine.finish(swap)
 
