@@ -124,3 +124,20 @@ def test_align_settles_when_the_sources_are_aligned_already(ledger: Ledger, jobs
     assert (decision.phase, decision.seq, decision.job_epoch) == (DecisionPhase.ALIGNED, 7, 44)
     assert decision.subject_epochs == {subject_name: 30}
     assert jobs.decision(job)[0] == decision
+
+
+def test_a_hotswap_that_waits_for_acknowledgements_names_who_has_not_given_one(
+        ledger: Ledger, jobs: JobLedger, subject_name: str) -> None:
+    """A swap held at pre-commit says which workers have not acknowledged S and what they reported last (a
+    rehearsal's rescale test gave up after 180 s saying only "both jobs to acknowledge S=124")."""
+    from aligner.coordinator.hotswap import HotSwap
+
+    out = f"{subject_name}-out"  # the fixture registered both subjects
+    old = jobs.register(JobNode(job=f"{subject_name}-v1", inputs=(subject_name,), output=out, parallelism=2))
+    new = jobs.register(JobNode(job=f"{subject_name}-v2", inputs=(subject_name,), output=out, parallelism=1,
+                                follows=old.job))
+    swap = SwapNode(old=old.job, new=new.job, target=out, epoch=12, phase="precommit")
+    jobs.report(old.job, subject_name, 0, ConsumerNode(job_epoch=10, swap_seen=(12, 11)))
+    jobs.report(old.job, subject_name, 1, ConsumerNode(job_epoch=9, swap_seen=(7, 5)))
+    assert HotSwap(ledger)._unacked(old, new, swap) == (
+        f"not acknowledged by {old.job}:1 acknowledged (7, 5) at job epoch 9, {new.job}:0 has not reported")

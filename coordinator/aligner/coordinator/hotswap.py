@@ -150,8 +150,26 @@ class HotSwap:
             if progress:
                 progress(what, {"new": n.job} if step is machine.Next.AWAIT_FOLLOWER else self.status(o.job))
 
-        self.waiter.until(lambda: machine.coordinate(self.observe(o, n)[0]) is not step, f"hot-swap: {what}",
-                          timeout, show)
+        try:
+            self.waiter.until(lambda: machine.coordinate(self.observe(o, n)[0]) is not step, f"hot-swap: {what}",
+                              timeout, show)
+        except TimeoutError as exc:
+            if step is machine.Next.AWAIT_ACKS and swap is not None:  # say who holds the swap up
+                raise TimeoutError(f"{exc}; {self._unacked(o, n, swap)}") from None
+            raise
+
+    def _unacked(self, o: JobNode, n: JobNode, swap: SwapNode) -> str:
+        """The workers that have not acknowledged S, with what they reported last."""
+        out = []
+        for job in (o, n):
+            consumers = self.jobs.consumers(job.job, job.inputs[0])
+            for w in range(job.parallelism):
+                c = consumers.get(w)
+                if c is None:
+                    out.append(f"{job.job}:{w} has not reported")
+                elif c.swap_seen is None or c.swap_seen[0] != swap.epoch:
+                    out.append(f"{job.job}:{w} acknowledged {c.swap_seen} at job epoch {c.job_epoch}")
+        return "not acknowledged by " + (", ".join(out) or "nobody (all acknowledged)")
 
     def _acks(self, o: JobNode, n: JobNode, swap: SwapNode) -> machine.Acks:
         seen: list[tuple[int, int] | None] = []
