@@ -9,11 +9,12 @@ Then it checks every record: each input's result exactly once, from the version 
 (``v``), each key in one target partition throughout and its per-key count running 0, 1, 2, ... across
 all versions (per-key order and the state handed over exactly), the target never grew; and after
 ``aligner gc`` the swapped-out versions' producers are gone from ZooKeeper. Per swap it measures the time
-from the request to done, S against the jobs' epoch at the request, and the largest commit gap of the
-target around S against its cadence before the request.
+from the request to done, S against the jobs' epoch at the request and at the swap's acceptance, and the
+largest commit gap of the target around S against its cadence before the request.
 
     python -m experiments.upgrades                 # ten swaps (README, Hot-swap)
-    python -m experiments.upgrades --swaps 3       # the short run tests/test_upgrades.py makes
+    python -m experiments.upgrades --swaps 3       # the first three of them
+    python -m experiments.upgrades --plan runtime:2,runtime:4,faust:1,spark:4,runtime:2   # tests/test_upgrades.py
 
 Exit code 0 when every check passed; the report goes to ``--out`` (JSON).
 """
