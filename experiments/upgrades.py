@@ -349,7 +349,7 @@ def _plan(text: str) -> list[tuple[str, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.upgrades", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--swaps", type=int, default=None, help="swaps (default: 10, or every version of --plan)")
+    ap.add_argument("--swaps", type=int, default=None, help="swaps (default: every version of the plan)")
     ap.add_argument("--plan", type=_plan, default=PLAN,
                     help="engine:parallelism of each version, e.g. runtime:2,spark:4,faust:1 (version 1: runtime)")
     ap.add_argument("--seed", type=int, default=19)
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=float, default=0.5, help="seconds per input epoch")
     ap.add_argument("--out", type=Path, default=Path("experiments/results/upgrades"))
     args = ap.parse_args(argv)
-    swaps = args.swaps or (len(args.plan) - 1 if args.plan is not PLAN else 10)
+    swaps = args.swaps or len(args.plan) - 1  # the default plan: ten
     if not 1 <= swaps < len(args.plan):
         ap.error(f"--swaps: 1 to {len(args.plan) - 1} with this plan")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -53,6 +53,8 @@ def main() -> None:
         ns = sorted(int(n) for f in frames for n in f["n"])  # one key's records come from one input partition
         out = []
         for n in ns:
+            # h(n) of experiments.chaos.jobs, written out: this runs in Spark's Python workers, which cannot
+            # be relied on to import the experiments package
             out.append(json.dumps({"n": n, "h": (n * 7919 + 13) % 1_000_003, "c": c, "w": 0, "v": version}))
             c += 1
         state.update((c,))
