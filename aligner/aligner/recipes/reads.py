@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -9,7 +10,7 @@ from kazoo.exceptions import NoNodeError
 
 from aligner.epochs import CommittedEpoch, assemble, missing_writers
 from aligner.errors import AlignerError, EpochCollectedError, EpochNotCommittedError, MalformedNodeError
-from aligner.models import ContributionNode, EpochNode, parse
+from aligner.models import ContributionNode, EpochNode, WritersNode, parse
 from aligner.recipes.subjects import SubjectRecipes
 
 _PIPELINE_EPOCHS = 500
@@ -149,7 +150,34 @@ class EpochReads(SubjectRecipes):
 
     def finished(self, subject: str) -> int | None:
         """The last epoch of a subject whose every producer has finished, else None."""
-        doc, _ = self.writers(subject)
+        return self._finished_of(subject, self.writers(subject)[0])
+
+    def finished_watched(self, subject: str) -> int | None:
+        """``finished`` from the subject's writers node as a DataWatch keeps it (one per subject and session,
+        re-armed by kazoo after outages): for a worker that asks every epoch, no read per epoch. Falls back
+        to ``finished`` (which names the problem) while the node is absent or malformed."""
+        with self._lock:
+            known = subject in self._writers_seen
+            doc = self._writers_seen.get(subject)
+        if not known:
+            path = self.layout.writers(subject)
+
+            def changed(data: bytes | None, _stat: Any) -> None:
+                try:
+                    seen = parse(WritersNode, path, data) if data else None
+                except MalformedNodeError:
+                    seen = None
+                with self._lock:
+                    self._writers_seen[subject] = seen
+
+            self._trip("read")
+            with contextlib.suppress(Exception):  # unreachable now: the read below waits or names why
+                self.zk.DataWatch(path, changed)  # calls ``changed`` now with the node as it is
+            with self._lock:
+                doc = self._writers_seen.get(subject)
+        return self.finished(subject) if doc is None else self._finished_of(subject, doc)
+
+    def _finished_of(self, subject: str, doc: WritersNode) -> int | None:
         if not doc.writers or any(e.finished_after is None for e in doc.writers.values()):
             return None
         last = max(e.finished_after for e in doc.writers.values() if e.finished_after is not None)

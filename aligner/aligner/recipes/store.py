@@ -41,6 +41,8 @@ class Store:
         """Committed epochs never change, so readers keep them; bounded, so a reader that runs for days
         keeps the epochs it still reads, not every epoch it ever read."""
         self._buckets: LRUCache[str, bool] = LRUCache(KNOWN_BUCKETS)
+        self._writers_seen: dict[str, Any] = {}
+        """Subjects' writers nodes as their DataWatches last saw them (EpochReads.finished_watched)."""
         self._lock = threading.Lock()
 
     @property

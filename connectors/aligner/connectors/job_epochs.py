@@ -66,15 +66,19 @@ class JobEpochs:
         return coverage.starts(epoch, alignments, previous.next if previous else None, self.follows)
 
     def _observe(self, start: Mapping[str, int] | None) -> tuple[dict[str, int | None], dict[str, int | None]]:
-        """Each subject's committed prefix from ``start`` (watches armed first, so no commit is missed)."""
+        """Each subject's committed prefix from ``start``. Read first: epochs already committed (a job catching
+        up) cost no watch; a prefix found short is read again after its watch is armed, so no commit is missed."""
         assert start is not None
+        finished = {s: self.ledger.finished_watched(s) for s in start}
+        wanted = {s: coverage.wanted(first, self.per, finished[s]) for s, first in start.items()}
+        prefix = {s: self._committed_prefix(s, first, wanted[s]) for s, first in start.items()}
         for s, first in start.items():
-            self.watch_epoch(s, first + self.per - 1)
-        finished = {s: self.ledger.finished(s) for s in start}
-        frontier: dict[str, int | None] = {
-            s: first + self._committed_prefix(s, first, coverage.wanted(first, self.per, finished[s])) - 1
-            for s, first in start.items()}
-        return frontier, finished
+            if prefix[s] < wanted[s]:
+                self.watch_epoch(s, first + self.per - 1)
+                finished[s] = self.ledger.finished_watched(s)
+                wanted[s] = coverage.wanted(first, self.per, finished[s])
+                prefix[s] += self._committed_prefix(s, first + prefix[s], wanted[s] - prefix[s])
+        return {s: first + prefix[s] - 1 for s, first in start.items()}, finished
 
     def _wait(self, epoch: int, why: Next, start: Mapping[str, int] | None, stop: threading.Event) -> None:
         if why is Next.FOLLOW:

@@ -164,18 +164,12 @@ class JobWorker:
         shadow = self.spec.shadow_subject
         outputs = self._outputs(records)
         if self._voiding and shadow is not None:
-            send_to = self.sink.send_to
-            for key, value in outputs:  # voided at the target, kept in the shadow for comparison
-                send_to(shadow, value, key)
+            self.sink.lane(shadow).send_many(outputs)  # voided at the target, kept in the shadow for comparison
         elif self._voiding:
             for _ in outputs:  # state advances; the output is voided
                 pass
         else:
-            send, n = self.sink.send, 0
-            for key, value in outputs:
-                send(value, key)
-                n += 1
-            self.records_out += n
+            self.records_out += self.sink.send_many(outputs)
         self.records_in += len(records)
 
     def _outputs(self, records: list[SourceRecord]) -> Emitted:
@@ -226,7 +220,7 @@ class JobWorker:
     def _inputs_finished(self) -> bool:
         assert self.source is not None
         for subject in self.spec.inputs:
-            last = self.ledger.finished(subject)
+            last = self.ledger.finished_watched(subject)  # asked every epoch: kept by a watch, not read
             if last is None or self.source.consumed(subject) < last:
                 return False
         return True

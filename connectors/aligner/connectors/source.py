@@ -250,62 +250,83 @@ class SubjectSource:
     def poll(self, timeout: float = 0.005, max_records: int = 10000) -> list[SourceRecord]:
         """Kept records of loaded epochs, in offset order per partition."""
         out: list[SourceRecord] = []
-        touched: set[tuple[str, int]] = set()
+        touched = False
         for waiting in self.parts.values():
             if waiting.paused and waiting.pos is not None and waiting.pos < waiting.bound:
                 self._resume(waiting, out)
-                touched.add((waiting.subject, waiting.partition))
+                touched = True
         if self.readable():
             messages = self._consumer.consume(max_records, timeout=timeout)
-            errors = 0  # counted in the loop below: no second pass over the batch on the hot path
-            for m in messages:
-                part = self._by_topic.get((m.topic(), m.partition()))  # type: ignore[arg-type]
-                if part is None or part.pos is None:
-                    continue
-                err = m.error()
-                if err is not None:
-                    errors += 1
-                    if err.code() in _DATA_LOST:
-                        raise DataLossError(f"{m.topic()}[{m.partition()}]: {err}")
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        touched.add((part.subject, part.partition))
-                    continue  # a broker outage or slow fetch: librdkafka keeps retrying by itself
-                o: int = m.offset()  # type: ignore[assignment]
-                if part.paused:
-                    if o >= part.fetch_at:
-                        part.stash.append(m)  # fetched with the batch that crossed the bound
-                        part.fetch_at = o + 1
-                    continue
-                if o < part.pos:
-                    continue
-                if o >= part.bound:
-                    self._stop_at_bound(part)
-                    part.stash.append(m)
-                    part.fetch_at = o + 1
-                    continue
-                self._accept(part, m, o, out)
-                touched.add((part.subject, part.partition))
+            errors = 0
+            by_topic = self._by_topic
+            i, n = 0, len(messages)
+            while i < n:  # runs of one partition: librdkafka hands over a fetched batch whole
+                m = messages[i]
+                topic, partition = m.topic(), m.partition()
+                j = i + 1
+                while j < n and messages[j].partition() == partition and messages[j].topic() == topic:
+                    j += 1
+                part = by_topic.get((topic, partition))  # type: ignore[arg-type]
+                if part is not None and part.pos is not None:
+                    errors += self._take(part, messages, i, j, out)
+                    touched = True
+                else:
+                    errors += sum(messages[k].error() is not None for k in range(i, j))
+                i = j
             self._polls += 1
-            self._empty_polls += errors == len(messages)
-            self._records += len(messages) - errors
+            self._empty_polls += errors == n
+            self._records += n - errors
         self._settle(touched)
         self._watch()
         return out
 
-    def _accept(self, part: _Part, m: Message, o: int, out: list[SourceRecord]) -> None:
-        part.pos = o + 1
-        if self.mode == "at_least_once":
-            out.append(SourceRecord(part.subject, part.partition, o, -1, m.key(), m.value(), m.timestamp()[1]))
-            return
-        segs = part.segments
-        while segs and o >= segs[0][2]:
-            segs.popleft()
-        if not segs or o < segs[0][1]:
-            return
-        epoch, _s, _e, stamp = segs[0]
-        h: list[tuple[str, bytes]] | None = m.headers() if stamp is not None else None  # type: ignore[assignment]
-        if stamp is None or (h is not None and (h[0][1] == stamp or stamp_of(h) == stamp)):
-            out.append(SourceRecord(part.subject, part.partition, o, epoch, m.key(), m.value(), m.timestamp()[1]))
+    def _take(self, part: _Part, messages: Sequence[Message], i: int, j: int, out: list[SourceRecord]) -> int:
+        """Keep what ``messages[i:j]``, fetched from ``part`` in offset order, hold for loaded epochs; stash
+        what lies past the bound. Per run, not per record: the part's fields and its current segment are
+        locals (this is the source's per-record hot path). Returns how many messages were errors."""
+        errors = 0
+        append = out.append
+        subject, partition, segs = part.subject, part.partition, part.segments
+        unbounded = self.mode == "at_least_once"
+        seg_start = seg_end = 0  # the current segment [seg_start, seg_end): epoch, stamp
+        epoch, stamp = -1, None
+        for k in range(i, j):
+            m = messages[k]
+            err = m.error()
+            if err is not None:
+                errors += 1
+                if err.code() in _DATA_LOST:
+                    raise DataLossError(f"{m.topic()}[{m.partition()}]: {err}")
+                continue  # end of partition, a broker outage or slow fetch: librdkafka keeps retrying by itself
+            o: int = m.offset()  # type: ignore[assignment]
+            if part.paused:
+                if o >= part.fetch_at:
+                    part.stash.append(m)  # fetched with the batch that crossed the bound
+                    part.fetch_at = o + 1
+                continue
+            if o < part.pos:  # type: ignore[operator]
+                continue
+            if o >= part.bound:
+                self._stop_at_bound(part)
+                part.stash.append(m)
+                part.fetch_at = o + 1
+                continue
+            part.pos = o + 1
+            if unbounded:
+                append(SourceRecord(subject, partition, o, -1, m.key(), m.value(), m.timestamp()[1]))
+                continue
+            if not seg_start <= o < seg_end:
+                while segs and o >= segs[0][2]:
+                    segs.popleft()
+                if not segs or o < segs[0][1]:
+                    continue  # between segments: an offset no loaded epoch holds
+                epoch, seg_start, seg_end, stamp = segs[0]
+            if stamp is not None:
+                h: list[tuple[str, bytes]] | None = m.headers()  # type: ignore[assignment]
+                if h is None or (h[0][1] != stamp and stamp_of(h) != stamp):
+                    continue  # another attempt's record
+            append(SourceRecord(subject, partition, o, epoch, m.key(), m.value(), m.timestamp()[1]))
+        return errors
 
     def _stop_at_bound(self, part: _Part) -> None:
         # Unassign rather than pause + seek: librdkafka delays the first fetch after a seek on a
@@ -319,9 +340,17 @@ class SubjectSource:
 
     def _resume(self, part: _Part, out: list[SourceRecord]) -> None:
         """The bound moved: serve the stash first, then fetch again after it."""
-        while part.stash and part.stash[0].offset() < part.bound:
-            m = part.stash.popleft()
-            self._accept(part, m, m.offset(), out)
+        stash, bound = part.stash, part.bound
+        served = 0
+        while served < len(stash) and stash[served].offset() < bound:
+            served += 1
+        if served:
+            ready = [stash.popleft() for _ in range(served)]
+            part.paused = False  # served as fetched records; the partition is not assigned meanwhile
+            try:
+                self._take(part, ready, 0, served, out)
+            finally:
+                part.paused = True
         if part.stash:
             part.pos = part.bound  # the next record lies past the new bound too
             return
@@ -330,7 +359,7 @@ class SubjectSource:
             self._consumer.incremental_assign([TopicPartition(part.topic, part.partition, part.fetch_at)])
             part.paused = False
 
-    def _settle(self, touched: set[tuple[str, int]]) -> None:
+    def _settle(self, touched: bool) -> None:
         """Advance positions over offsets that hold no record (commit markers, aborted data)."""
         active = [p for p in self.parts.values() if p.pos is not None and p.pos < p.bound and not p.paused]
         if active:
