@@ -175,6 +175,31 @@ def end_offsets(
     return out
 
 
+def listed_ends(consumer: Consumer, topic: str, partitions: Sequence[int], timeout: float = 30.0,
+                stop: threading.Event | None = None) -> dict[int, int]:
+    """``end_offsets`` for a component that asks every epoch, through its own consumer's ListOffsets (last stable
+    offsets for a read_committed consumer), not an admin client: no futures completed from librdkafka's
+    background thread. The epoch marker, the one caller every half second, died once of SIGSEGV inside
+    ``AdminClient.list_offsets`` (librdkafka 2.16) in a soak; this path needs no admin client at all.
+    TimeoutError after ``timeout`` seconds without an answer; ``stop`` ends the wait with StoppedError."""
+    deadline = time.monotonic() + timeout
+    out: dict[int, int] = {}
+    for p in partitions:
+        while True:
+            try:
+                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=0.5, cached=False)
+                out[p] = high
+                break
+            except KafkaException as exc:
+                if not retriable(exc):
+                    raise
+            if stop is not None and stop.is_set():
+                raise StoppedError(f"stopped while asking for the offsets of {topic}")
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no answer to ListOffsets for {topic} within {timeout:.0f}s")
+    return out
+
+
 def transactional_id(subject: str, sink: str, producer: str) -> str:
     """The Kafka transactional id of a sink's producer: stable across restarts, so a new incarnation
     (or a Spark task retry) fences the transaction its predecessor left open."""
@@ -379,7 +404,7 @@ def fetched_end_offsets(fc: FetchingConsumer, topic: str, partitions: Sequence[i
     ``stop`` ends the wait with StoppedError. An outage longer than 30 s raises TimeoutError from the
     ListOffsets call.
     """
-    listed = end_offsets(bootstrap, topic, partitions, committed_only=True, timeout=30.0, client=fc.admin, stop=stop)
+    listed = listed_ends(fc.consumer, topic, partitions, timeout=30.0, stop=stop)
     ends = {p: known[p] for p in partitions if known is not None and p in known and listed[p] <= known[p]}
     ends.update({p: 0 for p in partitions if listed[p] <= 0})
     todo = [p for p in partitions if p not in ends]
