@@ -186,8 +186,8 @@ def main() -> None:
     capacity = 1000 / per_commit["ledger"] if per_commit["ledger"] else float("nan")
     console.print(f"ZooKeeper CPU per epoch, raw / ledger = {ratio:.2f}; at this cost one ZooKeeper core serves "
                   f"~{capacity:,.0f} commits/s (~{capacity / args.rate:,.0f} producers at {args.rate:g} epochs/s)")
-    console.print(f"other processes kept {foreign:.2f} of 2 cores busy"
-                  + (" (numbers are noisy: rerun on a quiet machine)" if foreign > 0.3 else ""))
+    console.print(f"processes other than this one and the stack, this benchmark's producer processes among them, "
+                  f"kept {foreign:.2f} of 2 cores busy")
     write_results("bench_zk_scale", {"args": vars(args), "rows": rows, "zk_cpu_ms_per_commit": per_commit,
                                      "raw_over_ledger": ratio, "commits_per_zk_core": capacity,
                                      "foreign_cores": foreign, "raw_epochs_per_s": raw["epochs_per_s"],

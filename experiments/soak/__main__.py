@@ -172,6 +172,11 @@ def main(
                   f"{run.generations - 2} hot-swaps planned, samples every {sample:g}s, "
                   f"gc {f'every {gc_every:g}s' if gc_every else 'off'}, "
                   f"retention loop {f'every {retention_every:g}s' if retention_every else 'off'}")
+    if Path("/proc/sys/kernel/sched_autogroup_enabled").exists() and \
+            Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1":
+        console.print("[yellow]leave the machine to the soak: this kernel schedules by autogroup, so `nice` does not "
+                      "hold back what runs beside it (a test's stacks and Spark start sessions of their own at full "
+                      "weight); `sysctl kernel.sched_autogroup_enabled=0` makes nice work[/]")
     settings = Settings(sample, poll, stall_after, stop_on_stall, gc_every, keep_epochs, keep_seconds,
                         retention_every=retention_every)
     soak = Soak(settings if not gc_subject else replace(settings, gc_subjects=gc_subject))
