@@ -172,8 +172,8 @@ def main(
                   f"{run.generations - 2} hot-swaps planned, samples every {sample:g}s, "
                   f"gc {f'every {gc_every:g}s' if gc_every else 'off'}, "
                   f"retention loop {f'every {retention_every:g}s' if retention_every else 'off'}")
-    if Path("/proc/sys/kernel/sched_autogroup_enabled").exists() and \
-            Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1":
+    autogroup = Path("/proc/sys/kernel/sched_autogroup_enabled")
+    if autogroup.exists() and autogroup.read_text().strip() == "1":
         console.print("[yellow]leave the machine to the soak: this kernel schedules by autogroup, so `nice` does not "
                       "hold back what runs beside it (a test's stacks and Spark start sessions of their own at full "
                       "weight); `sysctl kernel.sched_autogroup_enabled=0` makes nice work[/]")

@@ -19,7 +19,7 @@ from aligner.epochs import CommittedEpoch
 from aligner.errors import MalformedNodeError
 from aligner.layout import BUCKET, Layout
 from aligner.metrics import ZK_ROUND_TRIPS
-from aligner.models import M, parse
+from aligner.models import M, WritersNode, parse
 from aligner.ops import Op, failed_with, raise_failure
 from aligner.zk import RetryingClient
 
@@ -41,7 +41,7 @@ class Store:
         """Committed epochs never change, so readers keep them; bounded, so a reader that runs for days
         keeps the epochs it still reads, not every epoch it ever read."""
         self._buckets: LRUCache[str, bool] = LRUCache(KNOWN_BUCKETS)
-        self._writers_seen: dict[str, Any] = {}
+        self._writers_seen: dict[str, WritersNode | None] = {}
         """Subjects' writers nodes as their DataWatches last saw them (EpochReads.finished_watched)."""
         self._lock = threading.Lock()
 

@@ -280,10 +280,12 @@ class SubjectSource:
         self._watch()
         return out
 
-    def _take(self, part: _Part, messages: Sequence[Message], i: int, j: int, out: list[SourceRecord]) -> int:
+    def _take(self, part: _Part, messages: Sequence[Message], i: int, j: int, out: list[SourceRecord],
+              stashed: bool = False) -> int:
         """Keep what ``messages[i:j]``, fetched from ``part`` in offset order, hold for loaded epochs; stash
-        what lies past the bound. Per run, not per record: the part's fields and its current segment are
-        locals (this is the source's per-record hot path). Returns how many messages were errors."""
+        what lies past the bound (``stashed``: they come from the stash, all below the bound). Per run, not per
+        record: the part's fields and its current segment are locals (the source's per-record hot path).
+        Returns how many messages were errors."""
         errors = 0
         append = out.append
         subject, partition, segs = part.subject, part.partition, part.segments
@@ -299,7 +301,7 @@ class SubjectSource:
                     raise DataLossError(f"{m.topic()}[{m.partition()}]: {err}")
                 continue  # end of partition, a broker outage or slow fetch: librdkafka keeps retrying by itself
             o: int = m.offset()  # type: ignore[assignment]
-            if part.paused:
+            if part.paused and not stashed:
                 if o >= part.fetch_at:
                     part.stash.append(m)  # fetched with the batch that crossed the bound
                     part.fetch_at = o + 1
@@ -345,12 +347,7 @@ class SubjectSource:
         while served < len(stash) and stash[served].offset() < bound:
             served += 1
         if served:
-            ready = [stash.popleft() for _ in range(served)]
-            part.paused = False  # served as fetched records; the partition is not assigned meanwhile
-            try:
-                self._take(part, ready, 0, served, out)
-            finally:
-                part.paused = True
+            self._take(part, [stash.popleft() for _ in range(served)], 0, served, out, stashed=True)
         if part.stash:
             part.pos = part.bound  # the next record lies past the new bound too
             return
