@@ -215,6 +215,18 @@ What it saves is batches: at 150 records/s and 0.5 s epochs, 37 batches per part
 per batch held in a partition (PLATFORM.md, experiments/bench_fetch.py)."""
 
 
+EAGER_CONNECTIONS: dict[str, Any] = {"enable.sparse.connections": False}
+"""A transactional producer connects to every broker it learns of at once, not only to the ones it needs.
+librdkafka's sparse connections (the default) drop the bootstrap connection once the metadata names the
+brokers and then hold the next connection back (50 ms by default), and the transaction coordinator's
+connection sometimes loses a race with that and waits for a 500 ms timer. ``init_transactions`` of a new
+producer, measured on the embedded broker (100 starts each, ``experiments/bench_producer_start.py``):
+median 54 ms and mean 93 ms (7 of 100 over 200 ms) with sparse connections, 2 ms and 4 ms (none) without.
+A Spark write task starts one producer per micro-batch, so that was about a third of its time. The cost is
+a connection to each broker of the cluster per producer, which a producer writing several partitions
+opens anyway."""
+
+
 def producer_config(bootstrap: str, txn_id: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A transactional producer tuned for epochs of many small records (one transaction per epoch)."""
     return {
@@ -222,6 +234,7 @@ def producer_config(bootstrap: str, txn_id: str, extra: Mapping[str, Any] | None
         "batch.num.messages": 10000,
         "queue.buffering.max.messages": 1_000_000,
         "transaction.timeout.ms": 60000,
+        **EAGER_CONNECTIONS,
         **client_properties(),
         "bootstrap.servers": bootstrap,
         "transactional.id": txn_id,
