@@ -4,9 +4,10 @@ Subject X commits an epoch every ``--interval`` seconds (default 0.5 s, 2 epochs
 Streaming passthrough query reads X with ``format("aligned")`` and no read options (the default
 read limit takes every committed epoch) and writes subject Y through the aligned sink. For every
 X epoch, the hop is the time from its commit to the commit of the Y epoch that holds its records
-(read from the sink's lineage in ZooKeeper). Prints the median and p95 overall and per minute, and
-how far behind the query was at the end; the baseline is the epoch interval itself, since no
-record can be older than one interval when its epoch commits.
+(read from the sink's lineage in ZooKeeper). Prints the median and p95 overall and per minute, how
+far behind the query was at the end, and the median of each micro-batch phase Spark reports. The
+baseline is the epoch interval itself, since no record can be older than one interval when its
+epoch commits.
 
     python -m experiments.bench_spark_hop --minutes 10
 """
@@ -66,6 +67,29 @@ def hops(led: Ledger) -> list[tuple[float, float]]:
     return sorted(out)
 
 
+PHASES = ("triggerExecution", "latestOffset", "queryPlanning", "getBatch", "walCommit", "addBatch", "commitOffsets")
+"""The parts of a micro-batch Spark reports (StreamingQueryProgress.durationMs); addBatch runs the read and
+write tasks and the sink's commit on the driver."""
+
+
+def collect_progress(query: Any, seen: dict[int, dict[str, Any]]) -> None:
+    """Keep the query's progress reports of micro-batches that read rows, by batch id (Spark keeps the last
+    100 only, so this is called every 30 s)."""
+    for p in query.recentProgress:
+        if p.get("numInputRows"):
+            seen[int(p["batchId"])] = p
+
+
+def phase_medians(progress: list[dict[str, Any]]) -> dict[str, float]:
+    """Median seconds per phase over the micro-batches that read rows."""
+    out: dict[str, float] = {}
+    for phase in PHASES:
+        values = [p["durationMs"].get(phase, 0) / 1000 for p in progress]
+        if values:
+            out[phase] = round(statistics.median(values), 3)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=10.0)
@@ -94,11 +118,13 @@ def main() -> None:
         result: dict[str, Any] = {}
         writer = threading.Thread(target=lambda: result.update(last=_write(led, info.kafka, args.interval,
                                                                             args.records, stop)), daemon=True)
+        progress: dict[int, dict[str, Any]] = {}
         started = time.monotonic()
         writer.start()
         try:
             while time.monotonic() - started < args.minutes * 60:
                 time.sleep(min(30.0, args.minutes * 60))
+                collect_progress(query, progress)
                 done = hops(led)
                 recent = [h for _, h in done[-2 * int(30 / args.interval):]]
                 print(f"{(time.monotonic() - started) / 60:4.1f} min: {len(done)} X epochs through, "
@@ -115,6 +141,7 @@ def main() -> None:
         wait_for(lambda: any(r.last >= last for node in sink_lineage(led, Y, SINK).values()
                              for r in source_batch(led, node.query, node.batch).values()), 300,
                  "the query to write the last X epoch")
+        collect_progress(query, progress)
         stop_query(query)  # between micro-batches: no abort errors
         spark.stop()
         done = [h for h in hops(led) if h[0] > led.committed(X, warm).committed_at / 1000]
@@ -132,12 +159,15 @@ def main() -> None:
         "first_minute_median_s": round(first, 3), "last_minute_median_s": round(final, 3),
         "last_over_first": round(final / first, 2), "behind_epochs_at_end": behind_at_end,
         "per_minute_median_s": [round(statistics.median(m), 3) for m in per_minute],
+        "micro_batches_with_rows": len(progress), "phase_median_s": phase_medians(list(progress.values())),
     }
     print(f"{len(done)} X epochs at {1 / args.interval:g}/s over {args.minutes:g} min, default read options")
     print(f"hop X commit -> Y commit: median {payload['median_s']} s ({payload['median_intervals']} intervals), "
           f"p95 {payload['p95_s']} s, max {payload['max_s']} s")
     print(f"first minute median {first:.3f} s, last minute median {final:.3f} s: ratio {final / first:.2f} "
           f"(target <= 1.5); {behind_at_end} X epochs behind when the input stopped")
+    print(f"micro-batch phases, median s over {len(progress)} batches with rows: "
+          + ", ".join(f"{k} {v}" for k, v in payload["phase_median_s"].items()))
     print(f"results: {write_results('bench_spark_hop', payload)}")
 
 

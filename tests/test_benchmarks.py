@@ -26,6 +26,7 @@ SMOKE = {
     "bench_handover": ["--keys", "2000", "--rounds", "1"],
     "bench_state_ops": ["--keys", "2000", "--ops", "1000", "--rounds", "1"],
     "bench_producer_start": ["--starts", "3"],
+    "bench_workers": ["--records", "20000", "--rounds", "1"],
     "bench_latency": ["--epochs", "20", "--rounds", "1", "--warmup", "1", "--rate", "200"],
     "bench_status": ["--epochs", "3000", "--rounds", "1", "--keep", "100"],
     "bench_spark_read": ["--records", "20000", "--rounds", "1"],
