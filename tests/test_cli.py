@@ -161,3 +161,18 @@ def test_lineage_and_status_see_spark_sinks(stack, cli_env, ledger, subject_name
     (q,) = status["spark_queries"]
     assert q["subjects"][raw]["last"] == 2 and q["subjects"][raw]["behind_epochs"] == 0
 
+
+
+def test_markers_print_an_epoch_on_one_line_however_many_partitions(stack, cli_env, subject_name):
+    """rich wraps at 80 columns off a terminal; a marker's epoch line is read by scripts (the soak's drain waited
+    13 minutes for a line starting with "epoch " that had wrapped), so it stays one line."""
+    assert run_cli(cli_env, "subjects", "create", subject_name, "--partitions", "12").returncode == 0
+    p = Producer({"bootstrap.servers": stack.kafka, "log_level": 3})
+    for n in range(12):
+        p.produce(subject_name, json.dumps({"n": n}).encode(), partition=n)
+    p.flush()
+    r = run_cli(cli_env, "markers", subject_name, "--count", "1")
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("epoch 0: ") and len(lines[0]) > 80, r.stdout
+    assert all(f"{n}:[" in lines[0] for n in range(12)), lines[0]

@@ -181,18 +181,24 @@ def listed_ends(consumer: Consumer, topic: str, partitions: Sequence[int], timeo
     offsets for a read_committed consumer), not an admin client: no futures completed from librdkafka's
     background thread. The epoch marker, the one caller every half second, died once of SIGSEGV inside
     ``AdminClient.list_offsets`` (librdkafka 2.16) in a soak; this path needs no admin client at all.
-    TimeoutError after ``timeout`` seconds without an answer; ``stop`` ends the wait with StoppedError."""
+    TimeoutError after ``timeout`` seconds without an answer; ``stop`` ends the wait with StoppedError.
+
+    Each unanswered call is a new request, so the time a call waits doubles up to :data:`LIST_SLICE_MAX`:
+    a broker that takes 0.6 s to answer (a partition of many batches on the embedded broker, a starved
+    machine) is heard on the next call, not asked again every half second forever."""
     deadline = time.monotonic() + timeout
     out: dict[int, int] = {}
     for p in partitions:
+        wait = 0.5
         while True:
             try:
-                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=0.5, cached=False)
+                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=wait, cached=False)
                 out[p] = high
                 break
             except KafkaException as exc:
-                if not retriable(exc):
+                if not (retriable(exc) or _code(exc) == KafkaError._TIMED_OUT_QUEUE):
                     raise
+            wait = min(LIST_SLICE_MAX, wait * 2, max(0.1, deadline - time.monotonic()))
             if stop is not None and stop.is_set():
                 raise StoppedError(f"stopped while asking for the offsets of {topic}")
             if time.monotonic() >= deadline:
@@ -241,6 +247,15 @@ def producer_config(bootstrap: str, txn_id: str, extra: Mapping[str, Any] | None
         **QUIET,
         **(extra or {}),
     }
+
+
+LIST_SLICE_MAX = 2.0
+"""The longest one ListOffsets call of :func:`listed_ends` waits: a stop request is seen within it."""
+
+
+def _code(exc: KafkaException) -> int | None:
+    err = exc.args[0] if exc.args else None
+    return err.code() if isinstance(err, KafkaError) else None
 
 
 def retriable(exc: KafkaException) -> bool:

@@ -123,5 +123,6 @@ def read(
     if emit({"subject": subject, "first": first, "last": last, "records": records}, as_json):
         return
     for r in records:
-        out.print(f"epoch {r['epoch']} p{r['partition']}@{r['offset']} {r['key'] or ''} {r['value']}", markup=False)
+        out.print(f"epoch {r['epoch']} p{r['partition']}@{r['offset']} {r['key'] or ''} {r['value']}", markup=False,
+                  soft_wrap=True)
     err.print(f"{len(records)} records from epochs {first}..{last}")

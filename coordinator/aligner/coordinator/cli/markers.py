@@ -42,7 +42,8 @@ def markers(
     def show(epoch: int, ranges: dict[int, Range]) -> None:
         spans = {str(p): [r.start, r.end] for p, r in ranges.items()}
         if not emit({"epoch": epoch, "ranges": spans}, as_json):
-            out.print(f"epoch {epoch}: " + " ".join(f"{p}:[{s},{e})" for p, (s, e) in spans.items()))
+            # One line per epoch however many partitions (rich wraps at 80 columns when not on a terminal)
+            out.print(f"epoch {epoch}: " + " ".join(f"{p}:[{s},{e})" for p, (s, e) in spans.items()), soft_wrap=True)
 
     logging.getLogger("aligner").setLevel(logging.WARNING)  # a long-running component reports outages
     try:
