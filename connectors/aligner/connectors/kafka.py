@@ -196,7 +196,8 @@ def listed_ends(consumer: Consumer, topic: str, partitions: Sequence[int], timeo
                 out[p] = high
                 break
             except KafkaException as exc:
-                if not (retriable(exc) or _code(exc) == KafkaError._TIMED_OUT_QUEUE):
+                err = _error(exc)
+                if not (retriable(exc) or (err is not None and err.code() == KafkaError._TIMED_OUT_QUEUE)):
                     raise
             wait = min(LIST_SLICE_MAX, wait * 2, max(0.1, deadline - time.monotonic()))
             if stop is not None and stop.is_set():
@@ -253,21 +254,22 @@ LIST_SLICE_MAX = 2.0
 """The longest one ListOffsets call of :func:`listed_ends` waits: a stop request is seen within it."""
 
 
-def _code(exc: KafkaException) -> int | None:
+def _error(exc: KafkaException) -> KafkaError | None:
+    """The KafkaError a KafkaException carries, if any."""
     err = exc.args[0] if exc.args else None
-    return err.code() if isinstance(err, KafkaError) else None
+    return err if isinstance(err, KafkaError) else None
 
 
 def retriable(exc: KafkaException) -> bool:
     """A Kafka failure worth waiting out: the broker did not answer in time or asked to retry."""
-    err = exc.args[0] if exc.args else None
-    return isinstance(err, KafkaError) and (err.retriable() or err.code() == KafkaError._TIMED_OUT)
+    err = _error(exc)
+    return err is not None and (err.retriable() or err.code() == KafkaError._TIMED_OUT)
 
 
 def requires_abort(exc: KafkaException) -> bool:
     """The transaction cannot commit any more (e.g. a record failed): abort it and write the epoch again."""
-    err = exc.args[0] if exc.args else None
-    return isinstance(err, KafkaError) and err.txn_requires_abort()
+    err = _error(exc)
+    return err is not None and err.txn_requires_abort()
 
 
 FETCH_WAIT_MS = 500
