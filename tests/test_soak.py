@@ -214,3 +214,16 @@ def test_a_rescale_is_not_growth() -> None:
     del four["rss"]["A2-0"]
     assert components_rss(one) == components_rss(four) == 110
     assert components_rss({"rss": {**four["rss"], "A3-0": 130}}) == 130  # one worker growing still shows
+
+
+def test_a_retention_pass_that_only_cleared_a_swapped_out_job_still_means_a_retained_window() -> None:
+    """A short soak's passes remove no subject epoch yet clear job A's records once it is swapped out: the
+    checker must then judge the retained window, or it finds A's epochs missing for every record of a."""
+    from experiments.chaos.run import retention_removed
+
+    assert retention_removed("retention pass: removed 0 epochs of 0 subjects, 412 nodes (0 Spark batch records) "
+                             "in 0.30s; swapped-out jobs cleared: A")
+    assert retention_removed("retention pass: removed 9 epochs of 1 subjects, 20 nodes in 0.1s; floors a<9")
+    assert not retention_removed("retention pass: removed 0 epochs of 0 subjects, 0 nodes (0 Spark batch records) "
+                                 "in 0.04s")
+    assert not retention_removed("retention pass failed: ConnectionLoss")

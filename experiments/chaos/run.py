@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import random
+import re
 import signal
 import subprocess
 import threading
@@ -42,6 +43,16 @@ so ``a`` never grows, however many versions a soak swaps in."""
 RESCALE = (2, 1, 2, 4)
 """Workers of job A's versions 1, 2, 3, 4, 5, ... with ``rescale`` (cycling): each swap changes the
 parallelism, state handed over or rebuilt by the key rule; all divide the 4 partitions of ``in`` and ``a``."""
+
+
+RETENTION_PASS = re.compile(r"retention pass: removed \d+ epochs of \d+ subjects, (\d+) nodes")
+
+
+def retention_removed(line: str) -> bool:
+    """Whether a retention pass's line says it removed any node: subject epochs, or only what a swapped-out
+    job or a Spark query left (a short soak); either way the checker judges the retained window."""
+    m = RETENTION_PASS.match(line)
+    return m is not None and int(m.group(1)) > 0
 
 
 def job_a_name(generation: int) -> str:
@@ -690,6 +701,7 @@ def _play(run: Run, drain_timeout: float) -> dict[str, Any]:
     if retention is not None:  # the checker reads a ledger nothing removes from meanwhile (a soak's loop)
         retention.supervised = False
         retention.terminate(30)
+        run.retained = run.retained or any(map(retention_removed, retention.stderr_tail(1 << 22).splitlines()))
     drained = run.rel()
     run.say(f"{drained:7.1f}s  drained; checking every subject by epoch")
     from experiments.chaos.checker import check

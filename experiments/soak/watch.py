@@ -19,7 +19,7 @@ from typing import Any
 from aligner.ledger import Ledger
 from experiments.chaos.nemesis import FAULT_WEIGHTS
 from experiments.chaos.procs import ROOT, _session_tied_to_parent
-from experiments.chaos.run import A_OUT, B_OUT, F_OUT, IN, Run, Step
+from experiments.chaos.run import A_OUT, B_OUT, F_OUT, IN, Run, Step, retention_removed
 from experiments.soak.probes import CpuMeter, dir_bytes, mntr, process_table, tree
 
 UPSTREAM: dict[str, str | None] = {IN: None, A_OUT: IN, B_OUT: A_OUT, F_OUT: A_OUT}
@@ -232,7 +232,7 @@ class Soak:
                 entry: dict[str, Any] = {"at": run.rel(), "rc": 0 if line.startswith("retention pass:") else 1,
                                          "line": line}
                 self.gcs.append(entry)
-                run.retained = run.retained or ("removed 0 epochs" not in line and entry["rc"] == 0)
+                run.retained = run.retained or retention_removed(line)
             seen = len(passes)
 
 
