@@ -172,3 +172,38 @@ def test_a_quiet_runtime_worker_holds_a_bounded_number_of_watchers(spawn, quiet_
         counts.append((kazoo_watchers(led), led.zk.watches.pending()))
     assert max(c for c, _ in counts) <= 20, counts
     assert counts[-1] == counts[1], f"watchers grow with wake-ups: {counts}"
+
+
+def test_an_idle_frontier_costs_no_round_trip_and_follows_every_commit(stack, ledger: Ledger, root: str,
+                                                                       subject_name: str) -> None:
+    """A Spark query asks for the frontier every 10 ms while idle (about 4 reads each, 400 a second): kept
+    by a watch on the next epoch, the answer costs nothing until that epoch changes, then follows it."""
+    from aligner.connectors.sink import SinkProducer
+
+    create_subject(ledger, stack.kafka, subject_name, 2)
+    writer = Ledger.connect(stack.zk, root)  # the commits come from another session, as a producer's do
+    try:
+        with SinkProducer(writer, stack.kafka, subject_name, "gen", 0, [0, 1]) as sink:
+            for want in range(3):
+                sink.begin()
+                sink.send(b"v", partition=want % 2)
+                assert sink.commit().epoch == want
+                wait_for(lambda want=want: ledger.frontier_watched(subject_name) == want,
+                         f"the kept frontier to reach epoch {want}")
+                idle = ledger.round_trips
+                for _ in range(200):
+                    assert ledger.frontier_watched(subject_name) == want
+                assert ledger.round_trips == idle, "an idle frontier read ZooKeeper"
+            sink.begin()  # epoch 3 exists but is open: the watch fires, the frontier stays
+            sink.send(b"v", partition=0)
+            wait_for(lambda: ledger.frontier_watched(subject_name) == 2 and ledger.round_trips > idle,
+                     "the kept frontier to look again at the open epoch")
+            pending = ledger.zk.watches.pending()
+            for _ in range(3):  # read again and again (as after FRONTIER_REREAD): one waiter, re-armed
+                ledger._frontiers[subject_name].moved.set()
+                assert ledger.frontier_watched(subject_name) == ledger.frontier(subject_name) == 2
+            assert 0 < ledger.zk.watches.pending() <= pending, "re-reading the frontier piles up watch callbacks"
+            sink.commit()
+            wait_for(lambda: ledger.frontier_watched(subject_name) == 3, "the kept frontier to reach epoch 3")
+    finally:
+        writer.close()

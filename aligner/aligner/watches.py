@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -170,3 +171,28 @@ class SharedWatches:
     def recipes(self) -> int:
         with self._lock:
             return len(self._recipes)
+
+
+FRONTIER_REREAD = 5.0
+"""Seconds after which ``frontier_watched`` reads the frontier again though no watch fired: how stale a
+watch lost in some way nobody foresaw could leave it, at one read per subject every few seconds."""
+
+
+class KeptFrontier:
+    """A subject's frontier as last read, and whether its next epoch changed since (the watch's waiter: a
+    bound method of its own, so no other waiter in the thread replaces it: see _waiter)."""
+
+    def __init__(self) -> None:
+        self.epoch: int | None = None
+        self.read_at = 0.0
+        self.moved = threading.Event()
+
+    def keep(self, epoch: int) -> None:
+        self.epoch, self.read_at = epoch, time.monotonic()
+
+    def wake(self, _event: Any) -> None:
+        self.moved.set()
+
+    def current(self) -> bool:
+        return (self.epoch is not None and not self.moved.is_set()
+                and time.monotonic() - self.read_at < FRONTIER_REREAD)

@@ -21,6 +21,7 @@ from aligner.layout import BUCKET, Layout
 from aligner.metrics import ZK_ROUND_TRIPS
 from aligner.models import M, WritersNode, parse
 from aligner.ops import Op, failed_with, raise_failure
+from aligner.watches import KeptFrontier
 from aligner.zk import RetryingClient
 
 CACHED_EPOCHS = 20_000
@@ -43,6 +44,8 @@ class Store:
         self._buckets: LRUCache[str, bool] = LRUCache(KNOWN_BUCKETS)
         self._writers_seen: dict[str, WritersNode | None] = {}
         """Subjects' writers nodes as their DataWatches last saw them (EpochReads.finished_watched)."""
+        self._frontiers: dict[str, KeptFrontier] = {}
+        """Subjects' frontiers as WatchRecipes.frontier_watched last read them."""
         self._lock = threading.Lock()
 
     @property

@@ -15,6 +15,7 @@ from kazoo.exceptions import NoNodeError
 
 from aligner.errors import EpochNotCommittedError
 from aligner.recipes.commits import CommitRecipes
+from aligner.watches import KeptFrontier
 
 
 class WatchRecipes(CommitRecipes):
@@ -34,6 +35,27 @@ class WatchRecipes(CommitRecipes):
                 self.zk.get_children(path, watch=callback)
             except NoNodeError:
                 callback(None)
+
+    def frontier_watched(self, subject: str) -> int | None:
+        """``frontier`` for a caller that asks far more often than epochs commit (a Spark query plans every
+        10 ms while idle): kept, and read again only once a watch on the next epoch fired (it appeared or
+        gained a contribution), so an idle query costs ZooKeeper nothing. Never ahead of ``frontier``."""
+        with self._lock:
+            kept = self._frontiers.setdefault(subject, KeptFrontier())
+        if kept.current():
+            return kept.epoch
+        kept.moved.clear()  # before reading: a change from here on is seen at the next call
+        epoch = self.frontier(subject)
+        if epoch is None:
+            return None  # nothing committed yet: nothing to watch from
+        self.arm_watch(subject, epoch + 1, kept.wake)  # the same waiter each time: it replaces its last arming
+        try:  # committed between the read and the arming: no watch fires for it
+            if self.is_committed(subject, epoch + 1):
+                kept.moved.set()
+        except EpochNotCommittedError:
+            pass
+        kept.keep(epoch)
+        return epoch
 
     def watch_node(self, path: str, callback: Callable[[Any], None]) -> bool:
         """One-shot watch on a node's existence or data; returns whether it exists now."""

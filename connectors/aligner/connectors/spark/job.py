@@ -223,7 +223,7 @@ class JobPlanner:
         if existing is not None:
             self._check_start(existing, start)
             return existing
-        frontier = {s: self.ledger.frontier(s) for s in start}
+        frontier = {s: self.ledger.frontier_watched(s) for s in start}
         per = coverage.catch_up_per(start, frontier, cap)
         decided = coverage.step(None, False, start, per, frontier, {s: None for s in start}) if per > 0 else None
         if decided is None or decided.next is not Next.DECIDE:

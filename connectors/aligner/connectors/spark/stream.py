@@ -121,11 +121,12 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         first = self._ledger.first_epoch(subject)  # raises UnknownSubjectError
         return first if first is not None else 0
 
-    def _next_uncommitted(self) -> dict[str, int]:
-        """Per subject, one past its frontier: the first epoch not yet committed."""
+    def _next_uncommitted(self, fresh: bool = False) -> dict[str, int]:
+        """Per subject, one past its frontier: the first epoch not yet committed (as a watch keeps it, since
+        Spark asks every 10 ms while idle; ``fresh``: read now)."""
         out = {}
         for s in self._subjects:
-            frontier = self._ledger.frontier(s)
+            frontier = self._ledger.frontier(s) if fresh else self._ledger.frontier_watched(s)
             out[s] = frontier + 1 if frontier is not None else self._first_epoch(s)
         return out
 
@@ -150,7 +151,7 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxFiles(self.per_batch)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self._next_uncommitted()
+        self._target = self._next_uncommitted(fresh=True)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         """Per subject: one past its last committed epoch, capped by the limit per subject (marker
