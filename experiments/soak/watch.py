@@ -185,6 +185,7 @@ class Soak:
         return {"t": t, "mntr": mntr(run.info.zk), "zk_dir_bytes": dir_bytes(Path(run.info.workdir) / "zk-data"),
                 "rss": rss, "cpu": cpu, "pids": roots, "machine_busy_cores": busy,
                 "status_s": status["seconds"] if status["rc"] == 0 else None, "status_rc": status["rc"],
+                **({} if status["rc"] == 0 else {"status_error": status["stderr"].strip()[-300:]}),
                 "generation": run.generation, "faults": len(faults_active(run))}
 
     # ---- retention -------------------------------------------------------------------------------
