@@ -54,7 +54,7 @@ from rich.table import Table
 
 from aligner.connectors.job_spec import takes_batch
 from aligner.connectors.kafka import QUIET, consumer_config, ensure_topic
-from aligner.connectors.runtime import JobSpec, JobWorker, KeyedState, batch
+from aligner.connectors.runtime import JobSpec, JobWorker, KeyedState, batch, settle_heap
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.source import SourceRecord
 from aligner.connectors.subjects import create_subject
@@ -347,6 +347,7 @@ def main() -> None:
         job_led = Ledger.connect(info.zk, ROOT)
         spec = JobSpec(job="pipe", inputs=("in",), output="out", interval=0.05)
         worker = JobWorker(job_led, info.kafka, spec, 0, identity).open()
+        settle_heap()  # as `aligner-worker` and the Faust adapter do once their worker is open
         first = FirstRecord()
         counted(worker)
         with SinkProducer(led, info.kafka, "in", "gen", 0, list(range(PARTITIONS))) as sink:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections import Counter
 
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Producer
 
-from aligner.connectors.kafka import consumer_config
+from aligner.connectors.kafka import FetchingConsumer, consumer_config
 from aligner.connectors.reader import EpochReader, read_partition, segments_by_partition
 from aligner.connectors.sink import SinkProducer, partitions_for
+from aligner.connectors.source import SubjectSource
 from aligner.connectors.subjects import create_subject
+from aligner.epochs import Slice
 from aligner.errors import EpochNotCommittedError, FencedError
 from aligner.models import Range
 from aligner.stamps import Stamp, stamp_of
@@ -181,6 +184,56 @@ def test_leaked_aborted_records_inside_a_committed_range_are_dropped_by_stamp(st
     assert [m.value() for m in legacy_kept] == [b'"kept-0"', b'"kept-1"'] and legacy_dropped == 3
     start, end = committed.offsets[0]
     assert end - start >= 5
+
+
+def test_a_source_skips_stamps_only_where_a_range_holds_nothing_but_the_committed_attempt(
+        stack, ledger, subject_name, monkeypatch):
+    """The aligned source reads no header where the count fills the rest of a range (epoch 0, and epoch 1 after
+    the marker at its start), and checks every stamp where an outsider's record (epoch 2) or a leaked aborted
+    attempt (epoch 3, read_uncommitted: what Tansu shows read_committed consumers too) shares the range."""
+    create_subject(ledger, stack.kafka, subject_name, 1)
+    plain = Producer({"bootstrap.servers": stack.kafka})
+    with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0]) as p:
+        for e in range(4):
+            if e == 2:  # an outsider writes into the partition between two epochs
+                plain.produce(ledger.subject(subject_name).topic, b"outsider", partition=0,
+                              headers=[("aligner.stamp", Stamp("k", 2, 99).encode())])  # an attempt nobody committed
+                plain.flush(30)
+            p.begin()
+            if e == 3:
+                p.send(b"lost", partition=0)
+                p._kp.flush(30)
+                p.abort()
+                p.begin()
+            for j in range(3):
+                p.send(b"%d-%d" % (e, j), partition=0)
+            p.commit()
+    decided: list[tuple[int, int, bool]] = []
+    original = Slice.only_committed_from
+
+    def spy(self: Slice, first: int) -> bool:
+        answer = original(self, first)
+        decided.append((self.start, first, answer))
+        return answer
+
+    monkeypatch.setattr(Slice, "only_committed_from", spy)
+    source = SubjectSource(ledger, stack.kafka, {subject_name: [0]})
+    source._consumer.close()  # read_uncommitted, so the aborted attempt shows on every broker
+    source._fetching = FetchingConsumer(stack.kafka, {"isolation.level": "read_uncommitted"}, 100)
+    source._consumer = source._fetching.consumer
+    try:
+        source.load()
+        kept = []
+        deadline = time.monotonic() + 60
+        while source.consumed(subject_name) < 3:
+            assert time.monotonic() < deadline, f"the source read {len(kept)} records of 4 epochs in 60 s"
+            kept.extend(source.poll(0.1))
+    finally:
+        source.close()
+    assert [(r.epoch, r.value) for r in kept] == [(e, b"%d-%d" % (e, j)) for e in range(4) for j in range(3)]
+    starts = {e: ledger.committed(subject_name, e).slices[0].start for e in range(4)}
+    by_start = {start: answer for start, _first, answer in decided}
+    assert [by_start[starts[e]] for e in range(4)] == [True, True, False, False]
 
 
 def test_counts_are_what_each_partition_received(stack, ledger, subject_name, monkeypatch):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aligner.epochs import assemble, check_retention, parse_epoch_span, ranges_for
+from aligner.epochs import Slice, assemble, check_retention, parse_epoch_span, ranges_for
 from aligner.errors import AlignerError, EpochNotCommittedError, EpochOutOfRetentionError, MalformedNodeError
 from aligner.layout import Layout, split_writer, writer_id
 from aligner.models import (
@@ -102,6 +102,16 @@ def test_assemble_refuses_a_partition_twice():
     node = EpochNode(epoch=1, writers=("a:0", "b:0"))
     with pytest.raises(AlignerError, match="partition 0 contributed twice"):
         assemble("s", node, {"a:0": _contribution("a", 1, {0: (0, 1)}), "b:0": _contribution("b", 1, {0: (1, 2)})})
+
+
+def test_a_slice_needs_no_stamp_check_only_where_its_count_fills_the_rest_of_the_range():
+    """[10, 20) where the committed attempt wrote 9 records: the commit marker of the epoch before sits at 10."""
+    sl = Slice(0, 10, 20, b"a/5/7", 9)
+    assert sl.only_committed_from(11)  # first record at 11: 11..19 are the attempt's nine
+    assert not sl.only_committed_from(10)  # a record at 10 as well: one of the ten is someone else's
+    assert not sl.only_committed_from(12)  # impossible for a truthful count: checked, not trusted
+    assert not Slice(0, 10, 20, b"a/5/7", None).only_committed_from(11)  # no count (older writers): checked
+    assert Slice(0, 10, 20, None, None).only_committed_from(10)  # no stamp to check (cut by the marker)
 
 
 def test_ranges_from_delivery_reports():

@@ -207,3 +207,49 @@ def test_an_idle_frontier_costs_no_round_trip_and_follows_every_commit(stack, le
             wait_for(lambda: ledger.frontier_watched(subject_name) == 3, "the kept frontier to reach epoch 3")
     finally:
         writer.close()
+
+
+def test_a_prefetched_epoch_is_read_from_memory_and_an_open_one_is_not_kept(stack, ledger: Ledger, root: str,
+                                                                             subject_name: str) -> None:
+    """A worker prefetches the subject epoch its next job epoch starts from: once the background reads land,
+    that epoch costs no round trip; an epoch still open is not cached, so it is read again once committed."""
+    from aligner.connectors.sink import SinkProducer
+
+    create_subject(ledger, stack.kafka, subject_name, 2)
+    writer = Ledger.connect(stack.zk, root)
+    try:
+        with SinkProducer(writer, stack.kafka, subject_name, "gen", 0, [0, 1]) as sink:
+            sink.begin()
+            sink.send(b"v", partition=0)
+            sink.commit()
+            sink.begin()  # epoch 1: open
+            sink.send(b"w", partition=1)
+            ledger.prefetch_committed(subject_name, 0)
+            ledger.prefetch_committed(subject_name, 1)
+            wait_for(lambda: ledger.cached(subject_name, 0) is not None, "the prefetch of epoch 0 to land")
+            before = ledger.round_trips
+            assert ledger.committed_if(subject_name, 0).slices[0].count == 1
+            assert ledger.round_trips == before, "a prefetched epoch was read again"
+            assert ledger.committed_if(subject_name, 1) is None and ledger.cached(subject_name, 1) is None
+            sink.commit()
+            assert ledger.committed_if(subject_name, 1).slices[1].count == 1
+    finally:
+        writer.close()
+
+
+def test_pipelined_reports_arrive_in_order_and_recreate_a_removed_node(stack, ledger: Ledger) -> None:
+    from aligner.jobs import PipelinedReports
+    from aligner.models import ConsumerNode
+
+    jobs = JobLedger(ledger)
+    reports = PipelinedReports(jobs, "job", 0)
+    path = ledger.layout.consumer("job", "s", 0)
+    for epoch in range(5):
+        reports.send("s", ConsumerNode(job_epoch=epoch))
+    reports.flush()
+    assert jobs.consumers("job", "s")[0].job_epoch == 4
+    ledger.zk.delete(path)  # removed meanwhile (a rescale's clean-up): the next report but one creates it
+    reports.send("s", ConsumerNode(job_epoch=5))
+    reports.send("s", ConsumerNode(job_epoch=6))
+    reports.flush()
+    assert jobs.consumers("job", "s")[0].job_epoch == 6

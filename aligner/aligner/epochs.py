@@ -25,6 +25,13 @@ class Slice:
     def empty(self) -> bool:
         return self.start == self.end
 
+    def only_committed_from(self, first: int) -> bool:
+        """Whether every record from offset ``first`` to the range's end is the committed attempt's, for a
+        reader that saw no record in [start, first): that attempt's ``count`` records all lie in the range
+        and are visible, so when [first, end) has room for exactly that many, nothing else lies among them
+        and their stamps need no check (the previous epoch's commit marker usually sits at ``start``)."""
+        return self.stamp is None or (self.count is not None and self.end - first == self.count)
+
 
 @dataclass(frozen=True)
 class CommittedEpoch:

@@ -125,6 +125,11 @@ class JobLedger:
         except NoNodeError:
             self.zk.create(path, node.dump(), makepath=True)
 
+    def report_async(self, job: str, subject: str, worker: int, node: ConsumerNode) -> Any:
+        """``report`` to a consumer node that exists, without waiting: ``get()`` on the result waits (and
+        raises NoNodeError when the node was removed meanwhile)."""
+        return self.zk.set_async(self.layout.consumer(job, subject, worker), node.dump())
+
     def update_consumer(self, job: str, subject: str, worker: int,
                         change: Callable[[ConsumerNode | None], ConsumerNode | None]) -> ConsumerNode | None:
         """Read-modify-write of a consumer node (compare-and-set, retried): for a consumer whose fields
@@ -314,3 +319,35 @@ class JobLedger:
         """The retention loops' leader election (one collects, the others stand by); a pass also holds the
         coordinators' election while it runs, so it never overlaps an alignment or a hot-swap."""
         return self.zk.Election(self.layout.retention_election, identifier)
+
+
+class PipelinedReports:
+    """One worker's consumer reports, each sent without waiting for its answer: the answer is checked when
+    the same subject's next report goes, or at ``flush``. A report after every epoch costs a round trip
+    a worker need not wait for; one session sends in order, so reports never overtake each other."""
+
+    def __init__(self, jobs: JobLedger, job: str, worker: int) -> None:
+        self.jobs, self.job, self.worker = jobs, job, worker
+        self._pending: dict[str, Any] = {}
+        self._exists: set[str] = set()
+
+    def send(self, subject: str, node: ConsumerNode) -> None:
+        self._settle(subject)
+        if subject in self._exists:
+            self._pending[subject] = self.jobs.report_async(self.job, subject, self.worker, node)
+        else:  # the first report (or one after the node was removed) creates the node: waited for
+            self.jobs.report(self.job, subject, self.worker, node)
+            self._exists.add(subject)
+
+    def flush(self) -> None:
+        """Wait for every report sent."""
+        for subject in list(self._pending):
+            self._settle(subject)
+
+    def _settle(self, subject: str) -> None:
+        pending = self._pending.pop(subject, None)
+        if pending is not None:
+            try:
+                pending.get()
+            except NoNodeError:
+                self._exists.discard(subject)  # removed meanwhile: the next report creates it again

@@ -350,6 +350,9 @@ class RetryingClient:
     def get_children_async(self, path: str) -> _Deferred:
         return _Deferred(self, lambda: self.kazoo.get_children_async(path), path=path)
 
+    def set_async(self, path: str, value: bytes, version: int = -1) -> _Deferred:
+        return _Deferred(self, lambda: self.kazoo.set_async(path, value, version=version), path=path, op="write")
+
     def get_acls(self, path: str) -> Any:
         return self._guarded("read the ACL", path, lambda: self.kazoo.get_acls_async(path))
 

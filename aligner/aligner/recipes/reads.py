@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kazoo.exceptions import NoNodeError
@@ -15,6 +16,22 @@ from aligner.recipes.subjects import SubjectRecipes
 
 _PIPELINE_EPOCHS = 500
 """Epochs whose reads ``committed_many`` keeps in flight at once."""
+
+
+def _when_all(requests: Sequence[Any], then: Callable[[], None]) -> None:
+    """Call ``then`` once every kazoo async request has its answer (in kazoo's callback thread)."""
+    left = [len(requests)]
+    lock = threading.Lock()
+
+    def one(_done: Any) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        then()
+
+    for request in requests:
+        request.rawlink(one)
 
 
 class EpochReads(SubjectRecipes):
@@ -71,6 +88,37 @@ class EpochReads(SubjectRecipes):
         result = assemble(subject, node, contributions)
         self.cache(subject, epoch, result)
         return result
+
+    def prefetch_committed(self, subject: str, epoch: int) -> None:
+        """Read a committed epoch into the cache in the background, without waiting: a worker asks for the
+        epoch it reads next while it processes this one, so its next epoch starts with no read. An epoch
+        not committed yet, or any failure, leaves the cache as it was: the next ``committed_if`` reads then."""
+        kazoo = self.zk.kazoo
+        if self.cached(subject, epoch) is not None or not kazoo.connected:
+            return
+        path = self.layout.epoch(subject, epoch)
+        self._trip("read")
+        head = (kazoo.get_async(path), kazoo.get_children_async(path))
+        _when_all(head, lambda: self._prefetch_contributions(subject, epoch, path, *head))
+
+    def _prefetch_contributions(self, subject: str, epoch: int, path: str, node_req: Any, children_req: Any) -> None:
+        try:  # kazoo's callback thread: only async requests from here on
+            node = parse(EpochNode, path, node_req.get_nowait()[0])
+            present = set(children_req.get_nowait())
+        except Exception:
+            return
+        if not node.writers or missing_writers(node, present):
+            return
+        self._trip("read")
+        pending = {w: self.zk.kazoo.get_async(f"{path}/{w}") for w in node.writers}
+
+        def assembled() -> None:
+            with contextlib.suppress(Exception):
+                contributions = {w: parse(ContributionNode, f"{path}/{w}", req.get_nowait()[0])
+                                 for w, req in pending.items()}
+                self.cache(subject, epoch, assemble(subject, node, contributions))
+
+        _when_all(tuple(pending.values()), assembled)
 
     def committed_many(self, subject: str, first: int, last: int) -> list[CommittedEpoch]:
         """``committed`` for every epoch of [first, last], in order, with the reads pipelined.

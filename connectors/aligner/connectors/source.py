@@ -70,7 +70,7 @@ class _Part:
     partition: int
     pos: int | None = None
     bound: int = 0
-    segments: deque = field(default_factory=deque)  # (epoch, start, end, stamp)
+    segments: deque = field(default_factory=deque)  # (epoch, start, end, stamp or None once unneeded, Slice)
     paused: bool = False
     """Unassigned at its bound; ``stash`` holds records fetched past it, ``fetch_at`` follows them."""
     stash: deque = field(default_factory=deque)
@@ -210,7 +210,7 @@ class SubjectSource:
                 check_retention(inp.subject, ce.epoch, p, sl.start, log_start)
                 new_assign.append(TopicPartition(inp.topic, p, sl.start))
             if not sl.empty and sl.end > part.pos:
-                part.segments.append((ce.epoch, sl.start, sl.end, sl.stamp))
+                part.segments.append((ce.epoch, sl.start, sl.end, sl.stamp, sl))
             part.bound = UNBOUNDED if self.mode == "at_least_once" else max(part.bound, sl.end)
         if new_assign:
             self._consumer.incremental_assign(new_assign)
@@ -306,7 +306,8 @@ class SubjectSource:
                     part.stash.append(m)  # fetched with the batch that crossed the bound
                     part.fetch_at = o + 1
                 continue
-            if o < part.pos:  # type: ignore[operator]
+            seen = part.pos  # offsets come in order: no record lies in [seen, o)
+            if o < seen:  # type: ignore[operator]
                 continue
             if o >= part.bound:
                 self._stop_at_bound(part)
@@ -322,7 +323,10 @@ class SubjectSource:
                     segs.popleft()
                 if not segs or o < segs[0][1]:
                     continue  # between segments: an offset no loaded epoch holds
-                epoch, seg_start, seg_end, stamp = segs[0]
+                epoch, seg_start, seg_end, stamp, sl = segs[0]
+                if stamp is not None and seen <= seg_start and sl.only_committed_from(o):
+                    stamp = None  # the rest of the range is the committed attempt's: no header to read
+                    segs[0] = (epoch, seg_start, seg_end, None, sl)
             if stamp is not None:
                 h: list[tuple[str, bytes]] | None = m.headers()  # type: ignore[assignment]
                 if h is None or (h[0][1] != stamp and stamp_of(h) != stamp):

@@ -19,7 +19,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from typer._click import exceptions as click_errors  # typer vendors click: its exceptions are these
 
-from aligner.connectors.runtime import JobFunction, JobSpec, JobWorker, one_line
+from aligner.connectors.runtime import JobFunction, JobSpec, JobWorker, one_line, settle_heap
 from aligner.errors import AlignerError, StoppedError
 from aligner.ledger import Ledger
 from aligner.models import WorkerEpochNode
@@ -176,6 +176,7 @@ def _serve(settings: Settings, spec: JobSpec, worker: int, fn: JobFunction, max_
     runner = JobWorker(ledger, settings.kafka, spec, worker, fn)
     try:
         runner.open()
+        settle_heap()
         assert runner.sink is not None
         print(f"open job={spec.job} worker={worker} next={runner.sink.next_epoch} "
               f"attempt={runner.sink.attempt}", flush=True)

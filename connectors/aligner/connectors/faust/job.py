@@ -23,7 +23,7 @@ from mode import Worker as ModeWorker
 
 from aligner.connectors.faust.credentials import broker_credentials
 from aligner.connectors.job_spec import takes_batch
-from aligner.connectors.runtime import JobFunction, JobSpec, JobWorker, KeyedState, batch
+from aligner.connectors.runtime import JobFunction, JobSpec, JobWorker, KeyedState, batch, settle_heap
 from aligner.connectors.sink import TRANSIENT, FaultHook
 from aligner.ledger import Ledger
 from aligner.models import Mode
@@ -222,6 +222,7 @@ class AlignedJob:
                 if _retrying(f"opening job {self.spec.job} worker {index}", stop, open_worker) is None:
                     return
                 self.worker = worker
+                settle_heap()
                 assert worker.sink is not None
                 self.report(f"open job={self.spec.job} worker={index} next={worker.sink.next_epoch} "
                             f"attempt={worker.sink.attempt}")
