@@ -70,10 +70,11 @@ class JobEpochs:
             self._wait(epoch, decided.next, start, stop)
 
     def _prefetch(self) -> None:
-        """The subject epochs the next job epoch starts from, read while this one runs (when committed)."""
+        """The subject epochs the next two job epochs cover, read while this one runs (when committed): the
+        next job epoch starts without a read, and its source fetches on past its bound (see ``SubjectSource``)."""
         assert self._last is not None
         for subject, first in self._last.next.items():
-            for e in range(first, first + self.per):
+            for e in range(first, first + 2 * self.per):
                 self.ledger.prefetch_committed(subject, e)
 
     def _start(self, epoch: int, alignments: Mapping[str, ConsumerAlignment]) -> dict[str, int]:

@@ -1,11 +1,13 @@
 """Kafka source of a job: one consumer's partitions of every input subject.
 
-The source follows the subjects' committed epochs: it loads each committed epoch's slices, reads
-its partitions up to the end of the last loaded epoch (never further) and keeps a record only when
-its stamp is the committed attempt. A load limit per subject is how alignment works: a consumer
-that must end a job epoch exactly at subject epoch k loads nothing past k and checkpoints once
-its position reaches k's end on every partition. In at-least-once mode the source reads whatever
-Kafka shows, unbounded and unfiltered.
+The source follows the subjects' committed epochs: it loads each committed epoch's slices, hands
+over records up to the end of the last loaded epoch (never further) and keeps a record only when
+its stamp is the committed attempt (its header is not even read where the slice's record count
+shows that nothing else lies in the rest of the range). Past the last loaded epoch it fetches only
+into a capped stash, and only while the next epoch is committed already (a job catching up).
+A load limit per subject is how alignment works: a consumer that must end a job epoch exactly at
+subject epoch k loads nothing past k and checkpoints once its position reaches k's end on every
+partition. In at-least-once mode the source reads whatever Kafka shows, unbounded and unfiltered.
 
 A watchdog looks once a second: a partition with data to read that has not moved for a while is
 reported (once, and again when it moves) and, when the broker answers but fetches come back empty,
@@ -15,9 +17,11 @@ read on with a consumer that waits longer per fetch. The source never gives up o
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import methodcaller
 
 from confluent_kafka import KafkaError, Message, TopicPartition
 
@@ -44,6 +48,8 @@ fetch per broker in flight, and the fetch a source sends as it reaches an epoch'
 next epoch's first fetch for up to this long. Bounded sources unassign a partition at its bound, so
 caught up they send no fetches at all; an at-least-once source caught up costs the broker ~0.5 % of a
 core at 100 ms (bench_fetch). A broker too slow for it gets a longer wait from the watchdog."""
+
+_offset = methodcaller("offset")
 
 _DATA_LOST = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
 """Fetch errors meaning the log no longer holds what a committed epoch names; others are transient."""
@@ -72,9 +78,12 @@ class _Part:
     bound: int = 0
     segments: deque = field(default_factory=deque)  # (epoch, start, end, stamp or None once unneeded, Slice)
     paused: bool = False
-    """Unassigned at its bound; ``stash`` holds records fetched past it, ``fetch_at`` follows them."""
-    stash: deque = field(default_factory=deque)
+    """Stopped at its bound; ``stash`` holds records fetched past it, ``fetch_at`` follows them."""
+    stash: list = field(default_factory=list)
     fetch_at: int = 0
+    fetching: bool = False
+    """Assigned in the consumer. A paused partition fetches on, into the stash, while its subject's next
+    epoch is committed already (see ``SubjectSource._fetch_ahead``)."""
 
 
 @dataclass
@@ -90,6 +99,9 @@ class _Input:
     """The subject's frontier as the last ``load`` found it (the epoch before the first uncommitted one:
     committed epochs are a prefix); None when a limit stopped that load first."""
 
+
+STASH_RECORDS = 20_000
+"""Records a partition paused at its bound keeps fetched ahead, at most (about 2 MB of 100-byte records)."""
 
 CRAWL_RECORDS_PER_S = 1000
 """Below this many records a second, with data to read and most polls empty, a source's fetches are
@@ -149,6 +161,7 @@ class SubjectSource:
             for p, off in offsets.get(subject, {}).items():
                 if (subject, p) in self.parts:
                     self.parts[(subject, p)].pos = off
+                    self.parts[(subject, p)].fetching = True
                     assign.append(TopicPartition(inp.topic, p, off))
             if assign:
                 self._consumer.incremental_assign(assign)
@@ -206,6 +219,7 @@ class SubjectSource:
             part = self.parts[(inp.subject, p)]
             if part.pos is None:
                 part.pos = sl.start
+                part.fetching = True
                 log_start = end_offsets(self.bootstrap, inp.topic, [p], earliest=True)[p]
                 check_retention(inp.subject, ce.epoch, p, sl.start, log_start)
                 new_assign.append(TopicPartition(inp.topic, p, sl.start))
@@ -303,16 +317,14 @@ class SubjectSource:
             o: int = m.offset()  # type: ignore[assignment]
             if part.paused and not stashed:
                 if o >= part.fetch_at:
-                    part.stash.append(m)  # fetched with the batch that crossed the bound
-                    part.fetch_at = o + 1
+                    self._stash(part, m, o)  # fetched past the bound
                 continue
             seen = part.pos  # offsets come in order: no record lies in [seen, o)
             if o < seen:  # type: ignore[operator]
                 continue
             if o >= part.bound:
                 self._stop_at_bound(part)
-                part.stash.append(m)
-                part.fetch_at = o + 1
+                self._stash(part, m, o)
                 continue
             part.pos = o + 1
             if unbounded:
@@ -335,29 +347,49 @@ class SubjectSource:
         return errors
 
     def _stop_at_bound(self, part: _Part) -> None:
-        # Unassign rather than pause + seek: librdkafka delays the first fetch after a seek on a
-        # paused partition by about a second; a fresh assignment fetches at once. Records that
-        # came with the crossing batch are stashed, not fetched again.
         if not part.paused:
-            self._consumer.incremental_unassign([TopicPartition(part.topic, part.partition)])
             part.paused = True
             part.fetch_at = part.bound
+            self._fetch_ahead(part)
         part.pos = part.bound
 
-    def _resume(self, part: _Part, out: list[SourceRecord]) -> None:
-        """The bound moved: serve the stash first, then fetch again after it."""
-        stash, bound = part.stash, part.bound
-        served = 0
-        while served < len(stash) and stash[served].offset() < bound:
-            served += 1
-        if served:
-            self._take(part, [stash.popleft() for _ in range(served)], 0, served, out, stashed=True)
-        if part.stash:
-            part.pos = part.bound  # the next record lies past the new bound too
-            return
-        part.pos = min(max(part.pos or 0, part.fetch_at), part.bound)
-        if part.pos < part.bound:
+    def _fetch_ahead(self, part: _Part) -> None:
+        """A paused partition fetches on, into the stash, while its subject's next epoch is committed already
+        and its slices are at hand (prefetched by the worker: no ZooKeeper read here), so a job catching up
+        meets no fetch round trip at each epoch's end; the stash is capped. Otherwise it is unassigned:
+        caught up, it sends no fetch at all. Unassigned rather than paused + seek: librdkafka delays the
+        first fetch after a seek on a paused partition by about a second; a fresh assignment fetches at once."""
+        more = (len(part.stash) < STASH_RECORDS
+                and self.ledger.cached(part.subject, self.inputs[part.subject].next_load) is not None)
+        if part.fetching and not more:
+            self._consumer.incremental_unassign([TopicPartition(part.topic, part.partition)])
+            part.fetching = False
+        elif not part.fetching and more:
             self._consumer.incremental_assign([TopicPartition(part.topic, part.partition, part.fetch_at)])
+            part.fetching = True
+
+    def _stash(self, part: _Part, m: Message, o: int) -> None:
+        stash = part.stash
+        stash.append(m)
+        part.fetch_at = o + 1
+        if len(stash) >= STASH_RECORDS and part.fetching:
+            self._consumer.incremental_unassign([TopicPartition(part.topic, part.partition)])
+            part.fetching = False
+
+    def _resume(self, part: _Part, out: list[SourceRecord]) -> None:
+        """The bound moved: serve the stash first, then read on after it."""
+        stash, bound = part.stash, part.bound
+        served = bisect_left(stash, bound, key=_offset)  # offsets ascend
+        if served:
+            self._take(part, stash[:served], 0, served, out, stashed=True)
+            del stash[:served]
+        part.pos = part.bound if part.stash else min(max(part.pos or 0, part.fetch_at), part.bound)
+        if part.stash or part.pos >= part.bound:  # the next record lies past the new bound too
+            self._fetch_ahead(part)
+        else:
+            if not part.fetching:
+                self._consumer.incremental_assign([TopicPartition(part.topic, part.partition, part.fetch_at)])
+                part.fetching = True
             part.paused = False
 
     def _settle(self, touched: bool) -> None:
@@ -446,8 +478,10 @@ class SubjectSource:
         wait = self._fetching.slower()
         self._consumer = self._fetching.consumer
         self._assigned = time.monotonic()
+        for p in self.parts.values():
+            p.fetching = p.pos is not None and not p.paused  # a paused one is assigned again when it resumes
         assign = [TopicPartition(p.topic, p.partition, p.pos) for p in self.parts.values()
-                  if p.pos is not None and not p.paused]
+                  if p.fetching and p.pos is not None]
         if assign:
             self._consumer.incremental_assign(assign)
         return wait
