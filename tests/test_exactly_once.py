@@ -236,6 +236,44 @@ def test_a_source_skips_stamps_only_where_a_range_holds_nothing_but_the_committe
     assert [by_start[starts[e]] for e in range(4)] == [True, True, False, False]
 
 
+def test_a_source_fetches_past_its_bound_only_while_the_next_epoch_is_committed(stack, ledger, subject_name):
+    """Catching up (the next epoch committed, its slices cached as the worker prefetches them), a partition at
+    its bound stays assigned and fetches into the stash; caught up, it is unassigned: no fetch while idle.
+    Either way the records handed over are exactly each loaded epoch's."""
+    create_subject(ledger, stack.kafka, subject_name, 1)
+    with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0]) as p:
+        for e in range(4):
+            p.begin()
+            for j in range(50):
+                p.send(b"%d-%d" % (e, j), partition=0)
+            p.commit()
+    source = SubjectSource(ledger, stack.kafka, {subject_name: [0]})
+    part = source.parts[(subject_name, 0)]
+    kept = []
+
+    def read_to(last: int) -> None:
+        source.set_limit(subject_name, last)
+        source.load()
+        deadline = time.monotonic() + 60
+        while source.consumed(subject_name) < last:
+            assert time.monotonic() < deadline, f"the source stopped at {part.pos} reading epoch {last}"
+            kept.extend(source.poll(0.1))
+
+    try:
+        ledger.committed(subject_name, 1)  # in the cache, as the worker's prefetch leaves it
+        read_to(0)
+        assert part.paused and part.fetching and source._consumer.assignment(), "stopped fetching at the bound"
+        deadline = time.monotonic() + 60
+        while not part.stash:  # what it fetches on goes to the stash, not to the job
+            assert time.monotonic() < deadline, "nothing fetched past the bound"
+            assert source.poll(0.1) == []
+        read_to(3)  # epoch 4 is not committed: caught up
+        assert not part.fetching and source._consumer.assignment() == [], "a caught-up partition still fetches"
+    finally:
+        source.close()
+    assert [(r.epoch, r.value) for r in kept] == [(e, b"%d-%d" % (e, j)) for e in range(4) for j in range(50)]
+
+
 def test_counts_are_what_each_partition_received(stack, ledger, subject_name, monkeypatch):
     create_subject(ledger, stack.kafka, subject_name, 3)
     with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0, 1, 2]) as p:
