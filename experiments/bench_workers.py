@@ -52,7 +52,7 @@ from rich.console import Console
 from rich.table import Table
 
 from aligner.connectors.kafka import QUIET, ensure_topic
-from aligner.connectors.runtime import JobSpec, JobWorker
+from aligner.connectors.runtime import JobSpec, JobWorker, settle_heap
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import EmbeddedStack
@@ -127,8 +127,8 @@ def serve_aligned(config: ChildConfig, commands: queue.Queue[str | None], stop: 
     try:
         worker = JobWorker(led, config.kafka, job_spec(config.processes), config.index, identity).open()
         try:
+            settle_heap()  # as `aligner-worker` does once its worker is open
             first = FirstRecord()
-            first.install(worker, identity)
             source = worker.source
             assert source is not None
             say({"ready": os.getpid()})
@@ -139,6 +139,7 @@ def serve_aligned(config: ChildConfig, commands: queue.Queue[str | None], stop: 
                     continue
                 until = int(command.split()[1])
                 first.reset()
+                first.install(worker, identity)  # the wrapper steps aside after the first record: again per run
                 out0 = worker.records_out
                 while source.consumed(INPUT) < until:
                     worker.step(stop)
