@@ -65,7 +65,8 @@ def pytest_configure(config: pytest.Config) -> None:
 PROCESS_TESTS = ("tests/test_chaos.py::test_short_seeded", "tests/test_faults.py", "tests/test_demo_hotness.py",
                  "tests/test_cli_errors.py::test_a_command_gives_up", "tests/test_stack.py", "tests/test_zk_tls.py",
                  "tests/test_install.py", "tests/test_latency.py", "tests/test_benchmarks.py", "tests/test_faust.py",
-                 "tests/test_slow_broker.py", "tests/test_soak.py")
+                 "tests/test_slow_broker.py", "tests/test_soak.py", "tests/test_upgrades.py", "tests/test_ensemble.py",
+                 "tests/test_stack_status_probe.py", "tests/test_chaos.py::test_first_signal")
 """Tests that start processes of their own (a stack, Spark, a Faust worker, a virtualenv) without the ``stack``
 fixture: stack tests too."""
 
