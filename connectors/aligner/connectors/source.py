@@ -361,20 +361,28 @@ class SubjectSource:
         first fetch after a seek on a paused partition by about a second; a fresh assignment fetches at once."""
         more = (len(part.stash) < STASH_RECORDS
                 and self.ledger.cached(part.subject, self.inputs[part.subject].next_load) is not None)
-        if part.fetching and not more:
-            self._consumer.incremental_unassign([TopicPartition(part.topic, part.partition)])
-            part.fetching = False
-        elif not part.fetching and more:
+        if more:
+            self._assign(part)
+        else:
+            self._unassign(part)
+
+    def _assign(self, part: _Part) -> None:
+        """Fetch ``part`` from ``fetch_at`` on (once)."""
+        if not part.fetching:
             self._consumer.incremental_assign([TopicPartition(part.topic, part.partition, part.fetch_at)])
             part.fetching = True
+
+    def _unassign(self, part: _Part) -> None:
+        if part.fetching:
+            self._consumer.incremental_unassign([TopicPartition(part.topic, part.partition)])
+            part.fetching = False
 
     def _stash(self, part: _Part, m: Message, o: int) -> None:
         stash = part.stash
         stash.append(m)
         part.fetch_at = o + 1
-        if len(stash) >= STASH_RECORDS and part.fetching:
-            self._consumer.incremental_unassign([TopicPartition(part.topic, part.partition)])
-            part.fetching = False
+        if len(stash) >= STASH_RECORDS:
+            self._unassign(part)
 
     def _resume(self, part: _Part, out: list[SourceRecord]) -> None:
         """The bound moved: serve the stash first, then read on after it."""
@@ -387,9 +395,7 @@ class SubjectSource:
         if part.stash or part.pos >= part.bound:  # the next record lies past the new bound too
             self._fetch_ahead(part)
         else:
-            if not part.fetching:
-                self._consumer.incremental_assign([TopicPartition(part.topic, part.partition, part.fetch_at)])
-                part.fetching = True
+            self._assign(part)
             part.paused = False
 
     def _settle(self, touched: bool) -> None:
