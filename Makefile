@@ -5,6 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
+SHELL := /bin/bash
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 EXTRAS ?= test,local,plots,spark,connect,faust
 
@@ -25,9 +26,14 @@ zookeeper:
 	@command -v java >/dev/null || $(SUDO) apt-get install -y -qq default-jre-headless
 
 # The whole suite: ruff, mypy, then every test against the real embedded stack (about 25 minutes on 2 cores).
+# A crash in a C extension prints every thread's stack; the crashing thread's is printed again at the end,
+# where a log cut in the middle still shows it.
 test: setup typecheck
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -ra --durations=20 -m "not long"
+	@set -o pipefail; $(PY) -m pytest -q -ra --durations=20 -m "not long" 2>&1 | tee .pytest-last.log || \
+	  { rc=$$?; [ $$rc -lt 128 ] || { echo "pytest died of signal $$((rc - 128)); the thread it died in:"; \
+	    grep -q '^Current thread' .pytest-last.log && sed -n '/^Current thread/,/^$$/p' .pytest-last.log | head -80 \
+	    || echo "  one with no Python frames (a C library's own thread)"; }; exit $$rc; }
 
 # The pure tests only (protocol machines and their properties, models, layers, codecs): no stack, under a minute.
 test-unit: setup
