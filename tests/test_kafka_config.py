@@ -155,3 +155,31 @@ def test_a_new_consumer_takes_over_a_bounded_part_of_the_learned_wait(monkeypatc
         assert fc.wait_ms == kafka_module.INHERITED_WAIT_MS
     finally:
         fc.close()
+
+
+def test_offset_lookups_answer_latest_stable_and_earliest_through_a_consumer(stack: StackInfo,
+                                                                            subject_name: str) -> None:
+    """end_offsets asks a consumer's ListOffsets (AdminClient.list_offsets crashed processes): the end, the
+    last stable offset that stops short of an open transaction, the log start."""
+    from aligner.connectors.kafka import end_offsets, ensure_topic
+
+    topic = f"{subject_name}-offsets"
+    ensure_topic(stack.kafka, topic, 2)
+    p = Producer(producer_config(stack.kafka, f"{topic}-t"))
+    p.init_transactions()
+    p.begin_transaction()
+    for _ in range(5):
+        p.produce(topic, b"c", partition=0)
+    p.commit_transaction()  # offsets 0-4 and the commit marker at 5
+    assert end_offsets(stack.kafka, topic, [0, 1]) == {0: 6, 1: 0}
+    assert end_offsets(stack.kafka, topic, [0, 1], committed_only=False) == {0: 6, 1: 0}
+    p.begin_transaction()
+    p.produce(topic, b"open", partition=0)  # offset 6, its transaction left open
+    p.flush()
+    try:
+        assert end_offsets(stack.kafka, topic, [0], committed_only=False) == {0: 7}
+        # Stable: Kafka answers 6, where the open transaction starts; the embedded broker answers 0.
+        assert end_offsets(stack.kafka, topic, [0])[0] in (0, 6)
+        assert end_offsets(stack.kafka, topic, [0, 1], earliest=True) == {0: 0, 1: 0}
+    finally:
+        p.abort_transaction()

@@ -19,9 +19,8 @@ import time
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import OffsetSpec
 
-from aligner.connectors.kafka import UNREACHABLE, admin, consumer_config
+from aligner.connectors.kafka import UNREACHABLE, consumer_config
 
 SLOW_FETCH_S = 0.1
 """A partition whose fetch from the log start takes longer than this is reported as slow."""
@@ -81,18 +80,24 @@ class ProbeResult:
 
 
 def partition_offsets(bootstrap: str, timeout: float = OFFSETS_TIMEOUT_S) -> dict[tuple[str, int], tuple[int, int]]:
-    """(topic, partition) -> (log start, end) of every partition of the broker, in two ListOffsets requests."""
-    client = admin(bootstrap)
-    topics = client.list_topics(timeout=timeout).topics
-    tps = [TopicPartition(t, p) for t, meta in topics.items() if not meta.error for p in meta.partitions]
-    if not tps:
-        return {}
-    ends: list[dict[tuple[str, int], int]] = []
-    for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
-        futures = client.list_offsets({tp: spec for tp in tps}, request_timeout=timeout)
-        ends.append({(tp.topic, tp.partition): fut.result(timeout).offset for tp, fut in futures.items()})
-    low, high = ends
-    return {key: (low[key], high[key]) for key in sorted(low)}
+    """(topic, partition) -> (log start, end) of every partition of the broker, within ``timeout`` in all:
+    one consumer's ListOffsets per partition (not ``AdminClient.list_offsets``, which crashed processes:
+    see :func:`aligner.connectors.kafka.end_offsets`)."""
+    deadline = time.monotonic() + timeout
+    consumer = Consumer(consumer_config(bootstrap, {"isolation.level": "read_uncommitted"}))
+    try:
+        topics = consumer.list_topics(timeout=timeout).topics
+        spans: dict[tuple[str, int], tuple[int, int]] = {}
+        for topic, meta in sorted(topics.items()):
+            for partition in ([] if meta.error else sorted(meta.partitions)):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no offsets for every partition within {timeout:g} s")
+                tp = TopicPartition(topic, partition)
+                spans[(topic, partition)] = consumer.get_watermark_offsets(tp, timeout=left, cached=False)
+        return spans
+    finally:
+        consumer.close()
 
 
 def time_first_record(bootstrap: str, topic: str, partition: int, offset: int, limit: float) -> float | None:

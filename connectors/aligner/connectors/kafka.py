@@ -18,8 +18,8 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from aligner.connectors.watchdog import Stall
 from aligner.errors import AlignerError, StoppedError, UnreachableError
@@ -146,42 +146,32 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 3
 
 def end_offsets(
     bootstrap: str, topic: str, partitions: Sequence[int], committed_only: bool = True,
-    timeout: float = 30.0, earliest: bool = False, client: AdminClient | None = None,
-    stop: threading.Event | None = None,
+    timeout: float = 30.0, earliest: bool = False, stop: threading.Event | None = None,
 ) -> dict[int, int]:
     """Latest (last stable, for committed_only) or earliest offset of each partition.
 
-    ``client`` reuses an admin client (a fresh one per call connects and asks for metadata first, which
-    a busy broker may not answer in time); ``stop`` ends the wait with StoppedError. TimeoutError after
-    ``timeout`` seconds without an answer."""
-    client = client or admin(bootstrap)
-    spec = OffsetSpec.earliest() if earliest else OffsetSpec.latest()
-    request = {TopicPartition(topic, p): spec for p in partitions}
-    level = IsolationLevel.READ_COMMITTED if committed_only else IsolationLevel.READ_UNCOMMITTED
-    futures = client.list_offsets(request, isolation_level=level, request_timeout=timeout)
-    deadline = time.monotonic() + timeout
-    out: dict[int, int] = {}
-    for tp, fut in futures.items():
-        while True:
-            try:
-                slice_ = 0.5 if stop is not None else max(0.0, deadline - time.monotonic())
-                out[tp.partition] = fut.result(slice_).offset
-                break
-            except TimeoutError:
-                if stop is not None and stop.is_set():
-                    raise StoppedError(f"stopped while asking for the offsets of {topic}") from None
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(f"no answer to ListOffsets for {topic} within {timeout:.0f}s") from None
-    return out
+    Asked through the ListOffsets of a consumer made for this call (:func:`listed_ends`), never
+    ``AdminClient.list_offsets``: with confluent-kafka 2.16 that call crashed the process (SIGSEGV inside
+    it) in a soak's marker and, most likely, in a CI run's job start. Not a consumer that also fetches: a
+    broker answers one connection's requests in order, so the ListOffsets would wait behind a fetch the
+    broker holds for up to its wait (seconds, for a consumer that raised it). ``stop`` ends the wait with
+    StoppedError; TimeoutError after ``timeout`` seconds without an answer."""
+    level = "read_committed" if committed_only else "read_uncommitted"
+    consumer = Consumer(consumer_config(bootstrap, {"isolation.level": level}))
+    try:
+        return listed_ends(consumer, topic, partitions, timeout, stop, earliest=earliest)
+    finally:
+        consumer.close()
 
 
 def listed_ends(consumer: Consumer, topic: str, partitions: Sequence[int], timeout: float = 30.0,
-                stop: threading.Event | None = None) -> dict[int, int]:
-    """``end_offsets`` for a component that asks every epoch, through its own consumer's ListOffsets (last stable
-    offsets for a read_committed consumer), not an admin client: no futures completed from librdkafka's
-    background thread. The epoch marker, the one caller every half second, died once of SIGSEGV inside
-    ``AdminClient.list_offsets`` (librdkafka 2.16) in a soak; this path needs no admin client at all.
-    TimeoutError after ``timeout`` seconds without an answer; ``stop`` ends the wait with StoppedError.
+                stop: threading.Event | None = None, earliest: bool = False) -> dict[int, int]:
+    """Each partition's end (last stable offset for a read_committed consumer) or, ``earliest``, its log
+    start, through the consumer's own ListOffsets, not an admin client: no futures completed from
+    librdkafka's background thread. The epoch marker, the one caller every half second, died once of
+    SIGSEGV inside ``AdminClient.list_offsets`` (librdkafka 2.16) in a soak; this path needs no admin client.
+    TimeoutError after ``timeout`` seconds without an answer (a broker unreachable or paused is waited for
+    that long, as one that answers slowly); ``stop`` ends the wait with StoppedError.
 
     Each unanswered call is a new request, so the time a call waits doubles up to :data:`LIST_SLICE_MAX`:
     a broker that takes 0.6 s to answer (a partition of many batches on the embedded broker, a starved
@@ -191,14 +181,18 @@ def listed_ends(consumer: Consumer, topic: str, partitions: Sequence[int], timeo
     for p in partitions:
         wait = 0.5
         while True:
+            asked = time.monotonic()
             try:
-                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=wait, cached=False)
-                out[p] = high
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=wait, cached=False)
+                out[p] = low if earliest else high
                 break
             except KafkaException as exc:
                 err = _error(exc)
-                if not (retriable(exc) or (err is not None and err.code() == KafkaError._TIMED_OUT_QUEUE)):
+                code = None if err is None else err.code()
+                if not (retriable(exc) or code == KafkaError._TIMED_OUT_QUEUE or code in UNREACHABLE):
                     raise
+            if time.monotonic() - asked < 0.1:  # refused at once (no connection yet): do not spin
+                (stop or threading.Event()).wait(0.2)
             wait = min(LIST_SLICE_MAX, wait * 2, max(0.1, deadline - time.monotonic()))
             if stop is not None and stop.is_set():
                 raise StoppedError(f"stopped while asking for the offsets of {topic}")
@@ -340,14 +334,6 @@ class FetchingConsumer:
         self.wait_ms = max(configured, min(_learned.get(bootstrap, 0), INHERITED_WAIT_MS))
         self.consumer = Consumer(consumer_config(bootstrap, self.extra, self.wait_ms))
         self.reopened = 0
-        self._admin: AdminClient | None = None
-
-    @property
-    def admin(self) -> AdminClient:
-        """An admin client kept for offset look-ups beside the consumer."""
-        if self._admin is None:
-            self._admin = admin(self.bootstrap)
-        return self._admin
 
     def slower(self) -> int:
         """Replace the consumer by one with a longer wait (the same at the cap: fresh connections);

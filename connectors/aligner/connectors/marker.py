@@ -43,8 +43,7 @@ class EpochMarker:
 
         def start() -> dict[int, int]:
             if self.from_beginning:
-                return end_offsets(self.bootstrap, self.topic, self.partitions, earliest=True,
-                                   client=self._consumer.admin)
+                return end_offsets(self.bootstrap, self.topic, self.partitions, earliest=True)
             return self._ends()
 
         self._lease = self.ledger.claim(self.subject, self.name, "0", self.partitions, start)
@@ -53,7 +52,7 @@ class EpochMarker:
     def _ends(self, known: dict[int, int] | None = None) -> dict[int, int]:
         # As long as it takes: a slow broker (the embedded one slows with batches per partition) is
         # reported and waited for with longer fetch waits, never given up on; the stop flag ends the
-        # wait. An unreachable broker fails the ListOffsets call: this epoch fails and run() retries it.
+        # wait. A broker unreachable for 30 s fails the ListOffsets call: this epoch fails and run() retries it.
         return fetched_end_offsets(self._consumer, self.topic, self.partitions, self.bootstrap, stop=self._stop,
                                    known=known, component=f"marker of {self.subject}")
 

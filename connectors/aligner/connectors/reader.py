@@ -130,8 +130,7 @@ class EpochReader:
         meta = self.ledger.subject(subject)
         by_partition = segments_by_partition(self.epochs(subject, first, last))
         read_counter, drop_counter = RECORDS_READ.labels(subject), RECORDS_DROPPED.labels(subject)
-        log_start = (end_offsets(self._bootstrap, meta.topic, list(by_partition), earliest=True,
-                                 client=self._fetching.admin) if by_partition else {})
+        log_start = end_offsets(self._bootstrap, meta.topic, list(by_partition), earliest=True) if by_partition else {}
         for partition in sorted(by_partition):
             segments = by_partition[partition]
             check_retention(subject, segments[0].epoch, partition, segments[0].slice.start, log_start[partition])
