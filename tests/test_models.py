@@ -114,6 +114,15 @@ def test_a_slice_needs_no_stamp_check_only_where_its_count_fills_the_rest_of_the
     assert Slice(0, 10, 20, None, None).only_committed_from(10)  # no stamp to check (cut by the marker)
 
 
+def test_a_reader_that_saw_as_many_records_as_the_count_checks_no_stamp():
+    sl = Slice(0, 10, 20, b"a/5/7", 9)
+    assert sl.only_committed(9)
+    assert not sl.only_committed(10)  # an aborted attempt's record, or an outsider's, lies among them
+    assert not sl.only_committed(8)  # fewer than written: checked, not trusted
+    assert not Slice(0, 10, 20, b"a/5/7", None).only_committed(9)  # no count (older writers): checked
+    assert Slice(0, 10, 20, None, None).only_committed(3)
+
+
 def test_ranges_from_delivery_reports():
     assert ranges_for({0: 5, 1: 9}, {0: 7}) == {0: Range(start=5, end=8), 1: Range(start=9, end=9)}
 

@@ -25,6 +25,12 @@ class Slice:
     def empty(self) -> bool:
         return self.start == self.end
 
+    def only_committed(self, seen: int) -> bool:
+        """Whether the ``seen`` records a reader found in [start, end), all visible ones, are the committed
+        attempt's: that attempt's ``count`` records all lie in the range, so when the reader saw exactly that
+        many, nothing else lies among them and their stamps need no check."""
+        return self.stamp is None or self.count == seen
+
     def only_committed_from(self, first: int) -> bool:
         """Whether every record from offset ``first`` to the range's end is the committed attempt's, for a
         reader that saw no record in [start, first): that attempt's ``count`` records all lie in the range

@@ -167,8 +167,9 @@ def _stamped(messages: list[Message], stamp: bytes) -> list[Message]:
 def _settle(seg: Segment, in_range: list[Message], dropped: int) -> tuple[int, list[Message], int]:
     """A segment's (epoch, kept, dropped) from all the data records read inside its range."""
     sl = seg.slice
-    if sl.stamp is None or len(in_range) == sl.count:
+    if sl.only_committed(len(in_range)):
         return seg.epoch, in_range, dropped
+    assert sl.stamp is not None
     kept = _stamped(in_range, sl.stamp)
     return seg.epoch, kept, dropped + len(in_range) - len(kept)
 
