@@ -233,3 +233,16 @@ def test_source_folders_are_not_a_second_import_name(folder: str) -> None:
     sys.modules.pop(folder, None)
     with pytest.raises(ImportError, match=f"import aligner.{folder}"):
         importlib.import_module(folder)
+
+
+CRASHING_CALLS = {"list_offsets"}
+"""Client calls that crash the process with the pinned librdkafka (2.16: ``AdminClient.list_offsets`` locks a
+NULL mutex in ``rd_kafka_ListOffsets``; README, Soak): offsets come from ``connectors/kafka.py::end_offsets``."""
+
+
+def test_no_code_calls_a_client_method_known_to_crash() -> None:
+    calls = [f"{rel}:{node.lineno}" for rel, tree in sources(*PRODUCT, "experiments", "tests")
+             if not rel.startswith("experiments/results/")  # the repro that shows the crash, on purpose
+             for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+             and node.func.attr in CRASHING_CALLS]
+    assert not calls, f"calls known to crash the process: {calls}"
