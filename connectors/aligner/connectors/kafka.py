@@ -154,14 +154,28 @@ def end_offsets(
     ``AdminClient.list_offsets``: with confluent-kafka 2.16 that call crashed the process (SIGSEGV inside
     it) in a soak's marker and, most likely, in a CI run's job start. Not a consumer that also fetches: a
     broker answers one connection's requests in order, so the ListOffsets would wait behind a fetch the
-    broker holds for up to its wait (seconds, for a consumer that raised it). ``stop`` ends the wait with
-    StoppedError; TimeoutError after ``timeout`` seconds without an answer."""
+    broker holds for up to its wait (seconds, for a consumer that raised it). A broker unreachable or paused
+    is waited for, with a fresh consumer after each failed connection (librdkafka backs off reconnecting an
+    old one by up to 10 s); ``stop`` ends the wait with StoppedError; TimeoutError after ``timeout`` seconds
+    without an answer."""
     level = "read_committed" if committed_only else "read_uncommitted"
-    consumer = Consumer(consumer_config(bootstrap, {"isolation.level": level}))
-    try:
-        return listed_ends(consumer, topic, partitions, timeout, stop, earliest=earliest)
-    finally:
-        consumer.close()
+    deadline = time.monotonic() + timeout
+    while True:
+        consumer = Consumer(consumer_config(bootstrap, {"isolation.level": level}))
+        try:
+            return listed_ends(consumer, topic, partitions, max(0.1, deadline - time.monotonic()), stop,
+                               earliest=earliest)
+        except KafkaException as exc:
+            err = _error(exc)
+            if err is None or err.code() not in UNREACHABLE:
+                raise
+        finally:
+            consumer.close()
+        if stop is not None and stop.is_set():
+            raise StoppedError(f"stopped while asking for the offsets of {topic}")
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"no answer to ListOffsets for {topic} within {timeout:.0f}s")
+        (stop or threading.Event()).wait(0.2)  # refused at once: not a busy loop
 
 
 def listed_ends(consumer: Consumer, topic: str, partitions: Sequence[int], timeout: float = 30.0,
@@ -170,8 +184,8 @@ def listed_ends(consumer: Consumer, topic: str, partitions: Sequence[int], timeo
     start, through the consumer's own ListOffsets, not an admin client: no futures completed from
     librdkafka's background thread. The epoch marker, the one caller every half second, died once of
     SIGSEGV inside ``AdminClient.list_offsets`` (librdkafka 2.16) in a soak; this path needs no admin client.
-    TimeoutError after ``timeout`` seconds without an answer (a broker unreachable or paused is waited for
-    that long, as one that answers slowly); ``stop`` ends the wait with StoppedError.
+    TimeoutError after ``timeout`` seconds without an answer; ``stop`` ends the wait with StoppedError. A
+    connection that failed (all brokers down) raises: its caller retries with a fresh consumer.
 
     Each unanswered call is a new request, so the time a call waits doubles up to :data:`LIST_SLICE_MAX`:
     a broker that takes 0.6 s to answer (a partition of many batches on the embedded broker, a starved
@@ -181,18 +195,14 @@ def listed_ends(consumer: Consumer, topic: str, partitions: Sequence[int], timeo
     for p in partitions:
         wait = 0.5
         while True:
-            asked = time.monotonic()
             try:
                 low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=wait, cached=False)
                 out[p] = low if earliest else high
                 break
             except KafkaException as exc:
                 err = _error(exc)
-                code = None if err is None else err.code()
-                if not (retriable(exc) or code == KafkaError._TIMED_OUT_QUEUE or code in UNREACHABLE):
+                if not (retriable(exc) or (err is not None and err.code() == KafkaError._TIMED_OUT_QUEUE)):
                     raise
-            if time.monotonic() - asked < 0.1:  # refused at once (no connection yet): do not spin
-                (stop or threading.Event()).wait(0.2)
             wait = min(LIST_SLICE_MAX, wait * 2, max(0.1, deadline - time.monotonic()))
             if stop is not None and stop.is_set():
                 raise StoppedError(f"stopped while asking for the offsets of {topic}")

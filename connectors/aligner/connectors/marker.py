@@ -52,7 +52,7 @@ class EpochMarker:
     def _ends(self, known: dict[int, int] | None = None) -> dict[int, int]:
         # As long as it takes: a slow broker (the embedded one slows with batches per partition) is
         # reported and waited for with longer fetch waits, never given up on; the stop flag ends the
-        # wait. A broker unreachable for 30 s fails the ListOffsets call: this epoch fails and run() retries it.
+        # wait. An unreachable broker fails the ListOffsets call: this epoch fails and run() retries it.
         return fetched_end_offsets(self._consumer, self.topic, self.partitions, self.bootstrap, stop=self._stop,
                                    known=known, component=f"marker of {self.subject}")
 
