@@ -25,7 +25,7 @@ zookeeper:
 	   ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq zookeeper))
 	@command -v java >/dev/null || $(SUDO) apt-get install -y -qq default-jre-headless
 
-# The whole suite: ruff, mypy, then every test against the real embedded stack (about 25 minutes on 2 cores).
+# The whole suite: ruff, mypy, then every test against the real embedded stack (about an hour on 2 cores).
 # A crash in a C extension prints every thread's stack; the crashing thread's is printed again at the end,
 # where a log cut in the middle still shows it.
 test: setup typecheck
