@@ -25,12 +25,13 @@ zookeeper:
 	   ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq zookeeper))
 	@command -v java >/dev/null || $(SUDO) apt-get install -y -qq default-jre-headless
 
-# The whole suite: ruff, mypy, then every test against the real embedded stack (about an hour on 2 cores).
+# The whole suite but its long forms: ruff, mypy, then every test against the real embedded stack (about 40 minutes
+# on 2 cores; the slowest forms, which repeat what it covers, are in test-long).
 # A crash in a C extension prints every thread's stack; the crashing thread's is printed again at the end,
 # where a log cut in the middle still shows it.
 test: setup typecheck
 	$(VENV)/bin/ruff check .
-	@set -o pipefail; $(PY) -m pytest -q -ra --durations=20 -m "not long" 2>&1 | tee .pytest-last.log || \
+	@set -o pipefail; $(PY) -m pytest -q -ra --durations=40 -m "not long" 2>&1 | tee .pytest-last.log || \
 	  { rc=$$?; [ $$rc -lt 128 ] || { echo "pytest died of signal $$((rc - 128)); the thread it died in:"; \
 	    grep -q '^Current thread' .pytest-last.log && sed -n '/^Current thread/,/^$$/p' .pytest-last.log | head -80 \
 	    || echo "  one with no Python frames (a C library's own thread)"; }; exit $$rc; }
@@ -40,7 +41,7 @@ test-unit: setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -m "not stack"
 
-# The long forms (not in make test): the tests marked long (the rest of the Spark cluster's faults), then the
+# The long forms (not in make test): the tests marked long (about 25 minutes, listed in README), then the
 # compressed soak, 15 minutes of the chaos chain at 0.05 s epochs with a fault every ~30 s, a hot-swap every
 # 5 minutes and the coordinator's retention loop every 30 s (2 minutes kept).
 test-long: setup

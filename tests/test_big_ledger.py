@@ -54,6 +54,7 @@ def _status(cli_env: dict[str, str], subject: str) -> dict[str, object]:
     return rows[0]
 
 
+@pytest.mark.long  # a day's ledger; make test keeps bench_status's smoke run (test_benchmarks)
 @pytest.mark.timeout(900)
 def test_status_and_retention_on_a_days_ledger(big_subject: str, ledger: Ledger, cli_env: dict[str, str]) -> None:
     row = _status(cli_env, big_subject)

@@ -34,6 +34,7 @@ def chaos(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
         yield proc, out
 
 
+@pytest.mark.long  # 2 minutes; make test keeps the schedule, checker and first-signal tests
 def test_short_seeded_chaos_run_has_no_anomalies(chaos: tuple[subprocess.Popen[str], Path]) -> None:
     proc, out = chaos
     try:

@@ -191,7 +191,7 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-@pytest.mark.parametrize("outage", [10, 60])
+@pytest.mark.parametrize("outage", [10, pytest.param(60, marks=pytest.mark.long)])
 def test_zookeeper_down_and_back_no_component_exits(chain: Chain, own_stack, outage: int) -> None:
     stack, _ = own_stack
     _start(chain)

@@ -369,7 +369,7 @@ def test_faust_worker_of_a_job_on_an_unknown_subject_exits_1_with_one_line(stack
     assert "Traceback" not in worker.stderr
 
 
-@pytest.mark.parametrize("shape", ["record", "batch"])
+@pytest.mark.parametrize("shape", ["record", pytest.param("batch", marks=pytest.mark.long)])
 def test_faust_worker_killed_restarted_and_aligned_exactly_once(stack, root, ledger, subject_name, tmp_path, spawn,
                                                                 shape):
     """The job function per record, or per fetched batch (``@aligned.batch``)."""

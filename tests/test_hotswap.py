@@ -115,6 +115,7 @@ def test_new_version_inheriting_the_old_state_continues_it_exactly(stack, ledger
     assert v2.worker.records_in < gen.sent, "v2 replayed the input from its start instead of taking v1's state"
 
 
+@pytest.mark.long  # make test keeps the Spark query's shadow (test_spark_swap)
 def test_shadow_is_verified_before_the_swap(stack, ledger, subject_name, spawn, cli_env):
     """v2 runs in shadow mode: what it voids at the target goes to its shadow subject, epoch for epoch.
     A verified swap refuses while v2's results differ from v1's, and goes ahead when the difference

@@ -41,6 +41,7 @@ def soak(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
         yield proc, out
 
 
+@pytest.mark.long  # 2+ minutes; make test keeps the first-signal test and every verdict rule below
 def test_smoke_soak_samples_everything_and_passes(soak: tuple[subprocess.Popen[str], Path]) -> None:
     proc, out = soak
     try:

@@ -75,6 +75,7 @@ def test_executor_killed_inside_a_write_task(point, cluster, stack, root, ledger
         assert raw_count(stack.kafka, target, 2) > EPOCHS * RECORDS
 
 
+@pytest.mark.long  # make test keeps the executor killed at pre-commit, the hot-swap and the footprint
 def test_speculative_attempts_of_one_write_task(cluster, stack, root, ledger, tmp_path, spawn):
     """Slot 0's first attempt in batch 1 holds after committing its Kafka transaction; with speculation on,
     Spark runs a second attempt of the same task on the other executor. The batch can only finish through
@@ -95,6 +96,7 @@ def test_speculative_attempts_of_one_write_task(cluster, stack, root, ledger, tm
     assert raw_count(stack.kafka, target, 2) > EPOCHS * RECORDS, "the held attempt's records are in Kafka"
 
 
+@pytest.mark.long  # make test keeps the executor killed at pre-commit, the hot-swap and the footprint
 def test_worker_killed_and_restarted(cluster, stack, root, ledger, tmp_path, spawn):
     """SIGKILL the worker whose executor runs slot 0's write in batch 1 (the executor goes with it), then
     start the worker again: the task runs on the other worker, the restarted one rejoins."""
@@ -113,6 +115,7 @@ def test_worker_killed_and_restarted(cluster, stack, root, ledger, tmp_path, spa
     check(ledger, stack.kafka, source, target, EPOCHS, RECORDS)
 
 
+@pytest.mark.long  # make test keeps the executor killed at pre-commit, the hot-swap and the footprint
 def test_driver_killed_and_restarted_against_the_cluster(cluster, stack, root, ledger, tmp_path, spawn):
     """The driver SIGKILLed right after batch 1's ZooKeeper commit (before Spark's commit log): the restarted
     driver, on the same cluster and checkpoint, runs batch 1 again and readers see it once."""

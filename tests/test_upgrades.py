@@ -17,6 +17,7 @@ pytest.importorskip("faust")
 pytest.importorskip("pyspark")
 
 
+@pytest.mark.long  # 4.5 minutes; make test keeps each engine's swaps and rescales (test_hotswap, test_spark_swap)
 def test_four_upgrades_in_a_row_mixing_engines_and_parallelism(tmp_path: Path) -> None:
     out = tmp_path / "upgrades"
     plan = "runtime:2,runtime:4,faust:1,spark:4,runtime:2"
