@@ -57,7 +57,7 @@ def steady(run: ChainResult, warmup: float) -> list[EpochPoint]:
     after = warmup
     if "align job2 decided" in run.events:
         after = since_start(run, "align job2 decided") + 2 * run.config.interval
-    return epoch_series(run, after=after, before=run.config.duration)
+    return epoch_series(run, after=after, before=run.input_end)
 
 
 def before_after(run: ChainResult, warmup: float) -> tuple[list[EpochPoint], list[EpochPoint]]:
@@ -65,7 +65,7 @@ def before_after(run: ChainResult, warmup: float) -> tuple[list[EpochPoint], lis
     requested = since_start(run, "align job1 requested")
     decided = since_start(run, "align job2 decided")
     before = [p for p in epoch_series(run, after=warmup, before=requested) if p.mode != "aligned"]
-    after = [p for p in epoch_series(run, after=decided + 2 * run.config.interval, before=run.config.duration)
+    after = [p for p in epoch_series(run, after=decided + 2 * run.config.interval, before=run.input_end)
              if p.mode == "aligned"]
     return before, after
 

@@ -8,9 +8,9 @@ import time
 from collections import Counter
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 
-from aligner.connectors.kafka import FetchingConsumer, consumer_config
+from aligner.connectors.kafka import FetchingConsumer
 from aligner.connectors.reader import EpochReader, read_partition, segments_by_partition
 from aligner.connectors.sink import SinkProducer, partitions_for
 from aligner.connectors.source import SubjectSource
@@ -168,7 +168,7 @@ def test_leaked_aborted_records_inside_a_committed_range_are_dropped_by_stamp(st
     assert (committed.slices[0].count, committed.slices[1].count) == (2, 1)
     with EpochReader(ledger, stack.kafka, consumer_extra=uncommitted) as reader:
         assert [r.value for r in reader.read(subject_name, epoch)] == [b'"kept-0"', b'"kept-1"', b'"other"']
-    c = Consumer(consumer_config(stack.kafka, uncommitted))
+    c = FetchingConsumer(stack.kafka, uncommitted)
     try:
         by_partition = segments_by_partition([committed])
         (p0_epoch, p0_kept, p0_dropped), = read_partition(c, subject_name, 0, by_partition[0])

@@ -26,10 +26,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import KafkaError, Message, TopicPartition
 
 from aligner.connectors.kafka import MAX_FETCH_WAIT_MS as MAX_WAIT
-from aligner.connectors.kafka import FetchingConsumer, end_offsets, escalate_after, probe, stall_cause
+from aligner.connectors.kafka import FetchingConsumer, end_offsets, escalate_after, stall_cause
 from aligner.connectors.watchdog import Stall
 from aligner.epochs import CommittedEpoch, Slice, check_retention
 from aligner.errors import DataLossError, UndecodableRecordError
@@ -136,8 +136,8 @@ class EpochReader:
             check_retention(subject, segments[0].epoch, partition, segments[0].slice.start, log_start[partition])
             fc = self._next_consumer()
             try:
-                for epoch, kept, dropped in read_partition(fc.consumer, meta.topic, partition, segments,
-                                                           self.stall_timeout, fc):
+                for epoch, kept, dropped in read_partition(fc, meta.topic, partition, segments,
+                                                           self.stall_timeout):
                     read_counter.inc(len(kept))
                     if dropped:
                         drop_counter.inc(dropped)
@@ -182,12 +182,23 @@ _DATA_LOST = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_
 """Fetch errors meaning the log no longer holds the offsets asked for; any other error is waited out."""
 
 
+def _wanted(next_offset: int, end: int) -> int:
+    """How many messages to ask ``consume`` for: what the rest of the range can hold.
+
+    ``consume`` returns at its count or its timeout, and the newest range never fills a larger count (the
+    broker reports the partition's end only with a later fetch), so asking for more waits out the timeout
+    on every call. A commit marker takes the offset at a range's start, hence one less: a range whose start
+    holds a record costs one more call, never a wait.
+    """
+    return min(10000, max(1, end - next_offset - 1))
+
+
 class _Progress:
     """Where one partition read stands, for the watchdog: it waits, reports, and raises the fetch wait."""
 
-    def __init__(self, consumer: Consumer, fetching: FetchingConsumer | None, topic: str, partition: int,
-                 start: int, end: int, stall_timeout: float) -> None:
-        self.consumer, self.fetching = consumer, fetching
+    def __init__(self, fetching: FetchingConsumer, topic: str, partition: int, start: int, end: int,
+                 stall_timeout: float) -> None:
+        self.consumer, self.fetching = fetching.consumer, fetching
         self.topic, self.partition, self.end = topic, partition, end
         self.next = start
         """The next offset this read needs (records before it were handed over)."""
@@ -197,7 +208,7 @@ class _Progress:
 
     @property
     def wait_ms(self) -> int:
-        return self.fetching.wait_ms if self.fetching is not None else 0
+        return self.fetching.wait_ms
 
     def check(self) -> None:
         """Once a second while stuck: real evidence of loss raises, a slow broker gets a longer wait."""
@@ -206,12 +217,12 @@ class _Progress:
         if now - self.checked < 1.0 or self.stall.idle() < limit:
             return
         self.checked = now
-        marks = probe(self.consumer, self.topic, self.partition)
+        marks = self.fetching.probe(self.topic, self.partition)
         if marks is not None and marks[0] > self.next:
             raise DataLossError(f"{self.topic}[{self.partition}]: committed epochs need offset {self.next} but the "
                                 f"log now starts at {marks[0]}")
         raised = None
-        if (marks is not None and self.fetching is not None and now - self.assigned >= escalate_after(self.wait_ms)
+        if (marks is not None and now - self.assigned >= escalate_after(self.wait_ms)
                 and self.wait_ms < MAX_WAIT):
             raised = self.fetching.slower()
             self.consumer = self.fetching.consumer
@@ -279,23 +290,21 @@ class _Segments:
 
 
 def read_partition(
-    consumer: Consumer, topic: str, partition: int, segments: list[Segment], stall_timeout: float = 30.0,
-    fetching: FetchingConsumer | None = None,
+    fetching: FetchingConsumer, topic: str, partition: int, segments: list[Segment], stall_timeout: float = 30.0,
 ) -> Iterator[tuple[int, list[Message], int]]:
     """Read one partition across consecutive segments: yields (epoch, kept messages, dropped count).
 
-    The consumer is (re)assigned to this partition only; records past the last segment end it. It
-    waits as long as the read takes: after ``stall_timeout`` seconds without progress it warns once
-    (and again when it moves). With ``fetching`` (whose consumer ``consumer`` is), a broker that answers
-    but returns nothing gets a longer fetch wait.
+    The fetching consumer is (re)assigned to this partition only; records past the last segment end it.
+    It waits as long as the read takes: after ``stall_timeout`` seconds without progress it warns once
+    (and again when it moves), and a broker that answers but returns nothing gets a longer fetch wait.
     """
-    consumer.assign([TopicPartition(topic, partition, segments[0].slice.start)])
+    fetching.consumer.assign([TopicPartition(topic, partition, segments[0].slice.start)])
     end = segments[-1].slice.end
-    progress = _Progress(consumer, fetching, topic, partition, segments[0].slice.start, end, stall_timeout)
+    progress = _Progress(fetching, topic, partition, segments[0].slice.start, end, stall_timeout)
     read = _Segments(segments, progress)
     try:
         while not read.done:
-            batch = progress.consumer.consume(10000, timeout=0.05)
+            batch = progress.consumer.consume(_wanted(progress.next, end), timeout=0.05)
             if batch:
                 progress.stall.moved()
             else:

@@ -30,7 +30,6 @@ from aligner.connectors.kafka import (
     FetchingConsumer,
     end_offsets,
     escalate_after,
-    probe,
     stall_cause,
 )
 from aligner.connectors.watchdog import Stall
@@ -212,6 +211,8 @@ class SubjectSource:
     def _add(self, inp: _Input, ce: CommittedEpoch) -> None:
         inp.loaded.append(ce)
         new_assign = []
+        starting = [p for p in inp.partitions if p in ce.slices and self.parts[(inp.subject, p)].pos is None]
+        log_starts = end_offsets(self.bootstrap, inp.topic, starting, earliest=True) if starting else {}
         for p in inp.partitions:
             sl = ce.slices.get(p)
             if sl is None:
@@ -220,8 +221,7 @@ class SubjectSource:
             if part.pos is None:
                 part.pos = sl.start
                 part.fetching = True
-                log_start = end_offsets(self.bootstrap, inp.topic, [p], earliest=True)[p]
-                check_retention(inp.subject, ce.epoch, p, sl.start, log_start)
+                check_retention(inp.subject, ce.epoch, p, sl.start, log_starts[p])
                 new_assign.append(TopicPartition(inp.topic, p, sl.start))
             if not sl.empty and sl.end > part.pos:
                 part.segments.append((ce.epoch, sl.start, sl.end, sl.stamp, sl))
@@ -465,7 +465,7 @@ class SubjectSource:
         slow = max(idle, 0.0 if self._starving_since is None else now - self._starving_since) >= escalate_after(wait)
         if not (stuck or slow):
             return
-        answered = probe(self._consumer, lagging[0].topic, lagging[0].partition) is not None
+        answered = self._fetching.probe(lagging[0].topic, lagging[0].partition) is not None
         raised = None
         if answered and slow and now - self._assigned >= escalate_after(wait) and wait < MAX_FETCH_WAIT_MS:
             raised = self._reopen()

@@ -402,8 +402,7 @@ class StateStore:
             fc = FetchingConsumer(bootstrap, consumer_extra)  # its wait rises if the broker answers empty
             try:
                 batch: list[tuple[bytes, bytes | None]] = []
-                for epoch, kept, lost in read_partition(fc.consumer, meta.topic, partition, segments, stall_timeout,
-                                                        fc):
+                for epoch, kept, lost in read_partition(fc, meta.topic, partition, segments, stall_timeout):
                     dropped += lost
                     for m in kept:
                         key = m.key()
@@ -435,7 +434,7 @@ class StateStore:
         try:
             consumer.assign([TopicPartition(meta.topic, partition, start)])
             while True:
-                msgs = consumer.consume(10000, timeout=1.0)
+                msgs = consumer.consume(10000, timeout=0.05)  # returns at the timeout: the tail never fills 10000
                 done = False
                 for m in msgs:
                     err = m.error()

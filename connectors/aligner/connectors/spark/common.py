@@ -446,8 +446,8 @@ def read_aligned_partition(partition: AlignedPartition, schema: StructType) -> I
     pa_schema = to_arrow_schema(schema, timezone="UTC")
     fc = FetchingConsumer(plan.kafka)  # its wait rises if the broker answers but returns nothing
     try:
-        for epoch, kept, _dropped in read_partition(fc.consumer, plan.topic, partition.partition, partition.segments,
-                                                    plan.stall_timeout, fc):
+        for epoch, kept, _dropped in read_partition(fc, plan.topic, partition.partition, partition.segments,
+                                                    plan.stall_timeout):
             if kept:
                 yield from messages_to_batches(kept, epoch, partition.partition, plan.fields, pa_schema,
                                                plan.subject if plan.subject_column else None)

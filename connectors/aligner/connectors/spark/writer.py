@@ -384,13 +384,16 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
             raise AlignedOptionError("column value must be binary or string for format('aligned')")
         if "key" in names and not isinstance(schema["key"].dataType, (BinaryType, StringType)):
             raise AlignedOptionError("column key must be binary or string for format('aligned')")
-        # Runs on the driver, once per micro-batch (Spark plans a new writer for each) after the previous
-        # batch's commit: the slots' leases, the topic and the job's node and swap read here travel to the
-        # batch's write tasks in this object, so a write task makes no ZooKeeper request of its own.
+        # Runs on the driver twice per micro-batch: Spark builds one writer for the batch's tasks and another
+        # for its commit. Only the tasks' writer plans the batch (``__getstate__``, when it is pickled for
+        # them): the slots' leases, the topic and the job's swap travel to the write tasks in this object, so a
+        # write task makes no ZooKeeper request of its own, and the commit's writer opens no slot again.
         conn = self.spec.conn
         ledger = ledger_for(conn.zk, conn.root)
         self.node: JobNode | None = None
         self.swap: SwapNode | None = None
+        self.leases: dict[int, Lease] = {}
+        self._parts: Sequence[int] = ()
         meta = ledger.subject(conn.subject)
         self.topic = meta.topic
         if self.spec.job is not None:
@@ -398,24 +401,41 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
             if node.output != conn.subject:
                 raise AlignedOptionError(f"job {node.job!r} is registered writing {node.output!r}, not "
                                          f"{conn.subject!r}")
-            parts = output_partitions(ledger, node)
-            self.producers = len(parts)
-            # The swap as planned: the planner never lets a batch run across S, nor past it before the swap
-            # committed, so what the batch's tasks decide from it is what the commit decides.
-            self.node, self.swap = node, swap_in(ledger, node)
-            leases = open_slots(ledger, conn.kafka, node.output, node.job, len(parts), parts,  # sink id = job id
-                                hands_over=node.hands_over)
-            leases = take_over_slots(ledger, conn.kafka, node, self.swap, leases)
+            self._parts = output_partitions(ledger, node)
+            self.producers = len(self._parts)
+            self.node = node
         else:
             self.producers = self.spec.producers or meta.partitions
+        self._planned = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        if not self._planned:
+            self._plan()
+        return self.__dict__
+
+    def _plan(self) -> None:
+        """Claim the slots (and, for a job, take the old version's over at a swap) for this micro-batch."""
+        conn = self.spec.conn
+        ledger = ledger_for(conn.zk, conn.root)
+        if self.node is not None:
+            # The swap as planned: the planner never lets a batch run across S, nor past it before the swap
+            # committed, so what the batch's tasks decide from it is what the commit decides.
+            self.swap = swap_in(ledger, self.node)
+            leases = open_slots(ledger, conn.kafka, self.node.output, self.node.job, len(self._parts), self._parts,
+                                hands_over=self.node.hands_over)  # sink id = job id
+            leases = take_over_slots(ledger, conn.kafka, self.node, self.swap, leases)
+        else:
             leases = open_slots(ledger, conn.kafka, conn.subject, self.spec.sink, self.producers)
         self.leases = {int(lease.node.producer): lease for lease in leases}
+        self._planned = True
 
     # ---- executors ----
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SlotCommit:
         from pyspark import TaskContext
 
+        if not self._planned:  # not pickled: called in the process that built it
+            self._plan()
         ctx = TaskContext.get()
         slot = ctx.partitionId() if ctx is not None else 0
         query = ctx.getLocalProperty("sql.streaming.queryId") if ctx is not None else None
