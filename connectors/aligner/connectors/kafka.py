@@ -355,28 +355,16 @@ class FetchingConsumer:
         old.close()
         return self.wait_ms
 
-    def probe(self, topic: str, partition: int) -> tuple[int, int] | None:
-        """The partition's watermarks, asked on a connection of their own (:func:`probe`)."""
-        return probe(self.bootstrap, topic, partition, self.extra)
-
     def close(self) -> None:
         self.consumer.close()
 
 
-def probe(bootstrap: str, topic: str, partition: int, extra: Mapping[str, Any] | None = None,
-          timeout: float = 1.0) -> tuple[int, int] | None:
-    """The partition's (low, high) watermarks asked of the broker now; None when it does not answer.
-
-    Asked on a consumer made for the call: a stuck reader's own connection can be wedged behind requests
-    the broker never answered, and a question queued there reads as "the broker does not answer" while it
-    answers everyone else, so the reader would never be reopened on fresh connections."""
-    consumer = Consumer(consumer_config(bootstrap, extra))
+def probe(consumer: Consumer, topic: str, partition: int, timeout: float = 1.0) -> tuple[int, int] | None:
+    """The partition's (low, high) watermarks asked of the broker now; None when it does not answer."""
     try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout, cached=False)
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
     except KafkaException:
         return None
-    finally:
-        consumer.close()
     return low, high
 
 
@@ -412,7 +400,7 @@ class _EndWatch:
         stuck = [p for p in open_partitions if self.stall(p).idle() >= min(escalate_after(wait), 10.0)]
         if not stuck:
             return False
-        answered = self.fc.probe(self.topic, stuck[0]) is not None
+        answered = probe(self.fc.consumer, self.topic, stuck[0]) is not None
         raise_wait = answered and now - self.fetches_at >= escalate_after(wait) and wait < MAX_FETCH_WAIT_MS
         new = self.fc.slower() if raise_wait else None
         for p in stuck:

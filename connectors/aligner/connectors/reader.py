@@ -29,8 +29,8 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, TopicPartition
 
 from aligner.connectors.kafka import MAX_FETCH_WAIT_MS as MAX_WAIT
-from aligner.connectors.kafka import FetchingConsumer, end_offsets, escalate_after, stall_cause
-from aligner.connectors.watchdog import Stall
+from aligner.connectors.kafka import FetchingConsumer, end_offsets, escalate_after, probe, stall_cause
+from aligner.connectors.watchdog import Stall, crawling
 from aligner.epochs import CommittedEpoch, Slice, check_retention
 from aligner.errors import DataLossError, UndecodableRecordError
 from aligner.ledger import Ledger
@@ -205,19 +205,39 @@ class _Progress:
         self.stall = Stall("reader", topic, partition, warn_after=stall_timeout)
         self.checked = self.assigned = time.monotonic()
         self.error = ""
+        self.polls = self.empty_polls = self.records = 0
+        """Since the last check, for the crawl rule (:func:`aligner.connectors.watchdog.crawling`)."""
+        self.lag = end - start
+        self.crawl_since: float | None = None
+
+    def polled(self, batch: list[Message]) -> None:
+        self.polls += 1
+        if batch:
+            self.records += len(batch)
+            self.stall.moved()
+        else:
+            self.empty_polls += 1
+            self.stall.polled_empty()
 
     @property
     def wait_ms(self) -> int:
         return self.fetching.wait_ms
 
     def check(self) -> None:
-        """Once a second while stuck: real evidence of loss raises, a slow broker gets a longer wait."""
+        """Once a second: real evidence of loss raises; while stuck or crawling, a broker that answers gets a
+        longer fetch wait, and a stall is reported."""
         now = time.monotonic()
-        limit = min(self.stall.warn_after, escalate_after(self.wait_ms or 500))
-        if now - self.checked < 1.0 or self.stall.idle() < limit:
+        if now - self.checked < 1.0:
             return
-        self.checked = now
-        marks = self.fetching.probe(self.topic, self.partition)
+        gap, self.checked = now - self.checked, now
+        crawl = crawling(self.polls, self.empty_polls, self.records, gap, self.lag)
+        self.polls = self.empty_polls = self.records = 0
+        self.lag = self.end - self.next
+        self.crawl_since = (self.crawl_since or now) if crawl else None
+        slow = max(self.stall.idle(), 0.0 if self.crawl_since is None else now - self.crawl_since)
+        if slow < min(self.stall.warn_after, escalate_after(self.wait_ms or 500)):
+            return
+        marks = probe(self.consumer, self.topic, self.partition)
         if marks is not None and marks[0] > self.next:
             raise DataLossError(f"{self.topic}[{self.partition}]: committed epochs need offset {self.next} but the "
                                 f"log now starts at {marks[0]}")
@@ -228,6 +248,7 @@ class _Progress:
             self.consumer = self.fetching.consumer
             self.consumer.assign([TopicPartition(self.topic, self.partition, self.next)])
             self.assigned = now
+            self.crawl_since = None
         wanted = f"wants offsets up to {self.end}, log end {'?' if marks is None else marks[1]}"
         cause = stall_cause(marks is not None, self.wait_ms if raised is None else raised // 4, raised)
         self.stall.report(self.next, wanted, cause + (f"; last fetch error: {self.error}" if self.error else ""))
@@ -305,10 +326,7 @@ def read_partition(
     try:
         while not read.done:
             batch = progress.consumer.consume(_wanted(progress.next, end), timeout=0.05)
-            if batch:
-                progress.stall.moved()
-            else:
-                progress.stall.polled_empty()
+            progress.polled(batch)
             yield from read.take(batch)
             if read.done:
                 break

@@ -30,9 +30,10 @@ from aligner.connectors.kafka import (
     FetchingConsumer,
     end_offsets,
     escalate_after,
+    probe,
     stall_cause,
 )
-from aligner.connectors.watchdog import Stall
+from aligner.connectors.watchdog import Stall, crawling
 from aligner.epochs import CommittedEpoch, check_retention
 from aligner.errors import DataLossError, EpochNotCommittedError
 from aligner.ledger import Ledger
@@ -49,6 +50,7 @@ caught up they send no fetches at all; an at-least-once source caught up costs t
 core at 100 ms (bench_fetch). A broker too slow for it gets a longer wait from the watchdog."""
 
 _offset = methodcaller("offset")
+_error = methodcaller("error")
 
 _DATA_LOST = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
 """Fetch errors meaning the log no longer holds what a committed epoch names; others are transient."""
@@ -66,6 +68,18 @@ class SourceRecord:
     key: bytes | None
     value: bytes | None
     timestamp: int
+
+
+def _whole_run(messages: Sequence[Message], k: int, j: int, limit: int) -> bool:
+    """Whether ``messages[k:j]`` (one partition's, offsets ascending, ``messages[k]`` a record of the current
+    segment) are all records below ``limit``: then the rest of the run is kept with one comprehension, not a
+    record at a time (0.96 instead of 1.38 us per record, experiments/results/profiles/micro_take*)."""
+    last = messages[j - 1]
+    if last.error() is not None or last.offset() >= limit:  # type: ignore[operator]
+        return False
+    if last.offset() - messages[k].offset() < j - k - 1:  # type: ignore[operator]
+        return False  # not strictly ascending (never seen from librdkafka): record by record
+    return not any(map(_error, messages[k:j]))  # an error (even code 0) is truthy
 
 
 @dataclass
@@ -102,9 +116,6 @@ class _Input:
 STASH_RECORDS = 20_000
 """Records a partition paused at its bound keeps fetched ahead, at most (about 2 MB of 100-byte records)."""
 
-CRAWL_RECORDS_PER_S = 1000
-"""Below this many records a second, with data to read and most polls empty, a source's fetches are
-cut short by the broker (a crawl): its fetch wait is raised as for a stall."""
 
 
 class SubjectSource:
@@ -339,6 +350,11 @@ class SubjectSource:
                 if stamp is not None and seen <= seg_start and sl.only_committed_from(o):
                     stamp = None  # the rest of the range is the committed attempt's: no header to read
                     segs[0] = (epoch, seg_start, seg_end, None, sl)
+                if stamp is None and _whole_run(messages, k, j, min(seg_end, part.bound)):
+                    out += [SourceRecord(subject, partition, m.offset(), epoch, m.key(), m.value(),  # type: ignore[arg-type]
+                                         m.timestamp()[1]) for m in messages[k:j]]
+                    part.pos = messages[j - 1].offset() + 1  # type: ignore[operator]
+                    return errors
             if stamp is not None:
                 h: list[tuple[str, bytes]] | None = m.headers()  # type: ignore[assignment]
                 if h is None or (h[0][1] != stamp and stamp_of(h) != stamp):
@@ -455,17 +471,14 @@ class SubjectSource:
                     stuck.append((part, stall))
             lagging += [part] if waiting else []
             self._stalls[key] = (stall, part.pos)
-        # A crawl: most polls empty, under CRAWL_RECORDS_PER_S, and under half of what was there to read a
-        # watch ago (a slow input read as it comes, or a busy machine's slow polls, is no crawl).
-        starving = (bool(lagging) and 2 * self._empty_polls >= max(1, self._polls)
-                    and self._records < min(CRAWL_RECORDS_PER_S * gap, self._lag / 2))
+        starving = bool(lagging) and crawling(self._polls, self._empty_polls, self._records, gap, self._lag)
         self._polls = self._empty_polls = self._records = 0
         self._lag = sum(self._lag_of(p) for p in lagging)
         self._starving_since = (self._starving_since or now) if starving else None
         slow = max(idle, 0.0 if self._starving_since is None else now - self._starving_since) >= escalate_after(wait)
         if not (stuck or slow):
             return
-        answered = self._fetching.probe(lagging[0].topic, lagging[0].partition) is not None
+        answered = probe(self._consumer, lagging[0].topic, lagging[0].partition) is not None
         raised = None
         if answered and slow and now - self._assigned >= escalate_after(wait) and wait < MAX_FETCH_WAIT_MS:
             raised = self._reopen()

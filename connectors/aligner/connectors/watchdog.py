@@ -24,6 +24,19 @@ STALLED = Gauge(
 WARN_AFTER = 10.0
 """Seconds without progress, with data to read, before a component warns."""
 
+CRAWL_RECORDS_PER_S = 1000
+"""Below this many records a second, with data to read and most polls empty, a consumer's fetches are cut
+short by the broker (a crawl): its fetch wait is raised as for a stall."""
+
+
+def crawling(polls: int, empty_polls: int, records: int, seconds: float, lag: int) -> bool:
+    """Whether a consumer crawled over the last ``seconds``: most polls came back empty and it got fewer than
+    :data:`CRAWL_RECORDS_PER_S` records a second, and under half of the ``lag`` there was to read when the
+    interval began (a slow input read as it comes, or a busy machine's slow polls, is no crawl). The embedded
+    broker answers a short fetch wait on a partition of many batches with a batch or two per fetch, which never
+    looks like a stall: the source and the reader both raise their wait on this rule."""
+    return 2 * empty_polls >= max(1, polls) and records < min(CRAWL_RECORDS_PER_S * seconds, lag / 2)
+
 
 class Stall:
     """Progress of one component on one partition: ``moved`` on progress, ``report`` while stuck."""
