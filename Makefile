@@ -25,7 +25,7 @@ zookeeper:
 	   ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq zookeeper))
 	@command -v java >/dev/null || $(SUDO) apt-get install -y -qq default-jre-headless
 
-# The whole suite but its long forms: ruff, mypy, then every test against the real embedded stack (about 40 minutes
+# The whole suite but its long forms: ruff, mypy, then every test against the real embedded stack (about 35 minutes
 # on 2 cores; the slowest forms, which repeat what it covers, are in test-long).
 # A crash in a C extension prints every thread's stack; the crashing thread's is printed again at the end,
 # where a log cut in the middle still shows it.

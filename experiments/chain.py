@@ -204,7 +204,7 @@ def _run(led: Ledger, info: StackInfo, root: str, config: ChainConfig, tag: str,
         jobs = JobLedger(led)
         coord = Coordinator(led)
         plan: list[tuple[float, str]] = []
-        input_end = started + config.duration
+        input_until = started + config.duration
         if config.mode == "aligned" or config.swap_at is not None:
             plan.append((config.align_at, "align"))
         if config.swap_at is not None:
@@ -234,8 +234,8 @@ def _run(led: Ledger, info: StackInfo, root: str, config: ChainConfig, tag: str,
                 progress(f"{job1} swapped for v2 at hot-issues epoch {swap.epoch}")
             # A step that ended late (a loaded machine) still leaves at least half the time planned after it,
             # so aligned epochs follow an alignment that took longer than planned.
-            input_end = max(input_end, time.time() + (config.duration - at) / 2)
-        _sleep_until(input_end, gen)
+            input_until = max(input_until, time.time() + (config.duration - at) / 2)
+        _sleep_until(input_until, gen)
     finally:
         gen.stop.set()
         gen.join(60)
@@ -248,7 +248,7 @@ def _run(led: Ledger, info: StackInfo, root: str, config: ChainConfig, tag: str,
     sent = {s: gen.sent[s] for s in STREAMS}
     check = verify(led, info.kafka, names, w, sent)
     result = ChainResult(config, tag, started, sorted(latency.records, key=lambda r: r.committed_at), sent,
-                         events, check, swap_epoch, input_seconds=input_end - started)
+                         events, check, swap_epoch, input_seconds=input_until - started)
     if swap_epoch is not None:
         result.job_epochs = {"hot-issues": _commit_times(led, names[HOT_ISSUES])}
     return result

@@ -117,7 +117,6 @@ STASH_RECORDS = 20_000
 """Records a partition paused at its bound keeps fetched ahead, at most (about 2 MB of 100-byte records)."""
 
 
-
 class SubjectSource:
     def __init__(self, ledger: Ledger, bootstrap: str, assignment: Mapping[str, Sequence[int]],
                  mode: Mode = "exactly_once", name: str | None = None) -> None:
