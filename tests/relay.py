@@ -69,7 +69,7 @@ def wait_batch(ledger: Any, worker: Worker, target: str, batch: int, timeout: fl
         progress, _ = read_progress(ledger, target, SINK)
         if progress is not None and progress.batch >= batch:
             return
-        assert worker.proc.poll() is None, f"the Spark driver exited early: {worker.stderr()[-3000:]}"
+        assert worker.proc.poll() is None, f"the Spark driver exited early: {worker.stderr}"
         time.sleep(0.01)
     raise TimeoutError(f"batch {batch} was not committed in {timeout}s")
 

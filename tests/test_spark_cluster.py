@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ import pytest
 from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.processes import wait_for
 from aligner.coordinator.spark_cluster import SparkCluster, executor_of
-from tests.helpers import raw_count
+from tests.helpers import Worker, raw_count
 from tests.relay import LIVE, SINK, check, fill, kill, start, wait_batch
 from tests.spark_queries import SwapPair
 from tests.swaps import precommit_acked
@@ -45,10 +46,17 @@ def _names(tmp_path: Path) -> tuple[str, str]:
     return "cx-" + tmp_path.name[-8:], "cy-" + tmp_path.name[-8:]
 
 
-def _hung_task(path: Path, worker) -> int:
-    """The process id of the held task attempt, once it is held."""
-    wait_for(lambda: path.exists() or worker.proc.poll() is not None, LIVE, "a write task to reach its hold point")
-    assert worker.proc.poll() is None, f"the Spark driver exited: {worker.stderr()}"
+def _running(worker: Worker) -> Callable[[], None]:
+    """An ``on_wait`` check: the driver must not end while a test waits for its held task."""
+    def check() -> None:
+        assert worker.proc.poll() is None, f"the Spark driver exited {worker.proc.returncode}: {worker.stderr}"
+    return check
+
+
+def _hung_task(path: Path, healthy: Callable[[], None]) -> int:
+    """The process id of the held task attempt, once it is held; ``healthy`` fails the wait if a driver that
+    should hold it ended."""
+    wait_for(path.exists, LIVE, "a write task to reach its hold point", on_wait=healthy)
     return int(path.read_text())
 
 
@@ -66,7 +74,7 @@ def test_executor_killed_inside_a_write_task(point, cluster, stack, root, ledger
     hang = tmp_path / "hang"
     worker, _ = start(spawn, stack, root, source, target, tmp_path / "cp", "--master", cluster.url,
                       *_hold(1, point, hang))
-    executor = executor_of(_hung_task(hang, worker))
+    executor = executor_of(_hung_task(hang, _running(worker)))
     assert executor in cluster.executors(), "the held task does not run in one of the cluster's executors"
     os.kill(executor, signal.SIGKILL)
     worker.finish(LIVE)
@@ -89,7 +97,7 @@ def test_speculative_attempts_of_one_write_task(cluster, stack, root, ledger, tm
     conf = [arg for k, v in speculation.items() for arg in ("--conf", f"{k}={v}")]
     worker, _ = start(spawn, stack, root, source, target, tmp_path / "cp", "--master", cluster.url, *conf,
                       *_hold(1, "precommit", hang))
-    _hung_task(hang, worker)
+    _hung_task(hang, _running(worker))
     wait_batch(ledger, worker, target, 1)  # only a second attempt of slot 0's task can have finished batch 1
     worker.finish(LIVE)
     check(ledger, stack.kafka, source, target, EPOCHS, RECORDS)
@@ -105,7 +113,7 @@ def test_worker_killed_and_restarted(cluster, stack, root, ledger, tmp_path, spa
     hang = tmp_path / "hang"
     worker, _ = start(spawn, stack, root, source, target, tmp_path / "cp", "--master", cluster.url,
                       *_hold(1, "write", hang))
-    executor = executor_of(_hung_task(hang, worker))
+    executor = executor_of(_hung_task(hang, _running(worker)))
     victim = cluster.worker_of(executor)
     assert victim is not None, "the held task's executor belongs to no worker of the cluster"
     cluster.kill_worker(victim)
@@ -206,7 +214,8 @@ def test_query_hotswap_with_an_executor_killed_at_precommit(cluster, stack, root
                               name="hotswap-run")
     runner.start()
     try:
-        executor = executor_of(_hung_task(hang, old.worker))
+        # Q1 may end at S before the arm is seen (then Q2's first write holds): only a crash fails the wait.
+        executor = executor_of(_hung_task(hang, pair.healthy))
         assert executor in cluster.executors(), "the held task does not run in one of the cluster's executors"
         os.kill(executor, signal.SIGKILL)
     finally:
