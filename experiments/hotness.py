@@ -94,7 +94,10 @@ def pr_hotness_query(spark: Any, conn: dict[str, str], hot_issues_subject: str, 
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    reader = (spark.readStream.format("aligned").options(**conn)
+    from aligner.connectors.spark.common import TASK_RECORDS
+
+    # Small ranges share read tasks: the query shuffles before its sink, so the batch's task count is free.
+    reader = (spark.readStream.format("aligned").options(**conn, minRecordsPerTask=str(TASK_RECORDS))
               .option("subjects", f"{hot_issues_subject},{pr_comments_subject}"))
     if job is not None:
         reader = reader.option("job", job)
@@ -117,10 +120,12 @@ def _reduce_pr(key: tuple[Any, ...], batches: Iterable[Any], state: Any) -> Iter
 
     comments, hot = state.get if state.exists else (0, 0)
     oldest, newest = float("inf"), 0.0
-    for b in batches:
-        n = int(b["is_comment"].sum())
-        comments, hot = comments + n, hot + len(b) - n
-        oldest, newest = min(oldest, float(b["ts"].min())), max(newest, float(b["ts"].max()))
+    for b in batches:  # plain lists: a group holds a few rows, and pandas reductions cost more than the loop
+        flags, ts = b["is_comment"].tolist(), b["ts"].tolist()
+        n = sum(flags)
+        comments, hot = comments + n, hot + len(flags) - n
+        if ts:
+            oldest, newest = min(oldest, *ts), max(newest, *ts)
     state.update((comments, hot))
     pr = int(key[0])
     # ts: the newest input that changed the row, oldest_ts: the oldest (creation times, for latency)
@@ -147,7 +152,9 @@ def hot_issues_query(spark: Any, conn: dict[str, str], job: str, issues_subject:
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    reader = (spark.readStream.format("aligned").options(**conn, job=job)
+    from aligner.connectors.spark.common import TASK_RECORDS
+
+    reader = (spark.readStream.format("aligned").options(**conn, job=job, minRecordsPerTask=str(TASK_RECORDS))
               .option("subjects", f"{issues_subject},{comments_subject}"))
     if epochs_per_batch is not None:
         reader = reader.option("maxEpochsPerBatch", str(epochs_per_batch))
@@ -193,13 +200,22 @@ def _hot_step(window: float, threshold: int, version: int) -> Any:
         issue = int(key[0])
         pr, windows, pending = load(state)
         out: list[dict[str, Any]] = []
-        frame = pd.concat(list(frames))
-        for row in frame[frame["is_issue"]].itertuples():
-            pr = int(row.pr)
+        # Plain lists, not pandas operations per group: a group holds a few rows, and concat, masks and a sort
+        # cost milliseconds each (the demo's micro-batch spent most of its Python time there).
+        issue_prs, comments = [], []
+        for f in frames:
+            for is_issue, cid, cpr, et, ts in zip(f["is_issue"].tolist(), f["id"].tolist(), f["pr"].tolist(),
+                                                   f["et"].tolist(), f["ts"].tolist(), strict=True):
+                if is_issue:
+                    issue_prs.append(cpr)
+                else:
+                    comments.append((int(cid), et, ts))
+        for cpr in issue_prs:
+            pr = int(cpr)
             out += [{**hot, "pr": pr} for hot in pending]
             pending = []
-        for row in frame[~frame["is_issue"]].sort_values("id").itertuples():
-            w = int(row.et // window)
+        for cid, et, ts in sorted(comments):
+            w = int(et // window)
             last = max(windows) if windows else w
             count = windows.get(w, 0) + 1 if last == w else 1
             if version == 1:
@@ -207,7 +223,7 @@ def _hot_step(window: float, threshold: int, version: int) -> Any:
             else:
                 windows[w] = count
             if count >= threshold:
-                hot = {"comment": int(row.id), "issue": issue, "window": w, "count": count, "ts": float(row.ts)}
+                hot = {"comment": cid, "issue": issue, "window": w, "count": count, "ts": float(ts)}
                 if pr >= 0:
                     out.append({**hot, "pr": pr})
                 else:

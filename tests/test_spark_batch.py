@@ -53,6 +53,10 @@ def test_batch_read_of_a_span_equals_the_exact_reader(spark, stack, root, ledger
     rows = df.collect()
     got = sorted((r.epoch, r.partition, r.offset, bytes(r.key), bytes(r.value)) for r in rows)
     assert got == expected and len(got) == 200
+    packed = (spark.read.format("aligned").options(**_opts(stack, root, subject_name)).option("epochs", "1:5")
+              .option("minRecordsPerTask", "10000").load())
+    assert packed.rdd.getNumPartitions() == 1  # three small partitions read by one task
+    assert sorted((r.epoch, r.partition, r.offset, bytes(r.key), bytes(r.value)) for r in packed.collect()) == got
     for r in rows:
         assert r.n == json.loads(r.value)["n"] and r.word == json.loads(r.value)["word"]
         assert r.timestamp is not None

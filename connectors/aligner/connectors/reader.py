@@ -231,6 +231,7 @@ class _Progress:
             return
         gap, self.checked = now - self.checked, now
         crawl = crawling(self.polls, self.empty_polls, self.records, gap, self.lag)
+        fetched = self.records > 0  # the broker answers fetches, whether or not the probe gets through
         self.polls = self.empty_polls = self.records = 0
         self.lag = self.end - self.next
         self.crawl_since = (self.crawl_since or now) if crawl else None
@@ -241,16 +242,18 @@ class _Progress:
         if marks is not None and marks[0] > self.next:
             raise DataLossError(f"{self.topic}[{self.partition}]: committed epochs need offset {self.next} but the "
                                 f"log now starts at {marks[0]}")
+        # The probe queues behind the consumer's fetch on its connection: once the wait passes its timeout, a crawl's
+        # records are the evidence that the broker answers.
+        answered = marks is not None or fetched
         raised = None
-        if (marks is not None and now - self.assigned >= escalate_after(self.wait_ms)
-                and self.wait_ms < MAX_WAIT):
+        if answered and now - self.assigned >= escalate_after(self.wait_ms) and self.wait_ms < MAX_WAIT:
             raised = self.fetching.slower()
             self.consumer = self.fetching.consumer
             self.consumer.assign([TopicPartition(self.topic, self.partition, self.next)])
             self.assigned = now
             self.crawl_since = None
         wanted = f"wants offsets up to {self.end}, log end {'?' if marks is None else marks[1]}"
-        cause = stall_cause(marks is not None, self.wait_ms if raised is None else raised // 4, raised)
+        cause = stall_cause(answered, self.wait_ms if raised is None else raised // 4, raised)
         self.stall.report(self.next, wanted, cause + (f"; last fetch error: {self.error}" if self.error else ""))
 
 

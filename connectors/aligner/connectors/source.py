@@ -471,13 +471,16 @@ class SubjectSource:
             lagging += [part] if waiting else []
             self._stalls[key] = (stall, part.pos)
         starving = bool(lagging) and crawling(self._polls, self._empty_polls, self._records, gap, self._lag)
+        fetched = self._records > 0  # the broker answers fetches, whether or not the probe gets through
         self._polls = self._empty_polls = self._records = 0
         self._lag = sum(self._lag_of(p) for p in lagging)
         self._starving_since = (self._starving_since or now) if starving else None
         slow = max(idle, 0.0 if self._starving_since is None else now - self._starving_since) >= escalate_after(wait)
         if not (stuck or slow):
             return
-        answered = probe(self._consumer, lagging[0].topic, lagging[0].partition) is not None
+        # The probe queues behind the consumer's fetch on its connection: once the wait passes its timeout, a crawl's
+        # records are the evidence that the broker answers.
+        answered = fetched or probe(self._consumer, lagging[0].topic, lagging[0].partition) is not None
         raised = None
         if answered and slow and now - self._assigned >= escalate_after(wait) and wait < MAX_FETCH_WAIT_MS:
             raised = self._reopen()

@@ -12,9 +12,11 @@ The epochs are resolved in ZooKeeper while Spark plans the query, so an unknown 
 that is not committed or an epoch whose first offset the log no longer holds fails before any
 task runs. A committed epoch never changes, so the same options return the same rows forever.
 
-Planning makes one Spark input partition per Kafka partition that holds records in the span; each
-task assigns (never subscribes) a consumer to its partition, reads the span's offset ranges and keeps
-only records whose stamp is the attempt ZooKeeper committed for their epoch.
+Planning makes one Spark input partition per Kafka partition that holds records in the span (with
+``minRecordsPerTask`` = N, partitions of fewer than N offsets share tasks: a task costs Spark about 0.1 s
+before its first record, see ``TASK_RECORDS``); a task assigns (never subscribes) a consumer to each of its
+partitions in turn, reads the span's offset ranges and keeps only records whose stamp is the attempt
+ZooKeeper committed for their epoch.
 
 Columns: the subject's registered fields, parsed from JSON values (only for ``value_format`` json;
 values that do not parse become nulls), then ``key`` and ``value`` (binary), ``partition``,
@@ -40,13 +42,14 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from aligner.connectors.spark.common import (
-    AlignedPartition,
     Connection,
     batch_epochs,
     float_option,
+    int_option,
     ledger_for,
+    pack,
     plan_partitions,
-    read_aligned_partition,
+    read_input,
     read_schema,
 )
 
@@ -87,6 +90,7 @@ class AlignedBatchReader(DataSourceReader):
         self.options = dict(options)
         self.schema = schema
         self.stall_timeout = float_option(options, "stallTimeout", 30.0)
+        self.task_records = int_option(options, "minRecordsPerTask", 0) or 0
 
     def partitions(self) -> Sequence[InputPartition]:
         ledger = ledger_for(self.conn.zk, self.conn.root)
@@ -94,8 +98,7 @@ class AlignedBatchReader(DataSourceReader):
         epochs = batch_epochs(self.options, ledger, subject.name)
         parts = plan_partitions(ledger, self.conn.kafka, subject, epochs, self.stall_timeout)
         # Spark wants at least one partition; an all-empty span reads nothing.
-        return parts or [InputPartition(None)]
+        return pack(parts, self.task_records) or [InputPartition(None)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if isinstance(partition, AlignedPartition):
-            yield from read_aligned_partition(partition, self.schema)
+        yield from read_input(partition, self.schema)

@@ -25,7 +25,9 @@ end with a ``subject`` column; field columns are the union of the subjects' regi
 where a row's subject does not register one). Lineage records one node per subject the batch covers.
 
 Each batch is planned like a batch read (:func:`aligner.connectors.spark.common.plan_partitions`): one input
-partition per (subject,) Kafka partition with records in the batch's epochs, stamps filtered.
+partition per (subject,) Kafka partition with records in the batch's epochs, stamps filtered; with
+``minRecordsPerTask`` = N, partitions of fewer than N offsets share tasks
+(:func:`aligner.connectors.spark.common.pack`).
 
 Lineage: every read task of micro-batch B of query Q creates-if-absent
 ``{root}/spark/queries/{Q}/batches/{B:012d}/{subject}`` = the epochs [first, last] it covers
@@ -57,8 +59,9 @@ from aligner.connectors.spark.common import (
     int_option,
     ledger_for,
     opt,
+    pack,
     plan_partitions,
-    read_aligned_partition,
+    read_input,
 )
 from aligner.connectors.spark.job import JobPlanner
 from aligner.errors import AlignerError
@@ -95,6 +98,7 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.per_batch = cap if cap is not None else int_option(options, "epochsPerBatch", None, minimum=1)
         """At most this many epochs per micro-batch; None: every committed epoch available (keeps up)."""
         self.stall_timeout = float_option(options, "stallTimeout", 30.0)
+        self.task_records = int_option(options, "minRecordsPerTask", 0) or 0
         self._target: dict[str, int] | None = None
         self.job = opt(options, "job") or None
         """Run as this registered aligned job (:mod:`aligner.connectors.spark.job`)."""
@@ -187,7 +191,7 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         job_span = None
         if self.job is not None and _job_of(end) is not None and end.get("first") is not None:
             job_span = (int(end["first"]), int(end["job"]) - 1)
-        parts: list[InputPartition] = []
+        parts: list[AlignedPartition] = []
         for s in self._subjects:
             first, stop = firsts[s], stops[s]
             if stop <= first:
@@ -196,11 +200,10 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             parts += plan_partitions(ledger, self.conn.kafka, subject, range(first, stop), self.stall_timeout,
                                      zk=self.conn.zk, lineage=True, subject_column=bool(self.conn.subjects),
                                      job_span=job_span)
-        return parts
+        return pack(parts, self.task_records)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if isinstance(partition, AlignedPartition):
-            yield from read_aligned_partition(partition, self.schema)
+        yield from read_input(partition, self.schema)
 
     def commit(self, end: dict) -> None:
         pass
