@@ -348,7 +348,9 @@ class FetchingConsumer:
     def slower(self) -> int:
         """Replace the consumer by one with a longer wait (the same at the cap: fresh connections);
         returns the new wait. The caller assigns the new consumer."""
-        self.wait_ms = min(MAX_FETCH_WAIT_MS, self.wait_ms * 4)
+        before, self.wait_ms = self.wait_ms, min(MAX_FETCH_WAIT_MS, self.wait_ms * 4)
+        log.info("fetches from %s came back short: fetch wait raised from %d to %d ms", self.bootstrap, before,
+                 self.wait_ms)
         _learned[self.bootstrap] = max(_learned.get(self.bootstrap, 0), self.wait_ms)
         old, self.consumer = self.consumer, Consumer(consumer_config(self.bootstrap, self.extra, self.wait_ms))
         self.reopened += 1

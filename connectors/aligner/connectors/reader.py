@@ -206,9 +206,10 @@ class _Progress:
         self.checked = self.assigned = time.monotonic()
         self.error = ""
         self.polls = self.empty_polls = self.records = 0
-        """Since the last check, for the crawl rule (:func:`aligner.connectors.watchdog.crawling`)."""
+        """In the current crawl window, for the crawl rule (:func:`aligner.connectors.watchdog.crawling`): the
+        window is judged whole once it lasts the wait's escalation delay (a crawl's rate swings per second)."""
         self.lag = end - start
-        self.crawl_since: float | None = None
+        self.window = self.checked
 
     def polled(self, batch: list[Message]) -> None:
         self.polls += 1
@@ -223,20 +224,23 @@ class _Progress:
     def wait_ms(self) -> int:
         return self.fetching.wait_ms
 
+    def _new_window(self, now: float) -> None:
+        self.polls = self.empty_polls = self.records = 0
+        self.window, self.lag = now, self.end - self.next
+
     def check(self) -> None:
         """Once a second: real evidence of loss raises; while stuck or crawling, a broker that answers gets a
         longer fetch wait, and a stall is reported."""
         now = time.monotonic()
         if now - self.checked < 1.0:
             return
-        gap, self.checked = now - self.checked, now
-        crawl = crawling(self.polls, self.empty_polls, self.records, gap, self.lag)
+        self.checked = now
         fetched = self.records > 0  # the broker answers fetches, whether or not the probe gets through
-        self.polls = self.empty_polls = self.records = 0
-        self.lag = self.end - self.next
-        self.crawl_since = (self.crawl_since or now) if crawl else None
-        slow = max(self.stall.idle(), 0.0 if self.crawl_since is None else now - self.crawl_since)
-        if slow < min(self.stall.warn_after, escalate_after(self.wait_ms or 500)):
+        crawl = False
+        if now - self.window >= escalate_after(self.wait_ms):
+            crawl = crawling(self.polls, self.empty_polls, self.records, now - self.window, self.lag)
+            self._new_window(now)
+        if not crawl and self.stall.idle() < min(self.stall.warn_after, escalate_after(self.wait_ms or 500)):
             return
         marks = probe(self.consumer, self.topic, self.partition)
         if marks is not None and marks[0] > self.next:
@@ -251,7 +255,7 @@ class _Progress:
             self.consumer = self.fetching.consumer
             self.consumer.assign([TopicPartition(self.topic, self.partition, self.next)])
             self.assigned = now
-            self.crawl_since = None
+            self._new_window(now)
         wanted = f"wants offsets up to {self.end}, log end {'?' if marks is None else marks[1]}"
         cause = stall_cause(answered, self.wait_ms if raised is None else raised // 4, raised)
         self.stall.report(self.next, wanted, cause + (f"; last fetch error: {self.error}" if self.error else ""))

@@ -29,13 +29,19 @@ CRAWL_RECORDS_PER_S = 1000
 short by the broker (a crawl): its fetch wait is raised as for a stall."""
 
 
+SHORT_POLL_RECORDS = 100
+"""Fewer records than this per poll, on average, while a backlog waits: the polls are cut short."""
+
+
 def crawling(polls: int, empty_polls: int, records: int, seconds: float, lag: int) -> bool:
-    """Whether a consumer crawled over the last ``seconds``: most polls came back empty and it got fewer than
+    """Whether a consumer crawled over the last ``seconds``: its polls came back short (most of them empty,
+    or under :data:`SHORT_POLL_RECORDS` records each on average) and it got fewer than
     :data:`CRAWL_RECORDS_PER_S` records a second, and under half of the ``lag`` there was to read when the
-    interval began (a slow input read as it comes, or a busy machine's slow polls, is no crawl). The embedded
-    broker answers a short fetch wait on a partition of many batches with a batch or two per fetch, which never
-    looks like a stall: the source and the reader both raise their wait on this rule."""
-    return 2 * empty_polls >= max(1, polls) and records < min(CRAWL_RECORDS_PER_S * seconds, lag / 2)
+    interval began (a slow input read as it comes, or a busy machine's few full polls, is no crawl). The
+    embedded broker answers a short fetch wait on a partition of many batches with a batch or two per fetch,
+    which never looks like a stall: the source and the reader both raise their wait on this rule."""
+    short = 2 * empty_polls >= max(1, polls) or records < SHORT_POLL_RECORDS * polls
+    return short and records < min(CRAWL_RECORDS_PER_S * seconds, lag / 2)
 
 
 class Stall:
