@@ -29,7 +29,7 @@ from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack, StackInfo, free_
 from aligner.errors import StoppedError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
-from aligner.models import JobNode
+from aligner.models import JobNode, SubjectNode
 from aligner.session import OutageLimit
 from tests.conftest import ROOT, run_cli
 
@@ -54,7 +54,7 @@ def _produce(bootstrap: str, topic: str, values: list[tuple[int, bytes]]) -> Non
 def world(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     tag = uuid.uuid4().hex[:8]
     root = f"/aligner-errors-{tag}"
-    names = {k: f"{k}-{tag}" for k in ("js", "out", "je", "bad", "cl", "jb")}
+    names = {k: f"{k}-{tag}" for k in ("js", "out", "je", "bad", "cl", "jb", "nt")}
     names["closed"] = str(free_port())  # nothing listens there
     home = tmp_path_factory.mktemp("home")
     env = {**os.environ, "ALIGNER_ZK": stack.zk, "ALIGNER_KAFKA": stack.kafka, "ALIGNER_ROOT": root,
@@ -73,6 +73,8 @@ def world(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         finally:
             marker.close()
         create_subject(led, stack.kafka, names["out"], 1)
+        led.register_subject(SubjectNode(name=names["nt"], topic=names["nt"], partitions=1))  # no topic: as after
+        # an embedded broker's restart (topics in memory) under a kept ZooKeeper
         JobLedger(led).register(JobNode(job=names["jb"], inputs=(js,), output=names["out"], parallelism=1))
         for subject in ("je", "bad"):
             create_subject(led, stack.kafka, names[subject], 1)
@@ -187,6 +189,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
      "cannot reach Kafka at 127.0.0.1:"),
     ("kafka-closed-port-markers", ["--kafka", "127.0.0.1:{closed}", "markers", "{js}", "--count", "1"], 1,
      "cannot reach Kafka at 127.0.0.1:"),
+    ("subject-whose-topic-is-gone", ["markers", "{nt}", "--count", "1"], 1,
+     "topic '{nt}' has no partition 0 on the broker"),
     ("kafka-bad-address", ["--kafka", "127.0.0.1:port", "read", "{js}", "--epoch", "0"], 1, "invalid Kafka address"),
 ]
 

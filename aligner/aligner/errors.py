@@ -70,6 +70,18 @@ class LedgerRollbackError(AlignerError):
     committed transactions. Nothing is written on such a ledger."""
 
 
+class TopicMissingError(AlignerError):
+    """A subject's topic (or one of its partitions) is not on the broker while the ledger names it."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        super().__init__(
+            f"topic {topic!r} has no partition {partition} on the broker: it was deleted, or the broker lost its "
+            f"topics while ZooKeeper kept the ledger (the embedded broker keeps them in memory); recreate the topic "
+            f"with the subject's partition count, or start on a fresh --root"
+        )
+        self.topic, self.partition = topic, partition
+
+
 class DataLossError(AlignerError):
     """Kafka no longer holds offsets that a committed epoch names (e.g. the broker lost its log)."""
 

@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -620,7 +621,10 @@ def interrupts_unwind(run: Run) -> Iterator[None]:
 @contextlib.contextmanager
 def run_stack(run: Run) -> Iterator[Run]:
     """The run's embedded stack (an ensemble with ``run.zk_servers`` > 1) and ledger, under the first-signal
-    unwinding; every process the run started, and the stack, are stopped on every path."""
+    unwinding; every process the run started, and the stack, are stopped on every path. A previous run's
+    directory is cleared first: its ZooKeeper data would outlive the embedded broker's topics (kept in
+    memory), and its workers would find subjects without topics (a soak rerun in its default directory did)."""
+    shutil.rmtree(run.outdir, ignore_errors=True)
     run.outdir.mkdir(parents=True, exist_ok=True)
     stack = EmbeddedStack(workdir=run.outdir / "stack", zk_servers=run.zk_servers)
     run.ensemble = stack.ensemble

@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from aligner.connectors.watchdog import Stall
-from aligner.errors import AlignerError, StoppedError, UnreachableError
+from aligner.errors import AlignerError, StoppedError, TopicMissingError, UnreachableError
 from aligner.settings import kafka_properties
 
 log = logging.getLogger("aligner.kafka")
@@ -40,6 +40,13 @@ QUIET: dict[str, Any] = {"logger": LIBRDKAFKA_LOG}
 UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
                          KafkaError._RESOLVE, KafkaError._WAIT_COORD})
 """librdkafka error codes that mean the broker did not answer (not that it refused the request)."""
+
+UNKNOWN_TOPIC = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART})
+"""Error codes of a broker that answered without the topic or partition asked for."""
+
+UNKNOWN_TOPIC_WAIT = 5.0
+"""Seconds a partition the broker does not know is asked for again before TopicMissingError: a new topic's
+metadata reaches every broker within a second or two."""
 
 
 PROTOCOL = frozenset({"bootstrap.servers", "transactional.id", "group.id", "enable.auto.commit",
@@ -189,8 +196,13 @@ def listed_ends(consumer: Consumer, topic: str, partitions: Sequence[int], timeo
 
     Each unanswered call is a new request, so the time a call waits doubles up to :data:`LIST_SLICE_MAX`:
     a broker that takes 0.6 s to answer (a partition of many batches on the embedded broker, a starved
-    machine) is heard on the next call, not asked again every half second forever."""
-    deadline = time.monotonic() + timeout
+    machine) is heard on the next call, not asked again every half second forever.
+
+    A partition the broker does not know is asked for again for :data:`UNKNOWN_TOPIC_WAIT` seconds (a
+    topic just created), then TopicMissingError: an answering broker without the topic is no outage, and a
+    worker whose ledger outlived the broker's topics would otherwise die of the raw KafkaException."""
+    started = time.monotonic()
+    deadline = started + timeout
     out: dict[int, int] = {}
     for p in partitions:
         wait = 0.5
@@ -201,7 +213,11 @@ def listed_ends(consumer: Consumer, topic: str, partitions: Sequence[int], timeo
                 break
             except KafkaException as exc:
                 err = _error(exc)
-                if not (retriable(exc) or (err is not None and err.code() == KafkaError._TIMED_OUT_QUEUE)):
+                if err is not None and err.code() in UNKNOWN_TOPIC:
+                    if time.monotonic() - started >= min(timeout, UNKNOWN_TOPIC_WAIT):
+                        raise TopicMissingError(topic, p) from None
+                    (stop or threading.Event()).wait(0.2)  # answered at once: not a busy loop
+                elif not (retriable(exc) or (err is not None and err.code() == KafkaError._TIMED_OUT_QUEUE)):
                     raise
             wait = min(LIST_SLICE_MAX, wait * 2, max(0.1, deadline - time.monotonic()))
             if stop is not None and stop.is_set():

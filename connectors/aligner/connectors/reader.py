@@ -30,7 +30,7 @@ from confluent_kafka import KafkaError, Message, TopicPartition
 
 from aligner.connectors.kafka import MAX_FETCH_WAIT_MS as MAX_WAIT
 from aligner.connectors.kafka import FetchingConsumer, end_offsets, escalate_after, probe, stall_cause
-from aligner.connectors.watchdog import Stall, crawling
+from aligner.connectors.watchdog import CrawlWindow, Stall
 from aligner.epochs import CommittedEpoch, Slice, check_retention
 from aligner.errors import DataLossError, UndecodableRecordError
 from aligner.ledger import Ledger
@@ -205,28 +205,18 @@ class _Progress:
         self.stall = Stall("reader", topic, partition, warn_after=stall_timeout)
         self.checked = self.assigned = time.monotonic()
         self.error = ""
-        self.polls = self.empty_polls = self.records = 0
-        """In the current crawl window, for the crawl rule (:func:`aligner.connectors.watchdog.crawling`): the
-        window is judged whole once it lasts the wait's escalation delay (a crawl's rate swings per second)."""
-        self.lag = end - start
-        self.window = self.checked
+        self.crawl = CrawlWindow(self.checked, end - start)
 
     def polled(self, batch: list[Message]) -> None:
-        self.polls += 1
+        self.crawl.polled(len(batch))
         if batch:
-            self.records += len(batch)
             self.stall.moved()
         else:
-            self.empty_polls += 1
             self.stall.polled_empty()
 
     @property
     def wait_ms(self) -> int:
         return self.fetching.wait_ms
-
-    def _new_window(self, now: float) -> None:
-        self.polls = self.empty_polls = self.records = 0
-        self.window, self.lag = now, self.end - self.next
 
     def check(self) -> None:
         """Once a second: real evidence of loss raises; while stuck or crawling, a broker that answers gets a
@@ -235,11 +225,10 @@ class _Progress:
         if now - self.checked < 1.0:
             return
         self.checked = now
-        fetched = self.records > 0  # the broker answers fetches, whether or not the probe gets through
+        fetched = self.crawl.records > 0  # the broker answers fetches, whether or not the probe gets through
         crawl = False
-        if now - self.window >= escalate_after(self.wait_ms):
-            crawl = crawling(self.polls, self.empty_polls, self.records, now - self.window, self.lag)
-            self._new_window(now)
+        if self.crawl.due(now, escalate_after(self.wait_ms)):
+            crawl = self.crawl.judge(now, self.end - self.next)
         if not crawl and self.stall.idle() < min(self.stall.warn_after, escalate_after(self.wait_ms or 500)):
             return
         marks = probe(self.consumer, self.topic, self.partition)
@@ -255,7 +244,7 @@ class _Progress:
             self.consumer = self.fetching.consumer
             self.consumer.assign([TopicPartition(self.topic, self.partition, self.next)])
             self.assigned = now
-            self._new_window(now)
+            self.crawl.restart(now, self.end - self.next)
         wanted = f"wants offsets up to {self.end}, log end {'?' if marks is None else marks[1]}"
         cause = stall_cause(answered, self.wait_ms if raised is None else raised // 4, raised)
         self.stall.report(self.next, wanted, cause + (f"; last fetch error: {self.error}" if self.error else ""))

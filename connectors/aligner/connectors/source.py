@@ -33,7 +33,7 @@ from aligner.connectors.kafka import (
     probe,
     stall_cause,
 )
-from aligner.connectors.watchdog import Stall, crawling
+from aligner.connectors.watchdog import CrawlWindow, Stall
 from aligner.epochs import CommittedEpoch, check_retention
 from aligner.errors import DataLossError, EpochNotCommittedError
 from aligner.ledger import Ledger
@@ -135,14 +135,8 @@ class SubjectSource:
         self._consumer = self._fetching.consumer
         self._stalls: dict[tuple[str, int], tuple[Stall, int | None]] = {}
         self._watched = self._assigned = time.monotonic()
-        self._polls = self._empty_polls = self._records = 0
-        """Polls of a readable source in the current crawl window, those that fetched no record, and records."""
-        self._lag = 0
-        """Records the lagging partitions had to read when the window began."""
-        self._window = self._watched
-        """When the crawl window began: it is judged whole once it lasts the wait's escalation delay, since a
-        crawl's rate swings from one second to the next (1 to 3,000 records at a 40 ms wait on the embedded
-        broker), and a judgement per second kept starting over."""
+        self._crawl = CrawlWindow(self._watched)
+        """Polls of a readable source, for the crawl rule; lag is what the lagging partitions had to read."""
         self.inputs: dict[str, _Input] = {}
         self.parts: dict[tuple[str, int], _Part] = {}
         self._by_topic: dict[tuple[str, int], _Part] = {}
@@ -298,9 +292,7 @@ class SubjectSource:
                 else:
                     errors += sum(messages[k].error() is not None for k in range(i, j))
                 i = j
-            self._polls += 1
-            self._empty_polls += errors == n
-            self._records += n - errors
+            self._crawl.polled(n - errors)
         self._settle(touched)
         self._watch()
         return out
@@ -455,7 +447,7 @@ class SubjectSource:
         if gap > 3.0:  # not polled meanwhile (the worker was busy elsewhere): a stall counts from now
             for stall, _seen in self._stalls.values():
                 stall.moved()
-            self._new_window(now, 0)
+            self._crawl.restart(now, 0)
         wait = self._fetching.wait_ms
         stuck: list[tuple[_Part, Stall]] = []
         lagging: list[_Part] = []
@@ -471,12 +463,10 @@ class SubjectSource:
                     stuck.append((part, stall))
             lagging += [part] if waiting else []
             self._stalls[key] = (stall, part.pos)
-        fetched = self._records > 0  # the broker answers fetches, whether or not the probe gets through
+        fetched = self._crawl.records > 0  # the broker answers fetches, whether or not the probe gets through
         starving = False
-        if now - self._window >= escalate_after(wait):
-            starving = bool(lagging) and crawling(self._polls, self._empty_polls, self._records, now - self._window,
-                                                  self._lag)
-            self._new_window(now, sum(self._lag_of(p) for p in lagging))
+        if self._crawl.due(now, escalate_after(wait)):
+            starving = self._crawl.judge(now, sum(self._lag_of(p) for p in lagging)) and bool(lagging)
         slow = starving or idle >= escalate_after(wait)
         if not (stuck or slow):
             return
@@ -486,14 +476,10 @@ class SubjectSource:
         raised = None
         if answered and slow and now - self._assigned >= escalate_after(wait) and wait < MAX_FETCH_WAIT_MS:
             raised = self._reopen()
-            self._new_window(now, self._lag)
+            self._crawl.restart(now, self._crawl.lag)
         for part, stall in stuck:
             stall.report(part.pos, f"wants offsets up to {part.bound if part.bound < UNBOUNDED else 'the end'}",
                          stall_cause(answered, wait, raised))
-
-    def _new_window(self, now: float, lag: int) -> None:
-        self._polls = self._empty_polls = self._records = 0
-        self._window, self._lag = now, lag
 
     def stalled(self) -> dict[str, tuple[float, str]]:
         """Partitions reported stalled now: "topic[partition]" -> (seconds without progress, cause)."""

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, NoReturn
 
 import typer
+from confluent_kafka import KafkaException
 from typer._click import exceptions as click_errors  # typer vendors click: its exceptions are these
 
 from aligner.connectors.runtime import JobFunction, JobSpec, JobWorker, one_line, settle_heap
@@ -201,6 +202,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
         sys.exit(2)
     except (AlignerError, ValueError) as exc:
         print(f"aligner-worker: error: {one_line(exc)}", file=sys.stderr)
+        sys.exit(1)
+    except KafkaException as exc:  # a refusal, not an outage (those are waited out): one line, not a traceback
+        print(f"aligner-worker: error: Kafka refused: {one_line(exc)}", file=sys.stderr)
         sys.exit(1)
     sys.exit(0)
 
