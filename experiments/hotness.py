@@ -230,7 +230,8 @@ def _hot_step(window: float, threshold: int, version: int) -> Any:
                     pending.append(hot)
         if windows or pr >= 0:
             save(state, pr, windows or {0: 0}, pending)
-        yield pd.DataFrame({"key": [str(h["pr"]) for h in out],
-                            "value": [json.dumps({**h, "v": version}) for h in out]})
+        if out:  # most groups emit nothing: no empty frame for Spark to convert and concatenate
+            yield pd.DataFrame({"key": [str(h["pr"]) for h in out],
+                                "value": [json.dumps({**h, "v": version}) for h in out]})
 
     return step
