@@ -466,7 +466,8 @@ class SubjectSource:
         fetched = self._crawl.records > 0  # the broker answers fetches, whether or not the probe gets through
         starving = False
         if self._crawl.due(now, escalate_after(wait)):
-            starving = self._crawl.judge(now, sum(self._lag_of(p) for p in lagging)) and bool(lagging)
+            crawled = self._crawl.judge(now, sum(self._lag_of(p) for p in lagging))  # also starts the next window
+            starving = crawled and bool(lagging)
         slow = starving or idle >= escalate_after(wait)
         if not (stuck or slow):
             return
