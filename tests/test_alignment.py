@@ -16,7 +16,7 @@ from aligner.errors import AlignerError, AlignmentSplitError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.lineage import flatten, job_epoch_lineage
-from aligner.models import AlignmentDecision, DecisionPhase
+from aligner.models import AlignmentDecision, DecisionPhase, Span
 from tests.jobs import tag_v1
 from tests.streams import assert_exactly_once, read_all
 
@@ -411,3 +411,46 @@ def test_a_query_batch_reading_one_of_two_subjects_keeps_the_others_position(sta
     assert jobs.consumers(node.job, a)[0].subject_epoch == 6
     assert jobs.consumers(node.job, b)[0].subject_epoch == 7
     assert jobs.consumers(node.job, b)[0].job_epoch == 2
+
+
+def test_a_coverage_record_that_differs_from_the_workers_own_aborts_the_epoch_and_is_followed(
+        stack, ledger, subject_name, spawn):
+    """A worker of a one-subject job reads an aligned job epoch on its own coverage while the record of it
+    travels to ZooKeeper (no other worker can decide differently). If another record stands after all (here
+    made by hand: one subject epoch where the worker covers two), the epoch is aborted before its Kafka
+    commit and read again on the record that stands: the committed epoch matches it, nothing is lost or
+    duplicated."""
+    raw, x = subject_name, f"{subject_name}-x"
+    _subjects(ledger, stack, raw, x)
+    aligned = threading.Event()
+    gen = spawn.generator(raw, epochs=20, per_epoch=5, pace=0.02, hold=aligned)
+    spec = JobSpec(job=f"{raw}-c", inputs=(raw,), output=x, interval=0.3, epochs_per_checkpoint=2)
+    jobs = JobLedger(ledger)
+    stop = threading.Event()
+    worker = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
+    wait_for(lambda: ledger.frontier(raw) is not None, LIVE, "the input's first epoch")
+
+    def stepped_until(state: State) -> bool:
+        worker.step(stop)
+        return worker.alignment[raw].state is state
+
+    _send(jobs, spec.job, raw, Command(kind="catch_up"))
+    wait_for(lambda: stepped_until(State.READY), LIVE, "the consumer to be Ready")
+    _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.frontier(raw) or 0) + 3,
+                                       job_epoch=worker.sink.next_epoch + 2))
+    wait_for(lambda: stepped_until(State.ALIGNED), LIVE, "the consumer to be Aligned")
+    aligned.set()
+    e = worker.sink.next_epoch
+    start = jobs.job_epoch(spec.job, e - 1).next[raw]
+    wait_for(lambda: (ledger.frontier(raw) or 0) >= start + 1, LIVE, "both subject epochs of the next job epoch")
+    jobs.fix_job_epoch(spec.job, e, {raw: Span(first=start, last=start)}, {raw: start + 1})
+
+    attempt = worker.sink.attempt
+    gen.finished()
+    worker.run(stop)  # the contested attempt is aborted and retried inside run, as a broker failure would be
+    assert worker.sink.attempt > attempt, "the epoch was not aborted"
+    node = jobs.worker_epoch(spec.job, 0, e)
+    assert node.covered == {raw: Span(first=start, last=start)}
+    assert node.offsets[raw] == _ends(ledger, raw, start, [0, 1])
+    assert jobs.worker_epoch(spec.job, 0, e + 1).covered[raw].first == start + 1
+    assert_exactly_once(read_all(ledger, stack.kafka, x), gen.sent)

@@ -135,6 +135,11 @@ class EpochFailedError(AlignerError):
     aborted and can be written again under a new attempt: a transient failure, not a mistake."""
 
 
+class ContestedCoverageError(EpochFailedError):
+    """A job epoch ran on its worker's coverage while the record of it was on its way, and another
+    worker's record stood instead: the epoch is aborted and read again on the record that stands."""
+
+
 class AlignedOptionError(AlignerError):
     """A data source option is missing, malformed or contradicts another."""
 

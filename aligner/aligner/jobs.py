@@ -197,17 +197,19 @@ class JobLedger:
     def fix_job_epoch(self, job: str, epoch: int, covered: Mapping[str, Span | None],
                       nxt: Mapping[str, int]) -> JobEpochNode:
         """Create-if-absent: the first worker's choice of covered subject epochs wins for all."""
+        return self.fix_job_epoch_async(job, epoch, covered, nxt).get()
+
+    def fix_job_epoch_async(self, job: str, epoch: int, covered: Mapping[str, Span | None],
+                            nxt: Mapping[str, int]) -> PendingJobEpoch:
+        """``fix_job_epoch`` with its round trip in flight: ``get()`` gives the record that stands."""
         node = JobEpochNode(epoch=epoch, covered=dict(covered), next=dict(nxt))
-        self.zk.ensure_path(self.layout.job_epochs(job))
         path = self.layout.job_epoch(job, epoch)
-        self.ledger.ensure_bucket(path)
-        try:
-            self.zk.create(path, node.dump())
-            return node
-        except NodeExistsError:
-            existing = self.job_epoch(job, epoch)
-            assert existing is not None
-            return existing
+        try:  # the bucket is looked up once per process; the job's epochs node is made only when it is missing
+            self.ledger.ensure_bucket(path)
+        except NoNodeError:
+            self.zk.ensure_path(self.layout.job_epochs(job))
+            self.ledger.ensure_bucket(path)
+        return PendingJobEpoch(self, job, node, self.ledger.multi_async(Create(path, node.dump())))
 
     def job_epoch_numbers(self, job: str, since: int | None = None) -> list[int]:
         """The job's epochs in order (with ``since``: at least those from ``since`` on)."""
@@ -319,6 +321,23 @@ class JobLedger:
         """The retention loops' leader election (one collects, the others stand by); a pass also holds the
         coordinators' election while it runs, so it never overlaps an alignment or a hot-swap."""
         return self.zk.Election(self.layout.retention_election, identifier)
+
+
+class PendingJobEpoch:
+    """A job epoch's coverage record on its way to ZooKeeper (create-if-absent)."""
+
+    def __init__(self, jobs: JobLedger, job: str, node: JobEpochNode, result: Any) -> None:
+        self.jobs, self.job, self.node, self._result = jobs, job, node, result
+
+    def get(self) -> JobEpochNode:
+        """The record that stands: this one, or the one another worker created first."""
+        results = self._result.get()
+        if isinstance(results[0], NodeExistsError):
+            existing = self.jobs.job_epoch(self.job, self.node.epoch)
+            assert existing is not None
+            return existing
+        raise_failure(results)
+        return self.node
 
 
 class PipelinedReports:

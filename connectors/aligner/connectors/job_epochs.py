@@ -16,8 +16,8 @@ from aligner import coverage
 from aligner.alignment import ConsumerAlignment
 from aligner.connectors.idle import Idle
 from aligner.coverage import Coverage, Next
-from aligner.errors import AlignerError
-from aligner.jobs import JobLedger
+from aligner.errors import AlignerError, ContestedCoverageError
+from aligner.jobs import JobLedger, PendingJobEpoch
 from aligner.ledger import Ledger
 from aligner.models import JobEpochNode, Span
 
@@ -37,6 +37,10 @@ class JobEpochs:
         """The epoch last found never to be decided by the line (warned once)."""
         self._last: JobEpochNode | None = None
         """The job epoch ``covered`` returned last (immutable once recorded): the next epoch starts from it."""
+        self._pending: PendingJobEpoch | None = None
+        """The record of the job epoch ``covered`` returned last while its create is in flight (see ``confirm``)."""
+        self._contested: int | None = None
+        """A job epoch whose record turned out to be another's: its next attempt reads before deciding."""
 
     def covered(self, epoch: int, alignments: Mapping[str, ConsumerAlignment], old_decides: Callable[[int], bool],
                 inputs_finished: Callable[[], bool], stop: threading.Event) -> dict[str, Span | None]:
@@ -45,7 +49,8 @@ class JobEpochs:
         # A version that decides for itself tries its own decision first: recording it is create-if-absent
         # and hands back another worker's earlier record, so the read of that record is needed only when
         # this worker cannot decide yet (one ZooKeeper round trip less per epoch).
-        unread = not old_decides(epoch)
+        unread = not old_decides(epoch) and epoch != self._contested
+        self._pending = None
         while True:
             recorded = None if unread else self.jobs.job_epoch(self.line, epoch)
             follow = recorded is None and old_decides(epoch) and not inputs_finished()
@@ -60,14 +65,41 @@ class JobEpochs:
             if decided.next is Next.DECIDE:
                 assert decided.coverage is not None
                 self.idle.got_input()
-                self._last = self.jobs.fix_job_epoch(self.line, epoch, decided.coverage.covered,
-                                                     decided.coverage.next)
+                pending = self.jobs.fix_job_epoch_async(self.line, epoch, decided.coverage.covered,
+                                                        decided.coverage.next)
+                if self._sure(start, epoch):  # no other record can differ: read on while the create travels
+                    self._pending, self._last = pending, pending.node
+                else:
+                    self._last = pending.get()
                 self._prefetch()
-                return self._last.covered
+                return dict(self._last.covered)
             if unread:  # perhaps another worker already recorded it: read before waiting
                 unread = False
                 continue
             self._wait(epoch, decided.next, start, stop)
+
+    def _sure(self, start: Mapping[str, int] | None, epoch: int) -> bool:
+        """Whether this worker's decision is the only one possible, so the job epoch may run before its record
+        is confirmed. With one input subject it is: every worker starts the epoch at the same subject epoch
+        (the previous record's ``next``, or the alignment's k) and covers exactly the epochs it waits for,
+        whenever it decides. With several, a worker deciding later may take more of a subject that committed
+        meanwhile, so the first record is waited for."""
+        return start is not None and len(start) == 1 and epoch != self._contested
+
+    def confirm(self, epoch: int) -> None:
+        """Before the epoch's Kafka commit: the record created while it ran stands. If another one does (which
+        ``_sure`` rules out, unless the job's versions decide differently), the epoch read the wrong input:
+        :class:`ContestedCoverageError` aborts it, and its next attempt reads the record first."""
+        pending, self._pending = self._pending, None
+        if pending is None or pending.node.epoch != epoch:
+            return
+        stands = pending.get()
+        self._last = stands
+        if stands.covered != pending.node.covered:
+            self._contested = epoch
+            raise ContestedCoverageError(
+                f"job {self.line!r} epoch {epoch}: another worker recorded coverage {stands.covered}, this one read "
+                f"{pending.node.covered}; the epoch is aborted and read again")
 
     def _prefetch(self) -> None:
         """The subject epochs the next two job epochs cover, read while this one runs (when committed): the

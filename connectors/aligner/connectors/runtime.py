@@ -283,6 +283,8 @@ class JobWorker:
         covered = self._run_aligned(epoch, stop) if self.aligned else None
         if covered is None:
             self._run_unaligned(epoch, stop)
+        else:
+            self.epochs.confirm(epoch)  # its coverage record, sent as the epoch began, stands
         node = WorkerEpochNode(epoch=epoch, mode="aligned" if covered is not None else self.spec.mode,
                                offsets=source.offsets(), load_from=source.load_from(), covered=covered,
                                alignment=self.alignment, state_from=self.io.inherited)
