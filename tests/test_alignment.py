@@ -234,6 +234,12 @@ def _ends(ledger: Ledger, subject: str, epoch: int, partitions: list[int]) -> di
     return {p: slices[p].end for p in partitions if p in slices}
 
 
+def _step_into(worker: JobWorker, stop: threading.Event, subject: str, state: State) -> bool:
+    """Run one job epoch; whether the worker's consumer of ``subject`` is now in ``state`` (a wait_for condition)."""
+    worker.step(stop)
+    return worker.alignment[subject].state is state
+
+
 def test_align_arriving_during_the_epoch_before_j_extends_it_to_k(stack, ledger, subject_name, spawn):
     """Align(k, J) accepted while job epoch J - 1 already runs on its timer: that epoch must still end
     exactly at the end of subject epoch k - 1 (however long that takes), or J would start short of k."""
@@ -284,20 +290,16 @@ def test_worker_restarted_while_aligning_ends_its_first_aligned_epoch_on_k(stack
     def send(command: Command) -> None:
         _send(jobs, spec.job, raw, command)
 
-    def stepped_until(state: State) -> bool:
-        worker.step(stop)
-        return worker.alignment[raw].state is state
-
     send(Command(kind="catch_up"))
-    wait_for(lambda: stepped_until(State.READY), LIVE, "the consumer to be Ready")
+    wait_for(lambda: _step_into(worker, stop, raw, State.READY), LIVE, "the consumer to be Ready")
     k, j = (ledger.frontier(raw) or 0) + 3, worker.sink.next_epoch + 6
     send(Command(kind="align", subject_epoch=k, job_epoch=j))
-    wait_for(lambda: stepped_until(State.ALIGNING), LIVE, "the consumer to accept Align")
+    wait_for(lambda: _step_into(worker, stop, raw, State.ALIGNING), LIVE, "the consumer to accept Align")
 
     worker.close()  # a restart: the accepted Align comes back from the committed job epoch
     worker = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
     assert worker.alignment[raw].state is State.ALIGNING
-    wait_for(lambda: stepped_until(State.ALIGNED) and worker.sink.lease.node.committed_epoch >= j, LIVE,
+    wait_for(lambda: _step_into(worker, stop, raw, State.ALIGNED) and worker.sink.lease.node.committed_epoch >= j, LIVE,
              "job epoch J to commit")
 
     node = jobs.worker_epoch(spec.job, 0, j)
@@ -430,15 +432,11 @@ def test_a_coverage_record_that_differs_from_the_workers_own_aborts_the_epoch_an
     worker = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
     wait_for(lambda: ledger.frontier(raw) is not None, LIVE, "the input's first epoch")
 
-    def stepped_until(state: State) -> bool:
-        worker.step(stop)
-        return worker.alignment[raw].state is state
-
     _send(jobs, spec.job, raw, Command(kind="catch_up"))
-    wait_for(lambda: stepped_until(State.READY), LIVE, "the consumer to be Ready")
+    wait_for(lambda: _step_into(worker, stop, raw, State.READY), LIVE, "the consumer to be Ready")
     _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.frontier(raw) or 0) + 3,
                                        job_epoch=worker.sink.next_epoch + 2))
-    wait_for(lambda: stepped_until(State.ALIGNED), LIVE, "the consumer to be Aligned")
+    wait_for(lambda: _step_into(worker, stop, raw, State.ALIGNED), LIVE, "the consumer to be Aligned")
     aligned.set()
     e = worker.sink.next_epoch
     start = jobs.job_epoch(spec.job, e - 1).next[raw]
