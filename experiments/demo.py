@@ -173,6 +173,13 @@ class Query:
         return out
 
 
+QUICK_JVM = {f"spark.{side}.extraJavaOptions": "-XX:TieredStopAtLevel=1" for side in ("driver", "executor")}
+"""The demo's JVMs compile with C1 only. A one-minute run is all JIT warm-up: C2's compiler threads took 22 s
+of CPU (per-thread /proc times, 2026-11-29), a fifth of two cores the queries share with the Faust worker and
+the stack; with C1 only the median micro-batch fell from 1.2-1.4 s to 0.9 s (hot-issues) and from 1.1-1.2 s to
+0.5-0.6 s (the others). A query meant to run for days keeps the default tiered compilation."""
+
+
 def start_session() -> Any:
     """The one Spark application of the demo: local[2], or the cluster of ``ALIGNER_SPARK_MASTER``."""
     from aligner.connectors.spark.session import local_session
@@ -182,7 +189,7 @@ def start_session() -> Any:
     # micro-batch of a few hundred records pays per task, not per record (median micro-batch 2.2-2.3 s with 2, 1.4-1.5
     # with 1, 2026-11-28).
     conf = {"spark.ui.showConsoleProgress": "false", "spark.sql.streaming.noDataMicroBatches.enabled": "false",
-            "spark.sql.shuffle.partitions": "1"}
+            "spark.sql.shuffle.partitions": "1", **QUICK_JVM}
     if master.startswith("spark://"):  # executors in other containers must reach this driver
         conf |= {"spark.driver.host": socket.gethostname(), "spark.driver.bindAddress": "0.0.0.0",
                  # ... and import the jobs' code (experiments.hotness) where this checkout is mounted
