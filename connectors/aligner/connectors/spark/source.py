@@ -51,6 +51,7 @@ from aligner.connectors.spark.common import (
     plan_partitions,
     read_input,
     read_schema,
+    settle_spark_heap,
 )
 
 SHORT_NAME = "aligned"
@@ -64,6 +65,7 @@ class AlignedDataSource(DataSource):
         return SHORT_NAME
 
     def schema(self) -> StructType:
+        settle_spark_heap()  # each method runs in one of Spark's reused Python processes on the driver
         conn = Connection.from_options(self.options, multi=True)  # subjects: streaming reads only
         ledger = ledger_for(conn.zk, conn.root)
         if conn.subjects:
@@ -71,6 +73,7 @@ class AlignedDataSource(DataSource):
         return read_schema(ledger.subject(conn.subject))
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        settle_spark_heap()
         return AlignedBatchReader(self.options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
@@ -79,6 +82,7 @@ class AlignedDataSource(DataSource):
         return AlignedStreamReader(self.options, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        settle_spark_heap()
         from aligner.connectors.spark.writer import AlignedStreamWriter
 
         return AlignedStreamWriter(self.options, schema)

@@ -73,6 +73,7 @@ from aligner.connectors.spark.common import (
     int_option,
     ledger_for,
     opt,
+    settle_spark_heap,
 )
 from aligner.connectors.spark.faults import TaskHang
 from aligner.connectors.spark.job_node import (
@@ -434,6 +435,7 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SlotCommit:
         from pyspark import TaskContext
 
+        settle_spark_heap()
         if not self._planned:  # not pickled: called in the process that built it
             self._plan()
         ctx = TaskContext.get()
@@ -492,6 +494,7 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
     # ---- driver ----
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        settle_spark_heap()
         conn = self.spec.conn
         ledger = ledger_for(conn.zk, conn.root)
         if self.spec.job is not None:
