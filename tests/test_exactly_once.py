@@ -79,6 +79,38 @@ def test_two_sinks_two_producers_with_kills_read_exactly_once(stack, root, ledge
     assert first_a0 <= paused["A"] < EPOCHS and paused["B"] < EPOCHS
 
 
+def test_pipelined_commits_with_kills_read_exactly_once(stack, root, ledger, subject_name, spawn):
+    """``commit(wait=False)``: one producer killed with its ZooKeeper commit on its way, another with an
+    epoch open while the one before it was being committed; every epoch is read exactly once."""
+    create_subject(ledger, stack.kafka, subject_name, 4)
+    common = ["--zk", stack.zk, "--kafka", stack.kafka, "--root", root, "--subject", subject_name,
+              "--until", str(EPOCHS - 1), "--records", str(RECORDS), "--barrier", "2", "--pipelined"]
+
+    def start(i: int, pause: str | None = None) -> Worker:
+        parts = ",".join(str(p) for p in partitions_for(i, 2, 4))
+        extra = ["--pause-at", pause] if pause else []
+        return spawn.worker("tests.workers.sink_worker", *common, "--sink", "P", "--producer", str(i),
+                            "--partitions", parts, *extra)
+
+    workers = {0: start(0, "+4:zk_commit_sent"), 1: start(1, "+7:mid")}
+    for i in (0, 1):
+        workers[i].wait_line(lambda line: line.startswith("paused"))
+        workers[i].kill()
+        workers[i] = start(i)
+        assert "attempt=2" in workers[i].wait_line(lambda line: line.startswith("open"))
+    for w in workers.values():
+        w.finish()
+
+    with EpochReader(ledger, stack.kafka) as reader:
+        for epoch in range(EPOCHS):
+            seen = Counter()
+            for record in reader.read(subject_name, epoch):
+                v = json.loads(record.value)
+                assert v["epoch"] == epoch, f"record of epoch {v['epoch']} read in epoch {epoch}"
+                seen[(v["sink"], v["producer"], v["epoch"], v["j"])] += 1
+            assert seen == _expected(ledger, subject_name, epoch), f"epoch {epoch} not exactly once"
+
+
 def test_empty_epochs_and_aborts(stack, ledger, subject_name):
     create_subject(ledger, stack.kafka, subject_name, 2)
     with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0, 1]) as p, \

@@ -33,7 +33,7 @@ from aligner.acl_policy import CREATOR_ONLY, AclPolicy
 from aligner.errors import StoppedError, UnreachableError
 from aligner.layout import Layout, epoch_name
 from aligner.recipes.claims import Claim, Lease
-from aligner.recipes.commits import Contribution, PendingEpoch
+from aligner.recipes.commits import Contribution, PendingCommit, PendingEpoch
 from aligner.recipes.spark import SparkBatchRecipes
 from aligner.settings import zk_security
 from aligner.zk import RetryingClient
@@ -93,4 +93,4 @@ class Ledger(SparkBatchRecipes):
         self.close()
 
 
-__all__ = ["Claim", "Contribution", "Lease", "Ledger", "PendingEpoch", "epoch_name"]
+__all__ = ["Claim", "Contribution", "Lease", "Ledger", "PendingCommit", "PendingEpoch", "epoch_name"]

@@ -3,7 +3,8 @@
 Each record is {"sink", "producer", "epoch", "j"}: the epoch it was written for, so a test can
 check every record arrives exactly once and in that epoch. ``--pause-at E:POINT`` stops the
 process at POINT of epoch E (``mid``: records flushed, transaction open; or a commit fault point
-such as ``after_kafka_commit``) and waits there to be SIGKILLed.
+such as ``after_kafka_commit``) and waits there to be SIGKILLed. ``--pipelined`` commits with
+``commit(wait=False)`` (its fault point ``zk_commit_sent``: the ZooKeeper commit is on its way).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=50)
     ap.add_argument("--barrier", type=int, default=0, help="start writing once this many producers claimed")
     ap.add_argument("--pause-at", default=None, help="E:POINT, or +N:POINT for this producer's N-th epoch")
+    ap.add_argument("--pipelined", action="store_true", help="commit(wait=False): ZooKeeper beside the next epoch")
     args = ap.parse_args()
     pause_epoch, pause_point = (None, None)
     if args.pause_at:
@@ -66,8 +68,9 @@ def main() -> None:
         if epoch == pause_epoch and pause_point == "mid":
             producer.kp.flush(30)  # the open transaction's records reach the broker
             park(epoch, "mid")
-        producer.commit()
+        producer.commit(wait=not args.pipelined)
         say(f"committed {epoch}")
+    producer.sync()
     producer.close()
     ledger.close()
     say("done")

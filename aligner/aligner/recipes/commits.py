@@ -29,6 +29,18 @@ class PendingEpoch:
 
 
 @dataclass(frozen=True)
+class PendingCommit:
+    """A ``commit_epoch`` whose multi-op is in flight (see ``Ledger.commit_epoch_async``)."""
+
+    epoch: int
+    contributions: Sequence[Contribution]
+    nodes: Sequence[ProducerNode]
+    """Each producer's node as the multi-op writes it."""
+    result: Any
+    """The async result of the multi-op (its ``get()`` retries it on connection loss)."""
+
+
+@dataclass(frozen=True)
 class Contribution:
     """One producer's part of an epoch commit: the attempt that counts and its ranges."""
 
@@ -109,6 +121,24 @@ class CommitRecipes(ClaimRecipes):
         ``extra`` ops commit atomically with it: a job's input offsets, a Spark sink's batch record.
         Returns the new leases, in the order of ``contributions``.
         """
+        ops, nodes = self._commit_ops(epoch, contributions)
+        return self._commit_outcome(epoch, contributions, nodes, self._multi(*ops, *extra))
+
+    def commit_epoch_async(self, epoch: int, contributions: Sequence[Contribution],
+                           extra: Sequence[Op] = ()) -> PendingCommit:
+        """``commit_epoch`` with its multi-op in flight: finish it with :meth:`epoch_committed`.
+
+        A sink that pipelines its commits (``SinkProducer.commit(wait=False)``) sends it after its
+        Kafka commit and waits for it before its next epoch's Kafka commit. Sent from the caller's
+        thread: a thread of its own would wait for the GIL behind the sink's sends at every step."""
+        ops, nodes = self._commit_ops(epoch, contributions)
+        return PendingCommit(epoch, contributions, nodes, self.multi_async(*ops, *extra))
+
+    def epoch_committed(self, pending: PendingCommit) -> list[Lease]:
+        """Wait for a ``commit_epoch_async``; its outcome as ``commit_epoch`` gives it."""
+        return self._commit_outcome(pending.epoch, pending.contributions, pending.nodes, pending.result.get())
+
+    def _commit_ops(self, epoch: int, contributions: Sequence[Contribution]) -> tuple[list[Op], list[ProducerNode]]:
         if not contributions:
             raise AlignerError(f"epoch {epoch}: nothing to commit")
         lay = self.layout
@@ -129,7 +159,10 @@ class CommitRecipes(ClaimRecipes):
             # The fencing check goes first: ZooKeeper reports only the first failing op of a multi.
             ops.append(SetData(lay.producer(lease.subject, n.sink, n.producer), node.dump(), lease.version))
             ops.append(Create(lay.contribution(lease.subject, epoch, lease.writer), contribution.dump()))
-        results = self._multi(*ops, *extra)
+        return ops, nodes
+
+    def _commit_outcome(self, epoch: int, contributions: Sequence[Contribution], nodes: Sequence[ProducerNode],
+                        results: list[object]) -> list[Lease]:
         failed = first_failure(results)
         if failed is None:
             return [Lease(c.lease.subject, node, results[2 * i].version, c.lease.first_epoch)  # type: ignore[attr-defined]
@@ -138,7 +171,7 @@ class CommitRecipes(ClaimRecipes):
             landed = self._landed(contributions, nodes)
             if landed is not None:  # our multi-op landed; its reply was lost to a connection drop
                 return landed
-        if failed < len(ops):
+        if failed < 2 * len(contributions):
             c, result = contributions[failed // 2], results[failed]
             subject, writer = c.lease.subject, c.lease.writer
             if isinstance(result, BadVersionError):

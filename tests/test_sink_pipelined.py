@@ -1,0 +1,122 @@
+"""Pipelined sink commits (``commit(wait=False)``): the ZooKeeper commit of an epoch rides beside the
+next epoch's sends. Readers see what they see with waited-for commits; a ZooKeeper commit that did
+not land aborts the epoch after it too, and the producer resumes from ``next_epoch``.
+Real ZooKeeper and broker; process kills are in tests/test_exactly_once.py."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+from kazoo.exceptions import ConnectionLoss
+
+from aligner.connectors.reader import EpochReader
+from aligner.connectors.sink import SinkProducer
+from aligner.connectors.subjects import create_subject
+from aligner.errors import EpochFailedError
+from aligner.ledger import PendingCommit
+from aligner.stamps import Stamp, stamp_of
+from tests.helpers import raw_records
+
+RECORDS = 25
+
+
+def _write(p: SinkProducer, tag: str) -> tuple[int, list[bytes]]:
+    epoch = p.begin()
+    values = [json.dumps({"epoch": epoch, "j": j, "tag": tag}).encode() for j in range(RECORDS)]
+    for j, v in enumerate(values):
+        p.send(v, key=b"k%d" % j)
+    return epoch, values
+
+
+def _read(ledger, kafka: str, subject: str, first: int, last: int) -> dict[int, Counter]:
+    got: dict[int, Counter] = {e: Counter() for e in range(first, last + 1)}
+    with EpochReader(ledger, kafka) as reader:
+        for r in reader.read(subject, first, last):
+            got[r.epoch][r.value] += 1
+    return got
+
+
+def test_pipelined_epochs_commit_in_order_and_read_exactly_once(stack, ledger, subject_name) -> None:
+    create_subject(ledger, stack.kafka, subject_name, 2)
+    written: dict[int, list[bytes]] = {}
+    with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0, 1]) as p:
+        first = p.next_epoch
+        for n in range(5):
+            epoch, values = _write(p, "a")
+            assert epoch == first + n  # numbered on from the epoch in flight, not from ZooKeeper's last
+            p.commit(wait=False)
+            written[epoch] = values
+        assert p.sync() == first + 4
+        assert p.lease.node.committed_epoch == first + 4
+        epoch, values = _write(p, "waited")  # a waited-for commit after pipelined ones
+        written[epoch] = values
+        assert p.commit().epoch == first + 5
+        epoch, values = _write(p, "last")
+        p.commit(wait=False)
+        written[epoch] = values
+        epoch, _ = _write(p, "aborted")  # abort waits for the commit in flight, which stands
+        p.abort()
+        assert p.next_epoch == epoch and p.attempt == 2
+        assert p.finish() == first + 6  # finish waits for nothing left in flight
+    got = _read(ledger, stack.kafka, subject_name, first, first + 6)
+    assert got == {e: Counter(vs) for e, vs in written.items()}
+
+
+def test_a_zookeeper_commit_that_did_not_land_aborts_the_next_epoch_and_rewinds(stack, ledger, subject_name,
+                                                                                monkeypatch) -> None:
+    """The ledger retries connection loss for ever, so what reaches the sink is a commit that failed for
+    good; here one that never left (its result raises): epoch N's Kafka transaction committed, ZooKeeper
+    does not name it, and N+1 is open when that shows."""
+    create_subject(ledger, stack.kafka, subject_name, 2)
+
+    class Lost:
+        def get(self) -> list[object]:
+            raise ConnectionLoss("injected: the commit multi-op did not land")
+
+    with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0, 1]) as p:
+        base, _ = _write(p, "a")
+        p.commit()
+        real = ledger.commit_epoch_async
+        monkeypatch.setattr(ledger, "commit_epoch_async",
+                            lambda epoch, contributions, extra=(): PendingCommit(
+                                epoch, contributions, ledger._commit_ops(epoch, contributions)[1], Lost()))
+        lost, _ = _write(p, "lost")
+        p.commit(wait=False)
+        monkeypatch.setattr(ledger, "commit_epoch_async", real)
+        following, _ = _write(p, "aborted")
+        with pytest.raises(EpochFailedError, match=f"epoch {lost} .* did not commit in ZooKeeper.*from epoch {lost}"):
+            p.commit(wait=False)
+        assert p.next_epoch == lost and p.attempt == 2
+        rewritten = {}
+        for _ in range(2):
+            epoch, values = _write(p, "again")
+            p.commit(wait=False)
+            rewritten[epoch] = values
+        p.sync()
+        assert sorted(rewritten) == [lost, following]
+    assert _read(ledger, stack.kafka, subject_name, lost, following) == {
+        e: Counter(vs) for e, vs in rewritten.items()}
+    # The broker holds attempt 1 of both: the lost epoch committed in Kafka, the next one aborted there.
+    attempts = Counter((Stamp.decode(stamp_of(m.headers())).epoch, Stamp.decode(stamp_of(m.headers())).attempt)
+                       for m in raw_records(stack.kafka, subject_name, 2))
+    assert attempts[(lost, 1)] == RECORDS and attempts[(lost, 2)] == RECORDS
+    assert attempts[(following, 2)] == RECORDS and attempts[(base, 1)] == RECORDS
+
+
+def test_zookeeper_commits_in_flight_at_close_are_found_by_the_next_incarnation(stack, ledger,
+                                                                                 subject_name) -> None:
+    """Closed (or killed) with a commit on its way: whether it landed is ZooKeeper's to say, and the
+    next incarnation writes on from there."""
+    create_subject(ledger, stack.kafka, subject_name, 1)
+    with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0]) as p:
+        epoch, values = _write(p, "a")
+        p.commit(wait=False)
+    with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0]) as again:
+        landed = again.next_epoch == epoch + 1
+        if not landed:
+            assert again.next_epoch == epoch
+            epoch, values = _write(again, "b")
+            again.commit()
+    assert _read(ledger, stack.kafka, subject_name, epoch, epoch) == {epoch: Counter(values)}
