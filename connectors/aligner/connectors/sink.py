@@ -71,7 +71,8 @@ class _Confirming:
 
     pending: PendingCommit
     written: Mapping[str, Written]
-    started: float
+    blocked: float
+    """Seconds ``commit`` took to return: with the wait for the ZooKeeper reply, the epoch's commit time."""
 
     @property
     def epoch(self) -> int:
@@ -247,10 +248,11 @@ class SinkProducer(StampedProducer):
         contributions = [Contribution(lease, lease.node.incarnation, written[s].ranges, written[s].counts)
                          for s, lease in self._leases.items()]
         if wait:
-            self._confirmed(epoch, self.ledger.commit_epoch(epoch, contributions, extra), written, started)
+            leases = self.ledger.commit_epoch(epoch, contributions, extra)
+            self._confirmed(epoch, leases, written, time.monotonic() - started)
         else:
-            self._confirming = _Confirming(self.ledger.commit_epoch_async(epoch, contributions, extra), written,
-                                           started)
+            pending = self.ledger.commit_epoch_async(epoch, contributions, extra)
+            self._confirming = _Confirming(pending, written, time.monotonic() - started)
             self._epoch = None
             self._fault("zk_commit_sent")
         main = written[self.subject]
@@ -271,13 +273,13 @@ class SinkProducer(StampedProducer):
         pending = self._confirming.pending
         return {c.lease.subject: n.next_offsets for c, n in zip(pending.contributions, pending.nodes, strict=True)}
 
-    def _confirmed(self, epoch: int, leases: list[Lease], written: Mapping[str, Written], started: float) -> None:
+    def _confirmed(self, epoch: int, leases: list[Lease], written: Mapping[str, Written], seconds: float) -> None:
         """ZooKeeper committed ``epoch``: its leases carry the next epoch's versions and offsets."""
         self._leases = dict(zip(self._leases, leases, strict=True))
         if self._epoch == epoch:
             self._epoch = None
         self._fault("after_zk_commit")
-        COMMIT_SECONDS.labels(self.subject, self.sink).observe(time.monotonic() - started)
+        COMMIT_SECONDS.labels(self.subject, self.sink).observe(seconds)
         for s, w in written.items():
             RECORDS_SENT.labels(s, self.sink).inc(w.records)
             EPOCHS_COMMITTED.labels(s, self.sink).inc()
@@ -286,8 +288,10 @@ class SinkProducer(StampedProducer):
     def _settle(self) -> None:
         confirming, self._confirming = self._confirming, None
         if confirming is not None:
-            self._confirmed(confirming.epoch, self.ledger.epoch_committed(confirming.pending), confirming.written,
-                            confirming.started)
+            started = time.monotonic()
+            leases = self.ledger.epoch_committed(confirming.pending)
+            self._confirmed(confirming.epoch, leases, confirming.written,
+                            confirming.blocked + time.monotonic() - started)
 
     def _settle_or_abort(self) -> None:
         """Wait for the ZooKeeper commit in flight. Its Kafka transaction committed, but if ZooKeeper did
