@@ -91,24 +91,14 @@ def raw_run(kp: Producer, topic: str, records: int, headers: list[tuple[str, byt
     return time.perf_counter() - t0
 
 
-def sink_run(p: SinkProducer, records: int) -> float:
+def sink_run(p: SinkProducer, records: int, wait: bool = True) -> float:
+    """``send`` per record; ``wait=False`` pipelines the commits, as a loader that can write epochs again would."""
     t0 = time.perf_counter()
     for start in range(0, records, EPOCH):
         p.begin()
         for i in range(start, min(start + EPOCH, records)):
             p.send(VALUE, partition=i % PARTITIONS)
-        p.commit()
-    return time.perf_counter() - t0
-
-
-def sink_pipelined_run(p: SinkProducer, records: int) -> float:
-    """``send`` per record with pipelined commits, as a loader that can write epochs again would run."""
-    t0 = time.perf_counter()
-    for start in range(0, records, EPOCH):
-        p.begin()
-        for i in range(start, min(start + EPOCH, records)):
-            p.send(VALUE, partition=i % PARTITIONS)
-        p.commit(wait=False)
+        p.commit(wait=wait)
     p.sync()
     return time.perf_counter() - t0
 
@@ -158,7 +148,7 @@ def main() -> None:
                 "raw + stamp + on_delivery": lambda: raw_run(
                     producers["stamp_cb"], topics["stamp_cb"], args.records, stamp, callback=True),
                 "sink": lambda: sink_run(sink, args.records),
-                "sink, pipelined commits": lambda: sink_pipelined_run(pipelined, args.records),
+                "sink, pipelined commits": lambda: sink_run(pipelined, args.records, wait=False),
                 "sink, send_many": lambda: sink_many_run(many, args.records),
             }
             # warm-up: connections, metadata and the first ZooKeeper epoch are not what we measure

@@ -32,6 +32,17 @@ def _expected(ledger, subject: str, epoch: int) -> Counter:
     )
 
 
+def _assert_exactly_once(reader: EpochReader, ledger, subject: str) -> None:
+    """Every record of every epoch read once, in the epoch it was written for, from every expected writer."""
+    for epoch in range(EPOCHS):
+        seen = Counter()
+        for record in reader.read(subject, epoch):
+            v = json.loads(record.value)
+            assert v["epoch"] == epoch, f"record of epoch {v['epoch']} read in epoch {epoch}"
+            seen[(v["sink"], v["producer"], v["epoch"], v["j"])] += 1
+        assert seen == _expected(ledger, subject, epoch), f"epoch {epoch} not exactly once"
+
+
 def test_two_sinks_two_producers_with_kills_read_exactly_once(stack, root, ledger, subject_name, spawn):
     create_subject(ledger, stack.kafka, subject_name, 8)
     common = ["--zk", stack.zk, "--kafka", stack.kafka, "--root", root, "--subject", subject_name,
@@ -58,13 +69,7 @@ def test_two_sinks_two_producers_with_kills_read_exactly_once(stack, root, ledge
         w.finish()
 
     with EpochReader(ledger, stack.kafka) as reader:
-        for epoch in range(EPOCHS):
-            seen = Counter()
-            for record in reader.read(subject_name, epoch):
-                v = json.loads(record.value)
-                assert v["epoch"] == epoch, f"record of epoch {v['epoch']} read in epoch {epoch}"
-                seen[(v["sink"], v["producer"], v["epoch"], v["j"])] += 1
-            assert seen == _expected(ledger, subject_name, epoch), f"epoch {epoch} not exactly once"
+        _assert_exactly_once(reader, ledger, subject_name)
         first_a0 = min(e for e in range(EPOCHS) if "A:0" in ledger.epoch_node(subject_name, e).writers)
 
     # The broker does show the killed attempts' records: the reader dropped them by stamp.
@@ -102,13 +107,7 @@ def test_pipelined_commits_with_kills_read_exactly_once(stack, root, ledger, sub
         w.finish()
 
     with EpochReader(ledger, stack.kafka) as reader:
-        for epoch in range(EPOCHS):
-            seen = Counter()
-            for record in reader.read(subject_name, epoch):
-                v = json.loads(record.value)
-                assert v["epoch"] == epoch, f"record of epoch {v['epoch']} read in epoch {epoch}"
-                seen[(v["sink"], v["producer"], v["epoch"], v["j"])] += 1
-            assert seen == _expected(ledger, subject_name, epoch), f"epoch {epoch} not exactly once"
+        _assert_exactly_once(reader, ledger, subject_name)
 
 
 def test_empty_epochs_and_aborts(stack, ledger, subject_name):
