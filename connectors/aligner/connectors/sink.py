@@ -251,11 +251,12 @@ class SinkProducer(StampedProducer):
                          for s, lease in self._leases.items()]
         if wait:
             leases = self.ledger.commit_epoch(epoch, contributions, extra)
+            self._epoch = None
             self._confirmed(epoch, leases, written, time.monotonic() - started)
         else:
             pending = self.ledger.commit_epoch_async(epoch, contributions, extra)
-            self._confirming = _Confirming(pending, written, time.monotonic() - started)
             self._epoch = None
+            self._confirming = _Confirming(pending, written, time.monotonic() - started)
             self._fault("zk_commit_sent")
         main = written[self.subject]
         return EpochCommit(epoch, attempt, main.ranges, main.records,
@@ -278,8 +279,6 @@ class SinkProducer(StampedProducer):
     def _confirmed(self, epoch: int, leases: list[Lease], written: Mapping[str, Written], seconds: float) -> None:
         """ZooKeeper committed ``epoch``: its leases carry the next epoch's versions and offsets."""
         self._leases = dict(zip(self._leases, leases, strict=True))
-        if self._epoch == epoch:
-            self._epoch = None
         self._fault("after_zk_commit")
         COMMIT_SECONDS.labels(self.subject, self.sink).observe(seconds)
         for s, w in written.items():
@@ -301,7 +300,7 @@ class SinkProducer(StampedProducer):
         confirming = self._confirming
         try:
             self._settle()
-        except BaseException as exc:
+        except Exception as exc:  # not an interrupt: that ends the process, and ZooKeeper says what landed
             self._abort(unnamed=True)  # a new attempt: next_epoch is ZooKeeper's last committed epoch + 1
             if isinstance(exc, TRANSIENT):
                 assert confirming is not None
@@ -363,11 +362,10 @@ class SinkProducer(StampedProducer):
         """Abort the open epoch; it will be written again under a new attempt number. A ZooKeeper commit
         in flight is waited for first; if it failed, its epoch is written again too (from ``next_epoch``)."""
         unnamed = False
-        if self._confirming is not None:
-            try:
-                self._settle()
-            except Exception:
-                unnamed = True
+        try:
+            self._settle()
+        except Exception:
+            unnamed = True
         self._abort(unnamed)
 
     def _abort(self, unnamed: bool) -> None:
