@@ -1,6 +1,7 @@
 """Pipelined sink commits (``commit(wait=False)``): the ZooKeeper commit of an epoch rides beside the
 next epoch's sends. Readers see what they see with waited-for commits; a ZooKeeper commit that did
-not land aborts the epoch after it too, and the producer resumes from ``next_epoch``.
+not land aborts the epoch after it too, and the producer resumes from ``next_epoch``. A pipelined
+commit makes the next epoch's node too, where the producer is its only writer: one round trip per epoch.
 Real ZooKeeper and broker; process kills are in tests/test_exactly_once.py."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from kazoo.exceptions import ConnectionLoss
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
-from aligner.errors import EpochFailedError
+from aligner.errors import EpochFailedError, EpochNotCommittedError
 from aligner.ledger import PendingCommit
 from aligner.stamps import Stamp, stamp_of
 from tests.helpers import raw_records
@@ -80,7 +81,7 @@ def test_a_zookeeper_commit_that_did_not_land_aborts_the_next_epoch_and_rewinds(
         p.commit()
         real = ledger.commit_epoch_async
         monkeypatch.setattr(ledger, "commit_epoch_async",
-                            lambda epoch, contributions, extra=(): PendingCommit(
+                            lambda epoch, contributions, extra=(), writers=None: PendingCommit(
                                 epoch, contributions, ledger._commit_ops(epoch, contributions)[1], Lost()))
         lost, _ = _write(p, "lost")
         p.commit(wait=False)
@@ -120,3 +121,63 @@ def test_zookeeper_commits_in_flight_at_close_are_found_by_the_next_incarnation(
             epoch, values = _write(again, "b")
             again.commit()
     assert _read(ledger, stack.kafka, subject_name, epoch, epoch) == {epoch: Counter(values)}
+
+
+def test_a_pipelined_commit_makes_the_next_epoch_one_round_trip_per_epoch(stack, ledger, subject_name) -> None:
+    create_subject(ledger, stack.kafka, subject_name, 2)
+    written: dict[int, list[bytes]] = {}
+    with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0, 1]) as p:
+        for _ in range(2):  # the writers document read and cached, the first epoch node made
+            epoch, written[epoch] = _write(p, "warm")
+            p.commit(wait=False)
+        first, trips = p.next_epoch, ledger.round_trips
+        for _ in range(5):
+            epoch, written[epoch] = _write(p, "steady")
+            p.commit(wait=False)
+        assert p.sync() == first + 4
+        assert ledger.round_trips - trips == 5  # each epoch's commit multi-op made the node of the epoch after it
+        assert ledger.epoch_node(subject_name, first + 5).writers == (p.lease.writer,)
+        assert p.finish() == first + 4  # the epoch made ahead gets an empty contribution: it commits, empty
+    assert ledger.finished(subject_name) == first + 4 and ledger.is_committed(subject_name, first + 5)
+    got = _read(ledger, stack.kafka, subject_name, min(written), first + 4)
+    assert got == {e: Counter(vs) for e, vs in written.items()}
+
+
+def test_a_writer_joining_under_a_pipelined_commit_gets_the_next_epoch_made_for_both(stack, ledger, subject_name,
+                                                                                     monkeypatch) -> None:
+    """The sink's cached writers document says it writes alone, but another producer joined meanwhile and
+    made the next epoch: the commit with that epoch in it fails whole, lands again without it, and the next
+    epoch is the joiner's, naming both. The sink then knows it no longer writes alone."""
+    create_subject(ledger, stack.kafka, subject_name, 2)
+    written: dict[int, list[bytes]] = {}
+    waited: list[tuple[int, tuple[str, ...]]] = []  # the commits made with a waited-for multi-op
+    real = ledger.commit_epoch
+    monkeypatch.setattr(ledger, "commit_epoch", lambda epoch, contributions, extra=(): waited.append(
+        (epoch, tuple(c.lease.writer for c in contributions))) or real(epoch, contributions, extra))
+    with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0]) as p:
+        epoch, written[epoch] = _write(p, "p")  # its begin cached the writers document: p alone
+        with SinkProducer(ledger, stack.kafka, subject_name, "k", 1, [1]) as q:
+            assert q.next_epoch == epoch + 1  # q joined at the epoch after the last one made
+            p.commit(wait=False)
+            nxt, values = _write(p, "p")
+            q_epoch, q_values = _write(q, "q")
+            assert nxt == q_epoch == epoch + 1
+            q.commit()
+            p.commit(wait=False)
+            written[nxt] = values + q_values
+            both = (p.lease.writer, q.lease.writer)
+            assert ledger.epoch_node(subject_name, nxt).writers == tuple(sorted(both))
+            p.sync()
+            assert p.lease.node.committed_epoch == nxt
+            assert sorted(waited) == [(epoch, (p.lease.writer,)), (nxt, (q.lease.writer,))]  # p's first, made again
+            last, values = _write(p, "p")
+            q_last, q_values = _write(q, "q")
+            assert last == q_last == nxt + 1
+            q.commit()
+            p.commit(wait=False)
+            p.sync()
+            written[last] = values + q_values
+            with pytest.raises(EpochNotCommittedError):  # p made no epoch ahead: it no longer writes alone
+                ledger.epoch_node(subject_name, last + 1)
+    got = _read(ledger, stack.kafka, subject_name, epoch, last)
+    assert got == {e: Counter(vs) for e, vs in written.items()}

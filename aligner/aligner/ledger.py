@@ -12,6 +12,9 @@ Commit protocol (per producer per epoch, two round trips whatever the parallelis
    belong together: a Spark sink's slots (one micro-batch), or a job's output and its changelog
    subject (one Kafka transaction); the caller's own ops (a job's input offsets) ride along.
 
+A writer that pipelines its commits and writes a subject alone makes its next epoch's node in the
+commit multi-op of the epoch before (``commit_epoch_async`` with ``writers``): one round trip per epoch.
+
 An epoch is committed once every expected writer's contribution exists. Writers join by a
 multi-op that updates the writers document and creates the first epoch they write, so no epoch
 can be created with a stale list of writers. There are no locks anywhere.

@@ -1,10 +1,13 @@
 """Epoch commits: round trip 1 makes the epoch node with the expected writers, round trip 2 commits
-every producer's contribution in one multi-op; finishing and closing epochs empty."""
+every producer's contribution in one multi-op; finishing and closing epochs empty.
+
+A pipelined commit (``commit_epoch_async`` with ``ahead``) may also carry round trip 1 of the next
+epoch, for subjects whose only expected writer is the committing producer: one round trip per epoch."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -38,6 +41,9 @@ class PendingCommit:
     """Each producer's node as the multi-op writes it."""
     result: Any
     """The async result of the multi-op (its ``get()`` retries it on connection loss)."""
+    extra: Sequence[Op] = ()
+    ahead: Mapping[str, tuple[WritersNode, int]] = field(default_factory=dict)
+    """Subjects whose epoch ``epoch + 1`` the multi-op creates, with the writers document it checks."""
 
 
 @dataclass(frozen=True)
@@ -101,10 +107,13 @@ class CommitRecipes(ClaimRecipes):
         return self.zk.retry_conflicts(attempt)
 
     def _ensure_multi(self, subject: str, epoch: int, doc: WritersNode, version: int) -> Any:
+        return self.multi_async(*self._ensure_ops(subject, epoch, doc, version))
+
+    def _ensure_ops(self, subject: str, epoch: int, doc: WritersNode, version: int) -> list[Op]:
         lay = self.layout
         node = EpochNode(epoch=epoch, writers=doc.expected(epoch))
         self.ensure_bucket(lay.epoch(subject, epoch))
-        return self.multi_async(Create(lay.epoch(subject, epoch), node.dump()), Check(lay.writers(subject), version))
+        return [Create(lay.epoch(subject, epoch), node.dump()), Check(lay.writers(subject), version)]
 
     def commit(self, lease: Lease, epoch: int, attempt: int | None, ranges: Mapping[int, Range],
                extra: Sequence[Op] = (), counts: Mapping[int, int] | None = None) -> Lease:
@@ -124,19 +133,43 @@ class CommitRecipes(ClaimRecipes):
         ops, nodes = self._commit_ops(epoch, contributions)
         return self._commit_outcome(epoch, contributions, nodes, self._multi(*ops, *extra))
 
-    def commit_epoch_async(self, epoch: int, contributions: Sequence[Contribution],
-                           extra: Sequence[Op] = ()) -> PendingCommit:
+    def commit_epoch_async(self, epoch: int, contributions: Sequence[Contribution], extra: Sequence[Op] = (),
+                           writers: Mapping[str, tuple[WritersNode, int]] | None = None) -> PendingCommit:
         """``commit_epoch`` with its multi-op in flight: finish it with :meth:`epoch_committed`.
 
         A sink that pipelines its commits (``SinkProducer.commit(wait=False)``) sends it after its
         Kafka commit and waits for it before its next epoch's Kafka commit. Sent from the caller's
-        thread: a thread of its own would wait for the GIL behind the sink's sends at every step."""
-        ops, nodes = self._commit_ops(epoch, contributions)
-        return PendingCommit(epoch, contributions, nodes, self.multi_async(*ops, *extra))
+        thread: a thread of its own would wait for the GIL behind the sink's sends at every step.
 
-    def epoch_committed(self, pending: PendingCommit) -> list[Lease]:
-        """Wait for a ``commit_epoch_async``; its outcome as ``commit_epoch`` gives it."""
-        return self._commit_outcome(pending.epoch, pending.contributions, pending.nodes, pending.result.get())
+        With ``writers`` (the documents the caller's ``ensure_epoch`` calls returned), the multi-op also
+        makes the epoch after ``epoch`` in each subject whose only expected writer is the contributing
+        producer, compared against that document: round trip 1 of the next epoch, which nobody else
+        would make. ``PendingCommit.ahead`` names those subjects. Only for a writer that begins its next
+        epoch at once: the node commits it to that epoch (a hot-swap's old version stops at an epoch
+        whose successor does not exist yet, so the runtime's waited-for commits never do this)."""
+        ops, nodes = self._commit_ops(epoch, contributions)
+        ahead = {c.lease.subject: writers[c.lease.subject] for c in contributions
+                 if writers and c.lease.subject in writers
+                 and writers[c.lease.subject][0].expected(epoch + 1) == (c.lease.writer,)}
+        after = [op for subject, (doc, version) in ahead.items()
+                 for op in self._ensure_ops(subject, epoch + 1, doc, version)]
+        return PendingCommit(epoch, contributions, nodes, self.multi_async(*ops, *extra, *after), extra, ahead)
+
+    def epoch_committed(self, pending: PendingCommit) -> tuple[list[Lease], dict[str, tuple[WritersNode, int]]]:
+        """Wait for a ``commit_epoch_async``; its outcome as ``commit_epoch`` gives it, with the writers
+        document each subject of ``pending.ahead`` was checked against (for the caller to cache).
+
+        If the next epochs could not be made with it (the writers changed, or another writer made one),
+        nothing landed: the commit is made again without them, and then they are ensured one by one, so
+        on return the next epoch exists in every subject of ``pending.ahead`` either way."""
+        results = pending.result.get()
+        failed = first_failure(results)
+        own = 2 * len(pending.contributions) + len(pending.extra)
+        if failed is None or failed < own or not isinstance(results[failed], (NodeExistsError, BadVersionError)):
+            leases = self._commit_outcome(pending.epoch, pending.contributions, pending.nodes, results)
+            return leases, dict(pending.ahead)
+        leases = self.commit_epoch(pending.epoch, pending.contributions, pending.extra)
+        return leases, {subject: self.ensure_epoch(subject, pending.epoch + 1) for subject in pending.ahead}
 
     def _commit_ops(self, epoch: int, contributions: Sequence[Contribution]) -> tuple[list[Op], list[ProducerNode]]:
         if not contributions:

@@ -202,8 +202,11 @@ class SinkProducer(StampedProducer):
         if self._epoch is not None:
             raise AlignerError(f"epoch {self._epoch} is still open; commit or abort it first")
         epoch = self.next_epoch
-        # Round trip 1 goes out now and is awaited in commit(), overlapping the epoch's sends.
-        self._pending = [self.ledger.ensure_epoch_async(s, epoch, self._writers.get(s)) for s in self._leases]
+        # Round trip 1 goes out now and is awaited in commit(), overlapping the epoch's sends; for a subject
+        # whose node the commit in flight makes (see Ledger.commit_epoch_async), that commit is awaited instead.
+        ahead = self._confirming.pending.ahead if self._confirming is not None else {}
+        self._pending = [self.ledger.ensure_epoch_async(s, epoch, self._writers.get(s))
+                         for s in self._leases if s not in ahead]
         self.begin_epoch(epoch, {s: Stamp(self.sink, epoch, lease.node.incarnation)
                                  for s, lease in self._leases.items()})
         self._epoch = epoch
@@ -254,7 +257,7 @@ class SinkProducer(StampedProducer):
             self._epoch = None
             self._confirmed(epoch, leases, written, time.monotonic() - started)
         else:
-            pending = self.ledger.commit_epoch_async(epoch, contributions, extra)
+            pending = self.ledger.commit_epoch_async(epoch, contributions, extra, self._writers)
             self._epoch = None
             self._confirming = _Confirming(pending, written, time.monotonic() - started)
             self._fault("zk_commit_sent")
@@ -290,7 +293,8 @@ class SinkProducer(StampedProducer):
         confirming, self._confirming = self._confirming, None
         if confirming is not None:
             started = time.monotonic()
-            leases = self.ledger.epoch_committed(confirming.pending)
+            leases, writers = self.ledger.epoch_committed(confirming.pending)
+            self._writers.update(writers)
             self._confirmed(confirming.epoch, leases, confirming.written,
                             confirming.blocked + time.monotonic() - started)
 
