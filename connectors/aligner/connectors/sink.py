@@ -22,7 +22,9 @@ in flight while the next epoch is written; the next ``commit`` waits for it befo
 commit. The order on each side is unchanged (Kafka before ZooKeeper per epoch, ZooKeeper epoch after
 epoch), so readers see exactly what they see otherwise. What changes is where a failure shows: an
 epoch whose ZooKeeper commit failed aborts the next one too, and the writer resumes from
-``next_epoch`` (the epoch before the one it was writing). bench_sink: the commit multi-op is ~9 %
+``next_epoch`` (the epoch before the one it was writing). Where it writes a subject alone, its commit
+multi-op also makes the next epoch's node, so it needs one ZooKeeper request per epoch, not two; it
+is then committed to that epoch (``finish`` closes it empty). bench_sink: the commit multi-op is ~9 %
 of a 10,000-record epoch's wall time, most of it waiting on ZooKeeper. The price is latency: while
 the sink sends flat out, kazoo's connection thread gets the GIL only at forced switches, so the
 multi-op lands during the next epoch's flush rather than at once.
@@ -221,7 +223,8 @@ class SinkProducer(StampedProducer):
         ``wait=False`` returns once Kafka committed: the ZooKeeper commit goes on beside the next
         epoch and is waited for by the next ``commit`` (or :meth:`sync`), before that epoch's Kafka
         commit. If it failed, that call aborts its own epoch too and raises EpochFailedError: write
-        again from ``next_epoch``.
+        again from ``next_epoch``. The multi-op makes the next epoch's node too where this producer writes
+        alone (``Ledger.commit_epoch_async``), so the next ``begin`` sends nothing to ZooKeeper.
         """
         if self._epoch is None:
             raise AlignerError("no open epoch to commit")
