@@ -38,9 +38,10 @@ def main() -> None:
     from aligner.connectors.spark.keys import route_by_key
     from aligner.connectors.spark.session import local_session
     from aligner.ledger import Ledger
+    from experiments.common import SPARK_QUICK_DRIVER
 
     spark = local_session("local[2]", f"upgrades-{args.job}", **{
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        **SPARK_QUICK_DRIVER,
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
         "spark.sql.shuffle.partitions": str(args.partitions),
     })

@@ -12,6 +12,7 @@ from confluent_kafka import Producer
 from aligner.connectors.sink import SinkProducer
 from aligner.coordinator.stack import _alive
 from tests.conftest import run_cli
+from tests.helpers import SPARK_TEST_JVM
 
 
 def _outside_writes(bootstrap: str, topic: str, start: int, count: int) -> None:
@@ -116,8 +117,7 @@ def spark():
     pytest.importorskip("pyspark")
     from aligner.connectors.spark.session import local_session
 
-    session = local_session("local[2]", "test-cli-lineage", **{"spark.driver.extraJavaOptions":
-                                                               "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"})
+    session = local_session("local[2]", "test-cli-lineage", **SPARK_TEST_JVM)
     yield session
     session.stop()
 

@@ -10,17 +10,17 @@ from aligner.connectors.reader import EpochReader
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
 from aligner.models import FieldSpec
+from tests.helpers import SPARK_TEST_JVM
 
 pytest.importorskip("pyspark")
 
-TEST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # the first session of the run starts the JVM
 
 
 @pytest.fixture(scope="module")
 def spark():
     from aligner.connectors.spark.session import local_session
 
-    session = local_session("local[2]", "test-spark-batch", **{"spark.driver.extraJavaOptions": TEST_JVM})
+    session = local_session("local[2]", "test-spark-batch", **SPARK_TEST_JVM)
     yield session
     session.stop()
 

@@ -11,10 +11,10 @@ from aligner.connectors.reader import EpochReader
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
 from tests.conftest import run_cli
+from tests.helpers import SPARK_TEST_JVM
 
 pytest.importorskip("pyspark")
 
-TEST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # the first session of the run starts the JVM
 LIVE = 300
 """Liveness bound (seconds) on a query's run: generous, for a busy machine; never a speed check."""
 
@@ -23,7 +23,7 @@ LIVE = 300
 def spark():
     from aligner.connectors.spark.session import local_session
 
-    session = local_session("local[2,2]", "test-spark-stream", **{"spark.driver.extraJavaOptions": TEST_JVM})
+    session = local_session("local[2,2]", "test-spark-stream", **SPARK_TEST_JVM)
     yield session
     session.stop()
 

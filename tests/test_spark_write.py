@@ -10,11 +10,10 @@ import pytest
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
-from tests.helpers import raw_count
+from tests.helpers import SPARK_TEST_JVM, raw_count
 
 pytest.importorskip("pyspark")
 
-TEST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # the first session of the run starts the JVM
 
 RECORDS = 200
 LIVE = 300
@@ -26,7 +25,7 @@ def spark():
     from aligner.connectors.spark.session import local_session
 
     # local[2,2]: a failed task is retried once. Small Arrow batches let the injected fault hit mid-task.
-    session = local_session("local[2,2]", "test-spark-write", **{"spark.driver.extraJavaOptions": TEST_JVM,
+    session = local_session("local[2,2]", "test-spark-write", **SPARK_TEST_JVM, **{
                                                                  "spark.sql.execution.arrow.maxRecordsPerBatch": "4"})
     yield session
     session.stop()

@@ -45,9 +45,9 @@ def main() -> None:
     from pyspark.sql import functions as F
 
     from aligner.connectors.spark.session import local_session
+    from experiments.common import SPARK_QUICK_DRIVER
 
-    spark = local_session(args.master, "chaos-b",
-                          **{"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"})
+    spark = local_session(args.master, "chaos-b", **SPARK_QUICK_DRIVER)
     say(f"jvm {spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()}")
     conn = {"zk": args.zk, "kafka": args.kafka, "root": args.root}
     v = F.col("value").cast("string")

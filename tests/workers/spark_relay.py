@@ -34,10 +34,9 @@ def main() -> None:
     from pyspark.sql.types import LongType
 
     from aligner.connectors.spark.session import local_session, remote_session
+    from tests.helpers import SPARK_TEST_JVM
 
-    # A short-lived driver: the C1 JIT alone and the serial GC start it seconds faster.
-    conf = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-            **dict(kv.split("=", 1) for kv in args.conf)}
+    conf = {**SPARK_TEST_JVM, **dict(kv.split("=", 1) for kv in args.conf)}
     if args.remote:  # a Connect client: no driver JVM of its own (0)
         spark = remote_session(args.remote)
         say("jvm 0")

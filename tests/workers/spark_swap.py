@@ -42,6 +42,7 @@ def main() -> None:
     from aligner.connectors.spark.session import local_session, remote_session
     from aligner.ledger import Ledger
     from experiments.running_query import start_running_query
+    from tests.helpers import SPARK_TEST_JVM
 
     if args.remote:  # a Connect client: no driver JVM of its own (0); the server's settings apply
         spark = remote_session(args.remote)
@@ -49,7 +50,7 @@ def main() -> None:
         say("jvm 0")
     else:
         spark = local_session(args.master, f"swap-{args.job}", **{
-            "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+            **SPARK_TEST_JVM,
             "spark.sql.streaming.noDataMicroBatches.enabled": "false",
             **dict(kv.split("=", 1) for kv in args.conf),
         })
