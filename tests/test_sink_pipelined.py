@@ -181,3 +181,30 @@ def test_a_writer_joining_under_a_pipelined_commit_gets_the_next_epoch_made_for_
                 ledger.epoch_node(subject_name, last + 1)
     got = _read(ledger, stack.kafka, subject_name, epoch, last)
     assert got == {e: Counter(vs) for e, vs in written.items()}
+
+
+def test_a_writers_change_under_a_pipelined_commit_makes_it_commit_again_and_the_next_epoch_be_made(
+        stack, ledger, subject_name, monkeypatch) -> None:
+    """The writers document changed after the sink cached it, without making the sink's next epoch (a producer
+    joins from a later epoch): the commit with that epoch's node in it fails whole on the document's version,
+    lands again without it, and the epoch the sink has begun meanwhile gets its node the usual way."""
+    create_subject(ledger, stack.kafka, subject_name, 2)
+    written: dict[int, list[bytes]] = {}
+    waited: list[int] = []
+    real = ledger.commit_epoch
+    monkeypatch.setattr(ledger, "commit_epoch", lambda epoch, contributions, extra=(): waited.append(epoch)
+                        or real(epoch, contributions, extra))
+    with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0]) as p:
+        epoch, written[epoch] = _write(p, "p")  # its begin cached the writers document
+        later = epoch + 4
+        ledger.claim_producers(subject_name, "later", {"0": [1]}, lambda parts: dict.fromkeys(parts, 0),
+                               not_before=later)
+        p.commit(wait=False)
+        for _ in range(3):
+            e, written[e] = _write(p, "p")
+            p.commit(wait=False)
+        assert p.sync() == later - 1
+        assert waited == [epoch]  # the first commit, made again without the next epoch's node
+        assert [ledger.epoch_node(subject_name, e).writers for e in range(epoch + 1, later)] == [(p.lease.writer,)] * 3
+        assert ledger.epoch_node(subject_name, later).writers == tuple(sorted((p.lease.writer, "later:0")))
+    assert _read(ledger, stack.kafka, subject_name, epoch, later - 1) == {e: Counter(vs) for e, vs in written.items()}

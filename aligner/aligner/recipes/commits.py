@@ -1,7 +1,7 @@
 """Epoch commits: round trip 1 makes the epoch node with the expected writers, round trip 2 commits
 every producer's contribution in one multi-op; finishing and closing epochs empty.
 
-A pipelined commit (``commit_epoch_async`` with ``ahead``) may also carry round trip 1 of the next
+A pipelined commit (``commit_epoch_async`` with ``writers``) may also carry round trip 1 of the next
 epoch, for subjects whose only expected writer is the committing producer: one round trip per epoch."""
 
 from __future__ import annotations
@@ -156,20 +156,18 @@ class CommitRecipes(ClaimRecipes):
         return PendingCommit(epoch, contributions, nodes, self.multi_async(*ops, *extra, *after), extra, ahead)
 
     def epoch_committed(self, pending: PendingCommit) -> tuple[list[Lease], dict[str, tuple[WritersNode, int]]]:
-        """Wait for a ``commit_epoch_async``; its outcome as ``commit_epoch`` gives it, with the writers
-        document each subject of ``pending.ahead`` was checked against (for the caller to cache).
+        """Wait for a ``commit_epoch_async``; its outcome as ``commit_epoch`` gives it, with the subjects
+        whose next epoch it made (``pending.ahead``) and the writers document each was checked against.
 
-        If the next epochs could not be made with it (the writers changed, or another writer made one),
-        nothing landed: the commit is made again without them, and then they are ensured one by one, so
-        on return the next epoch exists in every subject of ``pending.ahead`` either way."""
+        If one could not be made (the writers changed, or another writer made it), nothing landed: the
+        commit is made again without them and none is returned; the caller ensures them as usual."""
         results = pending.result.get()
         failed = first_failure(results)
         own = 2 * len(pending.contributions) + len(pending.extra)
         if failed is None or failed < own or not isinstance(results[failed], (NodeExistsError, BadVersionError)):
             leases = self._commit_outcome(pending.epoch, pending.contributions, pending.nodes, results)
             return leases, dict(pending.ahead)
-        leases = self.commit_epoch(pending.epoch, pending.contributions, pending.extra)
-        return leases, {subject: self.ensure_epoch(subject, pending.epoch + 1) for subject in pending.ahead}
+        return self.commit_epoch(pending.epoch, pending.contributions, pending.extra), {}
 
     def _commit_ops(self, epoch: int, contributions: Sequence[Contribution]) -> tuple[list[Op], list[ProducerNode]]:
         if not contributions:

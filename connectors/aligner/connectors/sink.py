@@ -123,7 +123,9 @@ class SinkProducer(StampedProducer):
         self._epoch: int | None = None
         """The open epoch, until ZooKeeper committed it (the Kafka transaction may have committed already)."""
         self._writers: dict[str, tuple[WritersNode, int]] = {}
-        self._pending: list[PendingEpoch] = []
+        self._pending: list[PendingEpoch | str] = []
+        """The open epoch's round trip 1 per subject: in flight, or (the subject's name) carried by the
+        commit before it (see :meth:`begin`)."""
         self._confirming: _Confirming | None = None
         """The ZooKeeper commit in flight (``commit(wait=False)``), until the sink waited for it."""
 
@@ -207,8 +209,8 @@ class SinkProducer(StampedProducer):
         # Round trip 1 goes out now and is awaited in commit(), overlapping the epoch's sends; for a subject
         # whose node the commit in flight makes (see Ledger.commit_epoch_async), that commit is awaited instead.
         ahead = self._confirming.pending.ahead if self._confirming is not None else {}
-        self._pending = [self.ledger.ensure_epoch_async(s, epoch, self._writers.get(s))
-                         for s in self._leases if s not in ahead]
+        self._pending = [s if s in ahead else self.ledger.ensure_epoch_async(s, epoch, self._writers.get(s))
+                         for s in self._leases]
         self.begin_epoch(epoch, {s: Stamp(self.sink, epoch, lease.node.incarnation)
                                  for s, lease in self._leases.items()})
         self._epoch = epoch
@@ -241,7 +243,11 @@ class SinkProducer(StampedProducer):
         self._fault("before_kafka_commit")
         try:
             while self._pending:  # round trip 1, issued by begin(); done already on a retried commit
-                self._writers[self._pending[0].subject] = self.ledger.epoch_ensured(self._pending[0])
+                ensure = self._pending[0]
+                if not isinstance(ensure, str):
+                    self._writers[ensure.subject] = self.ledger.epoch_ensured(ensure)
+                elif ensure not in self._writers:  # the commit before could not make the node: the writers changed
+                    self._writers[ensure] = self.ledger.ensure_epoch(ensure, epoch)
                 self._pending.pop(0)
         except Exception:
             self.abort()  # the epoch node could not be made: nothing was committed anywhere
@@ -296,8 +302,10 @@ class SinkProducer(StampedProducer):
         confirming, self._confirming = self._confirming, None
         if confirming is not None:
             started = time.monotonic()
-            leases, writers = self.ledger.epoch_committed(confirming.pending)
-            self._writers.update(writers)
+            leases, made = self.ledger.epoch_committed(confirming.pending)
+            for subject in confirming.pending.ahead:  # not made: the cached document is stale
+                self._writers.pop(subject, None)
+            self._writers.update(made)
             self._confirmed(confirming.epoch, leases, confirming.written,
                             confirming.blocked + time.monotonic() - started)
 
