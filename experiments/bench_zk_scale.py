@@ -11,12 +11,16 @@ as the epoch marker commits. Measured for ``--seconds``:
   trips) median / p95 / p99, and ZooKeeper's CPU (cores, and CPU ms per commit);
 - the baseline, run the same way in the same stack: the same number of raw kazoo clients at the same
   rate, each epoch a ``create`` and then a two-op multi (``create`` + ``set_data``) of about the same
-  bytes: the least ZooKeeper work that records an epoch and moves a producer's offsets.
+  bytes: the least ZooKeeper work that records an epoch and moves a producer's offsets;
+- the pipelined sink's shape (``--pipelined``, session 28): each commit multi-op also makes the next
+  epoch's node (``Ledger.commit_epoch_async`` with the writers document), so an epoch is one round trip;
+  waited for here, as only ZooKeeper's side is measured. Its baseline: raw clients whose epoch is one
+  three-op multi (the next epoch's ``create``, this one's child ``create``, ``set_data``).
 
 The ratio is ZooKeeper CPU per ledger commit over CPU per raw epoch. The capacity line extrapolates
 the ZooKeeper CPU per commit to the commits per second one core of ZooKeeper serves.
 
-    python -m experiments.bench_zk_scale [--producers 100] [--rate 10] [--seconds 30] [--processes 4]
+    python -m experiments.bench_zk_scale [--producers 100] [--rate 10] [--seconds 30] [--processes 4] [--pipelined]
 """
 
 from __future__ import annotations
@@ -35,8 +39,8 @@ from rich.console import Console
 from rich.table import Table
 
 from aligner.coordinator.stack import EmbeddedStack
-from aligner.ledger import Ledger
-from aligner.models import Range, SubjectNode
+from aligner.ledger import Contribution, Ledger
+from aligner.models import Range, SubjectNode, WritersNode
 from experiments import ForeignCpu, _process_ticks
 from experiments.common import write_results
 
@@ -48,13 +52,14 @@ RECORDS = 1000
 
 
 def _ledger_producer(zk: str, subject: str, partition: int, rate: float, window: tuple[float, float],
-                     out: Any) -> None:
+                     out: Any, pipelined: bool = False) -> None:
     """One producer: claim a partition, then commit an epoch every 1/rate s; commits started within ``window``
-    (monotonic seconds) are counted."""
+    (monotonic seconds) are counted. ``pipelined``: the pipelined sink's requests (the next epoch's node in
+    the commit multi-op), each waited for."""
     led = Ledger.connect(zk, ROOT)
     try:
         lease = led.claim(subject, "bench", str(partition), [partition], lambda: {partition: 0})
-        writers = None
+        writers: dict[str, tuple[WritersNode, int]] = {}
         latencies: list[float] = []
         due = time.monotonic()
         trips = 0
@@ -63,9 +68,18 @@ def _ledger_producer(zk: str, subject: str, partition: int, rate: float, window:
             trips0 = led.round_trips
             epoch = lease.next_epoch
             start = lease.node.next_offsets[partition]
+            ranges = {partition: Range(start=start, end=start + RECORDS)}
             t0 = time.perf_counter()
-            writers = led.ensure_epoch(subject, epoch, writers)
-            lease = led.commit(lease, epoch, None, {partition: Range(start=start, end=start + RECORDS)})
+            if subject not in writers:
+                writers[subject] = led.ensure_epoch(subject, epoch, None)
+            if pipelined:
+                pending = led.commit_epoch_async(epoch, [Contribution(lease, None, ranges)], (), writers)
+                leases, made = led.epoch_committed(pending)
+                lease = leases[0]
+                writers = made  # a subject whose next epoch was not made: ensured again next time
+            else:
+                writers[subject] = led.ensure_epoch(subject, epoch, writers[subject])
+                lease = led.commit(lease, epoch, None, ranges)
             if counted:
                 latencies.append(time.perf_counter() - t0)
                 trips += led.round_trips - trips0
@@ -76,23 +90,30 @@ def _ledger_producer(zk: str, subject: str, partition: int, rate: float, window:
         led.close()
 
 
-def _raw_producer(zk: str, index: int, rate: float, window: tuple[float, float], out: Any) -> None:
-    """The baseline: one kazoo client, each epoch a create and a two-op multi, at the same rate."""
+def _raw_producer(zk: str, index: int, rate: float, window: tuple[float, float], out: Any,
+                  pipelined: bool = False) -> None:
+    """The baseline: one kazoo client, each epoch a create and a two-op multi, at the same rate; ``pipelined``:
+    one three-op multi (the next epoch's create in it)."""
     client = KazooClient(hosts=zk)
     client.start(30)
     try:
-        base = f"{ROOT}-raw/p{index}"
+        base = f"{ROOT}-raw{'-pipelined' if pipelined else ''}/p{index}"
         client.ensure_path(f"{base}/epochs")
         client.ensure_path(f"{base}/offsets")
         payload = b'{"writers":{"bench/0":{}},"attempt":null,"ranges":{"0":{"start":0,"end":1000}}}'
         latencies: list[float] = []
         due = time.monotonic()
         epoch = 0
+        if pipelined:
+            client.create(f"{base}/epochs/{epoch:010d}", payload)
         while time.monotonic() < window[1]:
             counted = time.monotonic() >= window[0]
             t0 = time.perf_counter()
-            client.create(f"{base}/epochs/{epoch:010d}", payload)
+            if not pipelined:
+                client.create(f"{base}/epochs/{epoch:010d}", payload)
             tx = client.transaction()
+            if pipelined:
+                tx.create(f"{base}/epochs/{epoch + 1:010d}", payload)
             tx.create(f"{base}/epochs/{epoch:010d}/c", payload)
             tx.set_data(f"{base}/offsets", payload)
             tx.commit()
@@ -101,7 +122,7 @@ def _raw_producer(zk: str, index: int, rate: float, window: tuple[float, float],
             epoch += 1
             due += 1.0 / rate
             time.sleep(max(0.0, due - time.monotonic()))
-        out.put({"commits": len(latencies), "trips": 2 * len(latencies), "latencies": latencies})
+        out.put({"commits": len(latencies), "trips": (1 if pipelined else 2) * len(latencies), "latencies": latencies})
     finally:
         client.stop()
         client.close()
@@ -112,11 +133,12 @@ def _process(kind: str, zk: str, jobs: list[tuple[str, int, int]], rate: float, 
     """One worker process: a thread per producer."""
     logging.getLogger("kazoo").setLevel(logging.ERROR)
     threads = []
+    pipelined = kind.endswith("pipelined")
     for subject, partition, index in jobs:
-        if kind == "ledger":
-            t = threading.Thread(target=_ledger_producer, args=(zk, subject, partition, rate, window, out))
+        if kind.startswith("ledger"):
+            t = threading.Thread(target=_ledger_producer, args=(zk, subject, partition, rate, window, out, pipelined))
         else:
-            t = threading.Thread(target=_raw_producer, args=(zk, index, rate, window, out))
+            t = threading.Thread(target=_raw_producer, args=(zk, index, rate, window, out, pipelined))
         threads.append(t)
         t.start()
     for t in threads:
@@ -157,6 +179,8 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=10.0, help="epochs per second per producer")
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--processes", type=int, default=4)
+    ap.add_argument("--pipelined", action="store_true",
+                    help="also the pipelined sink's shape (one round trip per epoch) and its raw baseline")
     args = ap.parse_args()
     logging.getLogger("kazoo").setLevel(logging.ERROR)
     console = Console(width=120)
@@ -165,11 +189,12 @@ def main() -> None:
         for i in range((args.producers + PER_SUBJECT - 1) // PER_SUBJECT):
             led.register_subject(SubjectNode(name=f"s{i}", topic=f"s{i}", partitions=PER_SUBJECT))
         cpu = ForeignCpu(info.zk_pid, info.kafka_pid)
+        kinds = ("raw", "ledger", *(("raw, pipelined", "ledger, pipelined") if args.pipelined else ()))
         rows = [run(kind, info.zk, info.zk_pid, args.producers, args.rate, args.seconds, args.processes)
-                for kind in ("raw", "ledger")]
+                for kind in kinds]
         foreign = cpu.cores()
         led.close()
-    raw, ours = rows
+    raw, ours = rows[:2]
     per_commit = {r["kind"]: 1000 * r["zk_cores"] / max(1e-9, r["epochs_per_s"]) for r in rows}
     table = Table(title=f"{args.producers} producers x {args.rate:g} epochs/s, {args.seconds:g} s, "
                         f"{args.processes} processes (ZooKeeper only)")
@@ -186,12 +211,20 @@ def main() -> None:
     capacity = 1000 / per_commit["ledger"] if per_commit["ledger"] else float("nan")
     console.print(f"ZooKeeper CPU per epoch, raw / ledger = {ratio:.2f}; at this cost one ZooKeeper core serves "
                   f"~{capacity:,.0f} commits/s (~{capacity / args.rate:,.0f} producers at {args.rate:g} epochs/s)")
+    pipelined: dict[str, float] = {}
+    if args.pipelined:
+        ms = per_commit["ledger, pipelined"]
+        pipelined = {"raw_over_ledger": per_commit["raw, pipelined"] / ms if ms else float("nan"),
+                     "commits_per_zk_core": 1000 / ms if ms else float("nan")}
+        console.print(f"pipelined: raw / ledger = {pipelined['raw_over_ledger']:.2f}; one ZooKeeper core serves "
+                      f"~{pipelined['commits_per_zk_core']:,.0f} commits/s "
+                      f"(~{pipelined['commits_per_zk_core'] / args.rate:,.0f} producers at {args.rate:g} epochs/s)")
     console.print(f"processes other than this one and the stack, this benchmark's producer processes among them, "
                   f"kept {foreign:.2f} of 2 cores busy")
     write_results("bench_zk_scale", {"args": vars(args), "rows": rows, "zk_cpu_ms_per_commit": per_commit,
                                      "raw_over_ledger": ratio, "commits_per_zk_core": capacity,
                                      "foreign_cores": foreign, "raw_epochs_per_s": raw["epochs_per_s"],
-                                     "ledger_epochs_per_s": ours["epochs_per_s"]})
+                                     "ledger_epochs_per_s": ours["epochs_per_s"], "pipelined": pipelined})
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ SMOKE = {
     "bench_sink": ["--rounds", "1", "--records", "20000"],
     "bench_batches": ["--epochs", "2", "--rate", "100"],
     "bench_zk_ops": ["--epochs", "2", "--records", "2", "--kazoo-ops", "20"],
-    "bench_zk_scale": ["--producers", "4", "--rate", "2", "--seconds", "2", "--processes", "1"],
+    "bench_zk_scale": ["--producers", "4", "--rate", "2", "--seconds", "2", "--processes", "1", "--pipelined"],
     "bench_reader": ["--records", "20000", "--rounds", "1"],
     "bench_pipeline": ["--records", "20000", "--rounds", "1", "--peer", "no"],
     "bench_state": ["--keys", "2000", "--epochs", "2", "--rounds", "1"],
