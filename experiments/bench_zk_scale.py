@@ -14,8 +14,9 @@ as the epoch marker commits. Measured for ``--seconds``:
   bytes: the least ZooKeeper work that records an epoch and moves a producer's offsets;
 - the pipelined sink's shape (``--pipelined``, session 28): each commit multi-op also makes the next
   epoch's node (``Ledger.commit_epoch_async`` with the writers document), so an epoch is one round trip;
-  waited for here, as only ZooKeeper's side is measured. Its baseline: raw clients whose epoch is one
-  three-op multi (the next epoch's ``create``, this one's child ``create``, ``set_data``).
+  waited for here, as only ZooKeeper's side is measured. It applies to a subject's only writer, so each
+  producer has a subject of its own. Its baseline: raw clients whose epoch is one three-op multi (the
+  next epoch's ``create``, this one's child ``create``, ``set_data``).
 
 The ratio is ZooKeeper CPU per ledger commit over CPU per raw epoch. The capacity line extrapolates
 the ZooKeeper CPU per commit to the commits per second one core of ZooKeeper serves.
@@ -60,6 +61,8 @@ def _ledger_producer(zk: str, subject: str, partition: int, rate: float, window:
     try:
         lease = led.claim(subject, "bench", str(partition), [partition], lambda: {partition: 0})
         writers: dict[str, tuple[WritersNode, int]] = {}
+        made = False
+        """Whether the last commit made this epoch's node (pipelined, as the only writer of its subject)."""
         latencies: list[float] = []
         due = time.monotonic()
         trips = 0
@@ -70,15 +73,14 @@ def _ledger_producer(zk: str, subject: str, partition: int, rate: float, window:
             start = lease.node.next_offsets[partition]
             ranges = {partition: Range(start=start, end=start + RECORDS)}
             t0 = time.perf_counter()
-            if subject not in writers:
-                writers[subject] = led.ensure_epoch(subject, epoch, None)
+            if not made:
+                writers[subject] = led.ensure_epoch(subject, epoch, writers.get(subject))
             if pipelined:
                 pending = led.commit_epoch_async(epoch, [Contribution(lease, None, ranges)], (), writers)
-                leases, made = led.epoch_committed(pending)
-                lease = leases[0]
-                writers = made  # a subject whose next epoch was not made: ensured again next time
+                leases, ahead = led.epoch_committed(pending)
+                lease, made = leases[0], subject in ahead
+                writers.update(ahead)
             else:
-                writers[subject] = led.ensure_epoch(subject, epoch, writers[subject])
                 lease = led.commit(lease, epoch, None, ranges)
             if counted:
                 latencies.append(time.perf_counter() - t0)
@@ -147,8 +149,10 @@ def _process(kind: str, zk: str, jobs: list[tuple[str, int, int]], rate: float, 
 
 def run(kind: str, zk: str, zk_pid: int, producers: int, rate: float, seconds: float,
         processes: int) -> dict[str, Any]:
-    subjects = (producers + PER_SUBJECT - 1) // PER_SUBJECT
-    jobs = [(f"s{i // PER_SUBJECT}", i % PER_SUBJECT, i) for i in range(producers)]
+    # The pipelined shape applies to a subject's only writer: there, one subject per producer.
+    per_subject, prefix = (1, "q") if kind.endswith("pipelined") else (PER_SUBJECT, "s")
+    subjects = (producers + per_subject - 1) // per_subject
+    jobs = [(f"{prefix}{i // per_subject}", i % per_subject, i) for i in range(producers)]
     out: Any = mp.get_context("spawn").Queue()
     start = time.monotonic() + 10.0  # the processes start, connect and claim first
     window = (start, start + seconds)
@@ -188,6 +192,8 @@ def main() -> None:
         led = Ledger.connect(info.zk, ROOT)
         for i in range((args.producers + PER_SUBJECT - 1) // PER_SUBJECT):
             led.register_subject(SubjectNode(name=f"s{i}", topic=f"s{i}", partitions=PER_SUBJECT))
+        for i in range(args.producers if args.pipelined else 0):
+            led.register_subject(SubjectNode(name=f"q{i}", topic=f"q{i}", partitions=1))
         cpu = ForeignCpu(info.zk_pid, info.kafka_pid)
         kinds = ("raw", "ledger", *(("raw, pipelined", "ledger, pipelined") if args.pipelined else ()))
         rows = [run(kind, info.zk, info.zk_pid, args.producers, args.rate, args.seconds, args.processes)
