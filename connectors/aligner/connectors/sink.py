@@ -242,13 +242,7 @@ class SinkProducer(StampedProducer):
         self._settle_or_abort()
         self._fault("before_kafka_commit")
         try:
-            while self._pending:  # round trip 1, issued by begin(); done already on a retried commit
-                ensure = self._pending[0]
-                if not isinstance(ensure, str):
-                    self._writers[ensure.subject] = self.ledger.epoch_ensured(ensure)
-                elif ensure not in self._writers:  # the commit before could not make the node: the writers changed
-                    self._writers[ensure] = self.ledger.ensure_epoch(ensure, epoch)
-                self._pending.pop(0)
+            self._ensured(epoch)
         except Exception:
             self.abort()  # the epoch node could not be made: nothing was committed anywhere
             raise
@@ -273,6 +267,16 @@ class SinkProducer(StampedProducer):
         main = written[self.subject]
         return EpochCommit(epoch, attempt, main.ranges, main.records,
                            {s: w.ranges for s, w in written.items() if s != self.subject})
+
+    def _ensured(self, epoch: int) -> None:
+        """Wait for the open epoch's round trip 1, issued by ``begin`` (done already on a retried commit)."""
+        while self._pending:
+            ensure = self._pending[0]
+            if not isinstance(ensure, str):
+                self._writers[ensure.subject] = self.ledger.epoch_ensured(ensure)
+            elif ensure not in self._writers:  # the commit before could not make the node: the writers changed
+                self._writers[ensure] = self.ledger.ensure_epoch(ensure, epoch)
+            self._pending.pop(0)
 
     def sync(self) -> int | None:
         """Wait for the ZooKeeper commit ``commit(wait=False)`` left in flight; returns the last epoch
