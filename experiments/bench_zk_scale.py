@@ -213,22 +213,23 @@ def main() -> None:
                       f"{lat['p50']:.1f} / {lat['p95']:.1f} / {lat['p99']:.1f}", f"{r['zk_cores']:.2f}",
                       f"{per_commit[r['kind']]:.3f}")
     console.print(table)
-    ratio = per_commit["raw"] / per_commit["ledger"] if per_commit["ledger"] else float("nan")
-    capacity = 1000 / per_commit["ledger"] if per_commit["ledger"] else float("nan")
-    console.print(f"ZooKeeper CPU per epoch, raw / ledger = {ratio:.2f}; at this cost one ZooKeeper core serves "
-                  f"~{capacity:,.0f} commits/s (~{capacity / args.rate:,.0f} producers at {args.rate:g} epochs/s)")
-    pipelined: dict[str, float] = {}
-    if args.pipelined:
-        ms = per_commit["ledger, pipelined"]
-        pipelined = {"raw_over_ledger": per_commit["raw, pipelined"] / ms if ms else float("nan"),
-                     "commits_per_zk_core": 1000 / ms if ms else float("nan")}
-        console.print(f"pipelined: raw / ledger = {pipelined['raw_over_ledger']:.2f}; one ZooKeeper core serves "
-                      f"~{pipelined['commits_per_zk_core']:,.0f} commits/s "
-                      f"(~{pipelined['commits_per_zk_core'] / args.rate:,.0f} producers at {args.rate:g} epochs/s)")
+    def capacity(label: str, raw_ms: float, ledger_ms: float) -> dict[str, float]:
+        """ZooKeeper CPU per epoch, raw / ledger, and the commits one ZooKeeper core serves at the ledger's cost."""
+        out = {"raw_over_ledger": raw_ms / ledger_ms if ledger_ms else float("nan"),
+               "commits_per_zk_core": 1000 / ledger_ms if ledger_ms else float("nan")}
+        console.print(f"{label}raw / ledger = {out['raw_over_ledger']:.2f}; at this cost one ZooKeeper core serves "
+                      f"~{out['commits_per_zk_core']:,.0f} commits/s "
+                      f"(~{out['commits_per_zk_core'] / args.rate:,.0f} producers at {args.rate:g} epochs/s)")
+        return out
+
+    two_trips = capacity("ZooKeeper CPU per epoch, ", per_commit["raw"], per_commit["ledger"])
+    ratio, commits_per_core = two_trips["raw_over_ledger"], two_trips["commits_per_zk_core"]
+    pipelined = capacity("pipelined: ", per_commit["raw, pipelined"], per_commit["ledger, pipelined"]) \
+        if args.pipelined else {}
     console.print(f"processes other than this one and the stack, this benchmark's producer processes among them, "
                   f"kept {foreign:.2f} of 2 cores busy")
     write_results("bench_zk_scale", {"args": vars(args), "rows": rows, "zk_cpu_ms_per_commit": per_commit,
-                                     "raw_over_ledger": ratio, "commits_per_zk_core": capacity,
+                                     "raw_over_ledger": ratio, "commits_per_zk_core": commits_per_core,
                                      "foreign_cores": foreign, "raw_epochs_per_s": raw["epochs_per_s"],
                                      "ledger_epochs_per_s": ours["epochs_per_s"], "pipelined": pipelined})
 
