@@ -24,6 +24,11 @@ def _process_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime, all threads
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time process ``pid`` has used so far, all its threads (0 once it is gone)."""
+    return _process_ticks(pid) / os.sysconf("SC_CLK_TCK")
+
+
 class ForeignCpu:
     """How many cores processes other than ours (this one, ZooKeeper, Tansu) kept busy meanwhile.
 

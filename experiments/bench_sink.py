@@ -12,7 +12,13 @@ wall time the sink spends in its two ZooKeeper round trips per epoch is measured
 three ways: ``send`` per record with each commit waited for; the same with pipelined commits
 (``commit(wait=False)``: the ZooKeeper commit rides beside the next epoch's sends); and ``send_many``.
 
-    .venv/bin/python -m experiments.bench_sink [--rounds 5] [--records 200000]
+ZooKeeper is warmed first (``--warm-epochs`` one-record pipelined epochs of a subject of their own):
+in a JVM started seconds before, a commit costs the server several times the CPU it costs once the
+JIT has compiled its request path, as it has in an ensemble that has run for a while, and on two
+shared cores that CPU is taken from the broker and the writers. The ZooKeeper CPU each sink's epochs
+cost during the rounds is printed, beside the warm-up's.
+
+    .venv/bin/python -m experiments.bench_sink [--rounds 5] [--records 200000] [--warm-epochs 10000]
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from aligner.stamps import HEADER, Stamp
-from experiments import ForeignCpu
+from experiments import ForeignCpu, cpu_seconds
 from experiments.common import PRODUCER_SETTINGS, LedgerTimer, write_results
 
 PARTITIONS = 4
@@ -116,10 +122,26 @@ def sink_many_run(p: SinkProducer, records: int) -> float:
     return time.perf_counter() - t0
 
 
+def warm_zookeeper(led: Ledger, bootstrap: str, zk_pid: int, epochs: int) -> tuple[float, float]:
+    """``epochs`` one-record pipelined epochs of a subject of their own, so that ZooKeeper's JIT has compiled
+    the commit path before the rounds; returns the seconds taken and the server's CPU per epoch (ms)."""
+    create_subject(led, bootstrap, "warm-up", PARTITIONS)
+    with SinkProducer(led, bootstrap, "warm-up", "sink", 0, list(range(PARTITIONS))) as p:
+        t0, cpu0 = time.perf_counter(), cpu_seconds(zk_pid)
+        for i in range(epochs):
+            p.begin()
+            p.send(VALUE, partition=i % PARTITIONS)
+            p.commit(wait=False)
+        p.sync()
+        return time.perf_counter() - t0, 1000 * (cpu_seconds(zk_pid) - cpu0) / max(1, epochs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--records", type=int, default=200_000, help="records per run (a multiple of 10,000)")
+    ap.add_argument("--warm-epochs", type=int, default=10_000,
+                    help="one-record epochs that warm ZooKeeper's JIT before the rounds (0: none)")
     args = ap.parse_args()
     console = Console(width=120)
     stamp = [(HEADER, Stamp("sink", 123, 1).encode())]
@@ -158,17 +180,22 @@ def main() -> None:
                 raw_run(producers[name], topics[name], EPOCH)
             for p in (sink, pipelined, many):
                 sink_run(p, EPOCH)
+            warm_seconds, warm_zk_ms = warm_zookeeper(led, info.kafka, info.zk_pid, args.warm_epochs)
+            console.print(f"ZooKeeper warmed by {args.warm_epochs:,} one-record epochs in {warm_seconds:.1f} s "
+                          f"({warm_zk_ms:.2f} ms of its CPU per epoch)")
             zk = LedgerTimer(led, SINK_ZK_CALLS)
             trips0 = led.round_trips
             times: dict[str, list[float]] = {name: [] for name in runs}
             zk_seconds: dict[str, float] = dict.fromkeys(runs, 0.0)
+            zk_cpu: dict[str, float] = dict.fromkeys(runs, 0.0)
             for r in range(args.rounds):
                 names = list(runs)
                 for name in names[r % len(names):] + names[:r % len(names)]:
                     run = runs[name]
-                    before = zk.seconds
+                    before, cpu0 = zk.seconds, cpu_seconds(info.zk_pid)
                     times[name].append(run())
                     zk_seconds[name] += zk.seconds - before
+                    zk_cpu[name] += cpu_seconds(info.zk_pid) - cpu0
                 console.print(f"round {r + 1}/{args.rounds}: " + ", ".join(
                     f"{n} {args.records / t[-1]:,.0f}/s" for n, t in times.items()))
             zk_trips = led.round_trips - trips0
@@ -223,6 +250,9 @@ def main() -> None:
     zk_ms_by_sink = {name: 1000 * zk_seconds[name] / per_run_epochs for name in sinks}
     console.print("sink ZooKeeper time blocked per epoch, by writer: " + ", ".join(
         f"{name} {ms:.2f} ms" for name, ms in zk_ms_by_sink.items()))
+    zk_cpu_ms = {name: 1000 * zk_cpu[name] / per_run_epochs for name in times}
+    console.print("ZooKeeper server CPU per epoch during each writer's runs: " + ", ".join(
+        f"{name} {ms:.2f} ms" for name, ms in zk_cpu_ms.items()))
 
     out = write_results("bench_sink", {
         "benchmark": "bench_sink",
@@ -239,6 +269,8 @@ def main() -> None:
         "sink_zk_ms_per_epoch": zk_ms, "sink_zk_share_of_wall_time": zk_share,
         "sink_zk_round_trips_per_epoch": zk_trips / epochs,
         "sink_zk_ms_per_epoch_by_writer": zk_ms_by_sink,
+        "warm_epochs": args.warm_epochs, "warm_seconds": warm_seconds, "warm_zk_cpu_ms_per_epoch": warm_zk_ms,
+        "zk_cpu_ms_per_epoch_by_writer": zk_cpu_ms,
     })
     console.print(f"wrote {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
 

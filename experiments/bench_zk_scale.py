@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import logging
 import multiprocessing as mp
-import os
 import statistics
 import threading
 import time
@@ -42,11 +41,10 @@ from rich.table import Table
 from aligner.coordinator.stack import EmbeddedStack
 from aligner.ledger import Contribution, Ledger
 from aligner.models import Range, SubjectNode, WritersNode
-from experiments import ForeignCpu, _process_ticks
+from experiments import ForeignCpu, cpu_seconds
 from experiments.common import write_results
 
 ROOT = "/bench-zk-scale"
-HZ = os.sysconf("SC_CLK_TCK")
 PER_SUBJECT = 10
 RECORDS = 1000
 """Offsets each producer's range advances per epoch (the ranges' size; nothing is read)."""
@@ -161,9 +159,9 @@ def run(kind: str, zk: str, zk_pid: int, producers: int, rate: float, seconds: f
     for p in procs:
         p.start()
     time.sleep(max(0.0, start - time.monotonic()))
-    z0 = _process_ticks(zk_pid)
+    z0 = cpu_seconds(zk_pid)
     time.sleep(max(0.0, window[1] - time.monotonic()))
-    zk_cores = (_process_ticks(zk_pid) - z0) / HZ / seconds
+    zk_cores = (cpu_seconds(zk_pid) - z0) / seconds
     results = [out.get(timeout=120) for _ in range(producers)]
     for p in procs:
         p.join(30)
