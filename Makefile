@@ -64,9 +64,11 @@ soak: setup
 	SOAK_MINUTES=$(SOAK_MINUTES) $(PY) -m experiments.soak --sample 60 --window 600 \
 	  --retention-every 60 --keep-epochs 1000 --keep-seconds 600
 
-# Every import of the library resolved (the three roots of the namespace package `aligner`, see pyproject.toml).
+# Every import of the library resolved (the three roots of the namespace package `aligner`, see pyproject.toml),
+# and the benchmarks and the demo, so that one the library's change breaks fails here, not when next run.
 typecheck: setup
 	$(VENV)/bin/mypy -p aligner -p aligner.connectors -p aligner.coordinator
+	$(VENV)/bin/mypy experiments
 
 demo: setup
 	$(PY) -m experiments.demo

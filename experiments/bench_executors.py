@@ -33,12 +33,12 @@ from typing import Any
 
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.spark.job import stop_query
-from aligner.connectors.spark.lineage import sink_lineage, source_batch
+from aligner.connectors.spark.lineage import sink_lineage
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.spark_cluster import SparkCluster, executor_of
 from aligner.coordinator.stack import EmbeddedStack, wait_for
 from aligner.ledger import Ledger
-from experiments.common import value, write_results
+from experiments.common import spark_reads, value, write_results
 
 ROOT = "/bench-executors"
 X, Y, SINK = "ex-x", "ex-y", "ex"
@@ -231,8 +231,8 @@ def _measure(args: argparse.Namespace, info: Any, checkpoint: str, cluster: Spar
         while time.monotonic() - t0 < args.seconds:
             last = epoch()
             time.sleep(args.interval)
-    wait_for(lambda: any(r.last >= last for node in sink_lineage(led, Y, SINK).values()
-                         for r in source_batch(led, node.query, node.batch).values()), 300,
+    wait_for(lambda: any(r.last >= last for reads in spark_reads(led, Y, SINK).values()
+                         for r in reads.values()), 300,
              "the query to write the last X epoch")
     sampler.sample()
     split = sampler.in_executors if cluster is not None else None

@@ -78,8 +78,11 @@ def _bench(info: Any, led: Ledger, keys: int, args: argparse.Namespace) -> dict[
             t0 = time.perf_counter()
             for w in range(new):
                 into = MemoryStore()
-                took += sum(take_keys(led, info.kafka, subject, p, last, None, into,
-                                      lambda key, w=w, new=new: worker_of(key.encode(), INPUT_PARTITIONS, new) == w)
+
+                def mine(key: str, w: int = w, new: int = new) -> bool:
+                    return worker_of(key.encode(), INPUT_PARTITIONS, new) == w
+
+                took += sum(take_keys(led, info.kafka, subject, p, last, None, into, mine)
                             for p in sources(w, new, OLD_WORKERS))
                 into.close()
             times[f"to_{new}"].append(time.perf_counter() - t0)

@@ -49,7 +49,7 @@ from aligner.coordinator.stack import EmbeddedStack, StackInfo
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from experiments import ForeignCpu
-from experiments.common import write_results
+from experiments.common import json_value, write_results
 
 PARTITIONS = 2
 TARGET = 0.05
@@ -142,8 +142,9 @@ class Profile:
     def __init__(self, worker: JobWorker, consume_cap: float | None = None) -> None:
         self.epochs: dict[int, dict[str, float]] = {}
         self._cur: dict[str, float] = {}
-        w, sink = worker, worker.sink
-        w.source._consumer = TimedConsumer(w.source._consumer, self, consume_cap)
+        w, source, sink = worker, worker.source, worker.sink
+        assert source is not None and sink is not None, "the worker is started"
+        source._consumer = TimedConsumer(source._consumer, self, consume_cap)  # type: ignore[assignment]  # a timing proxy
         arm = w.ledger.arm_watch
 
         def arm_watch(subject: str, epoch: int, fired: threading.Event | Callable[[Any], None]) -> None:
@@ -286,7 +287,7 @@ def run_chain(info: StackInfo, root: str, led: Ledger, mode: str, tag: str, args
             y_ms = committed_at(y, e)
             lat = []
             for r in reader.read(y, e):
-                v = json.loads(r.value)
+                v = json_value(r.value)
                 t_ms = 1000 * v["t"]
                 e_raw, e_x = v["hops"]
                 raw_ms, x_ms = committed_at(raw, e_raw), committed_at(x, e_x)
@@ -328,9 +329,9 @@ def run_chain(info: StackInfo, root: str, led: Ledger, mode: str, tag: str, args
                            for sp in [n.covered.get(x)] if sp for k in range(sp.first, sp.last + 1)})
         profile = {"A": breakdown(a, ja, raw, x_epochs), "B": breakdown(b, jb, x, b_epochs)}
     else:  # unaligned: kafka and ZooKeeper commit times per epoch still say what a commit costs
-        for name, job, epochs in (("A", a, None), ("B", b, measured)):
-            ks = [k for k in (epochs or job.profile.epochs) if k in job.profile.epochs]
-            ps = [job.profile.epochs[k] for k in ks if "zk_done" in job.profile.epochs[k]]
+        for name, run, epochs in (("A", a, None), ("B", b, measured)):
+            ks = [k for k in (epochs or run.profile.epochs) if k in run.profile.epochs]
+            ps = [run.profile.epochs[k] for k in ks if "zk_done" in run.profile.epochs[k]]
             profile[name] = {
                 "consume": [1000 * p.get("consume_s", 0.0) for p in ps],
                 "consume calls": [p.get("consume_calls", 0) for p in ps],
@@ -352,6 +353,16 @@ def run_chain(info: StackInfo, root: str, led: Ledger, mode: str, tag: str, args
 
 def summarize(runs: list[dict[str, Any]], key: Callable[[dict[str, Any]], list[float]]) -> list[float]:
     return [v for r in runs for v in key(r)]
+
+
+def field(*path: str) -> Callable[[dict[str, Any]], list[float]]:
+    """The values a run's result holds at ``path`` (``summarize``'s key)."""
+    def get(run: dict[str, Any]) -> list[float]:
+        value: Any = run
+        for name in path:
+            value = value[name]
+        return list(value)
+    return get
 
 
 def main() -> None:
@@ -391,7 +402,7 @@ def main() -> None:
     added_frac = added / iv_ms
     per_round_added = [statistics.median(a["latency_ms"]) - statistics.median(e["latency_ms"])
                        for a, e in zip(runs["aligned"], runs["exactly_once"], strict=True)]
-    hops = {m: {h: statistics.median(summarize(rs, lambda r, h=h: r["hops_ms"][h])) for h in ("gen", "A", "B")}
+    hops = {m: {h: statistics.median(summarize(rs, field("hops_ms", h))) for h in ("gen", "A", "B")}
             for m, rs in runs.items()}
 
     table = Table(title=f"End-to-end latency raw -> A -> X -> B -> Y, interval {iv_ms:.0f} ms for every job and "
@@ -420,7 +431,7 @@ def main() -> None:
         prof_table.add_column(s, justify="right")
     aligned_profile: dict[str, dict[str, float]] = {}
     for job in ("A", "B"):
-        vals = {s: summarize(runs["aligned"], lambda r, j=job, s=s: r["profile_ms"][j][s]) for s in steps}
+        vals = {s: summarize(runs["aligned"], field("profile_ms", job, s)) for s in steps}
         aligned_profile[job] = {s: statistics.median(v) if v else float("nan") for s, v in vals.items()}
         prof_table.add_row(job, *(f"{aligned_profile[job][s]:.1f}" for s in steps))
     console.print(prof_table)

@@ -63,7 +63,7 @@ from aligner.coordinator.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from aligner.stamps import HEADER, Stamp
 from experiments import ForeignCpu
-from experiments.common import PRODUCER_SETTINGS, write_results
+from experiments.common import PRODUCER_SETTINGS, Headers, write_results
 
 ROOT = "/bench-pipeline"
 PARTITIONS = 4
@@ -72,7 +72,7 @@ VALUE = b"v" * 100
 TARGET = 0.8
 TARGET_BATCH = 0.9
 """Issue 21's goals: the record path at 0.8 of the raw loop, the batch path at 0.9."""
-STAMP_HEADERS = [(HEADER, Stamp("pipe", 0, 0).encode())]
+STAMP_HEADERS: Headers = [(HEADER, Stamp("pipe", 0, 0).encode())]
 """What the aligned sink puts on every record (sink, epoch, attempt): the raw loop with it is the sink's floor."""
 
 
@@ -178,7 +178,9 @@ def align_worker(led: Ledger, sink: SinkProducer, worker: JobWorker, console: Co
     if errors:
         raise errors[0]
     last = sink.lease.node.committed_epoch or 0
-    while worker.source.consumed("in") < last:  # the writer stopped: every step below has its epoch
+    source = worker.source
+    assert source is not None, "the worker is started"
+    while source.consumed("in") < last:  # the writer stopped: every step below has its epoch
         worker.step(stop)
     console.print(f"aligned the job in {time.monotonic() - t0:.1f}s; it consumed subject epochs up to {last}")
     return time.monotonic() - t0
@@ -188,7 +190,7 @@ def align_worker(led: Ledger, sink: SinkProducer, worker: JobWorker, console: Co
 
 
 def raw_run(bootstrap: str, topic: str, out_topic: str, kp: Producer, starts: dict[int, int],
-            ends: dict[int, int], headers: list[tuple[str, bytes]] | None = None) -> dict[str, float]:
+            ends: dict[int, int], headers: Headers | None = None) -> dict[str, float]:
     """Consume [starts, ends) of every partition, produce each value, one transaction per EPOCH records
     (with ``headers`` on every record: the stamp, for the loop that pays what the aligned sink must)."""
     consumer = Consumer(consumer_config(bootstrap))
@@ -209,7 +211,8 @@ def raw_run(bootstrap: str, topic: str, out_topic: str, kp: Producer, starts: di
                 if err.code() == KafkaError._PARTITION_EOF:
                     continue
                 raise RuntimeError(str(err))
-            p, o = m.partition(), m.offset()
+            p: int = m.partition()  # type: ignore[assignment]  # a record has both
+            o: int = m.offset()  # type: ignore[assignment]
             if o >= ends[p] or p not in remaining:
                 remaining.discard(p)
                 continue
@@ -287,14 +290,14 @@ class FirstRecord:
             def wrapped_batch(records: list[SourceRecord], state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
                 note()
                 worker.fn = fn
-                return fn(records, state)  # type: ignore[no-any-return]
+                return fn(records, state)
 
             worker.fn = batch(wrapped_batch)
         else:
             def wrapped(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
                 note()
                 worker.fn = fn
-                return fn(record, state)  # type: ignore[no-any-return]
+                return fn(record, state)
 
             worker.fn = wrapped
 
@@ -389,6 +392,7 @@ def main() -> None:
                 console.print(f"round {r + 1}/{args.rounds}: " + ", ".join(
                     f"{n} {v[-1]['records'] / v[-1]['seconds']:,.0f}/s" for n, v in results.items()))
             foreign = cpu.cores()
+            assert worker.sink is not None, "the worker is started"
             aligned_epochs = [e for e in range(worker.sink.next_epoch) if worker.jobs.job_epoch("pipe", e)]
         worker.close()
         job_led.close()
@@ -446,8 +450,8 @@ def main() -> None:
         "peer": {name: {"guarantee": g, "ratio": rate[name] / rate["raw"],
                         "ratio_from_start": rate_start[name] / rate_start["raw"]} for name, g in peers.items()},
     }
-    out = write_results("bench_pipeline", doc)
-    console.print(f"wrote {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
+    written = write_results("bench_pipeline", doc)
+    console.print(f"wrote {written.relative_to(Path.cwd()) if written.is_relative_to(Path.cwd()) else written}")
 
 
 if __name__ == "__main__":

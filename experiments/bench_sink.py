@@ -44,7 +44,7 @@ from aligner.coordinator.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from aligner.stamps import HEADER, Stamp
 from experiments import ForeignCpu, cpu_seconds
-from experiments.common import PRODUCER_SETTINGS, LedgerTimer, write_results
+from experiments.common import PRODUCER_SETTINGS, Headers, LedgerTimer, write_results
 
 PARTITIONS = 4
 EPOCH = 10_000
@@ -66,7 +66,7 @@ def raw_producer(bootstrap: str, topic: str) -> Producer:
     return kp
 
 
-def raw_run(kp: Producer, topic: str, records: int, headers: list[tuple[str, bytes]] | None = None,
+def raw_run(kp: Producer, topic: str, records: int, headers: Headers | None = None,
             callback: bool = False) -> float:
     """The baseline loop: one transaction per EPOCH records, optionally with the sink's per-record extras."""
     last: dict[int, int] = {}
@@ -144,7 +144,7 @@ def main() -> None:
                     help="one-record epochs that warm ZooKeeper's JIT before the rounds (0: none)")
     args = ap.parse_args()
     console = Console(width=120)
-    stamp = [(HEADER, Stamp("sink", 123, 1).encode())]
+    stamp: Headers = [(HEADER, Stamp("sink", 123, 1).encode())]
 
     logging.getLogger("kazoo").setLevel(logging.ERROR)  # a first-connect retry is logged as a warning
 

@@ -24,11 +24,10 @@ from typing import Any
 
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.spark.job import stop_query
-from aligner.connectors.spark.lineage import sink_lineage, source_batch
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import EmbeddedStack, wait_for
 from aligner.ledger import Ledger
-from experiments.common import value, write_results
+from experiments.common import spark_reads, value, write_results
 
 ROOT = "/bench-spark-hop"
 X, Y, SINK = "hop-x", "hop-y", "hop"
@@ -51,16 +50,16 @@ def _write(led: Ledger, kafka: str, interval: float, per_epoch: int, stop: threa
     return last
 
 
-def _pct(values: list[float], q: float) -> float:
+def _pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0]
 
 
 def hops(led: Ledger) -> list[tuple[float, float]]:
     """(X commit time s, hop s) for every X epoch the query has written to Y."""
     out = []
-    for epoch, node in sorted(sink_lineage(led, Y, SINK).items()):
+    for epoch, reads in spark_reads(led, Y, SINK).items():
         written = led.committed(Y, epoch).committed_at
-        for read in source_batch(led, node.query, node.batch).values():
+        for read in reads.values():
             for e in range(read.first, read.last + 1):
                 committed = led.committed(X, e).committed_at
                 out.append((committed / 1000, (written - committed) / 1000))
@@ -135,11 +134,10 @@ def main() -> None:
             stop.set()
             writer.join(30)
         last = result["last"]
-        behind_at_end = (led.frontier(X) or 0) - max((r.last for node in sink_lineage(led, Y, SINK).values()
-                                                      for r in source_batch(led, node.query, node.batch).values()),
-                                                     default=-1)
-        wait_for(lambda: any(r.last >= last for node in sink_lineage(led, Y, SINK).values()
-                             for r in source_batch(led, node.query, node.batch).values()), 300,
+        behind_at_end = (led.frontier(X) or 0) - max((r.last for reads in spark_reads(led, Y, SINK).values()
+                                                      for r in reads.values()), default=-1)
+        wait_for(lambda: any(r.last >= last for reads in spark_reads(led, Y, SINK).values()
+                             for r in reads.values()), 300,
                  "the query to write the last X epoch")
         collect_progress(query, progress)
         stop_query(query)  # between micro-batches: no abort errors

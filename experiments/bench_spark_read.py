@@ -52,7 +52,7 @@ def main() -> None:
         print(f"wrote {args.records:,} records in epochs {first}..{last} ({args.records / write_s:,.0f}/s)")
         spark = local_session("local[2]", "bench-spark-read")
 
-        def frame():  # type: ignore[no-untyped-def]
+        def frame():
             return (spark.read.format("aligned").option("zk", info.zk).option("kafka", info.kafka)
                     .option("root", ROOT).option("subject", SUBJECT).option("epochs", f"{first}:{last}").load())
 

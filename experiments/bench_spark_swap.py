@@ -49,7 +49,7 @@ from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import EmbeddedStack, wait_for
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
-from experiments.common import write_results
+from experiments.common import json_value, write_results
 from experiments.running_query import start_running_query
 
 ROOT = "/bench-spark-swap"
@@ -188,7 +188,7 @@ def _verify(led: Ledger, kafka: str, target: str, sent: int, swap_epoch: int) ->
     input, its state rebuilt) after, every input once; S+1 committed no earlier than S."""
     first, last = led.epoch_numbers(target)[0], led.frontier(target)
     with EpochReader(led, kafka) as reader:
-        outputs = [(r.epoch, json.loads(r.value)) for r in reader.read(target, first, last)]
+        outputs = [(r.epoch, json_value(r.value)) for r in reader.read(target, first, last)]
     seen = Counter(v["in"]["n"] for _, v in outputs)
     lost = sum(1 for n in range(sent) if seen[n] == 0)
     duplicated = sum(c - 1 for c in seen.values() if c > 1)

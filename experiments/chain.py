@@ -36,6 +36,7 @@ from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import EmbeddedStack, StackInfo, wait_for
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
+from experiments.common import json_value
 from experiments.hotness import hot_issues, pr_hotness
 from experiments.workload import (
     HOT_ISSUES,
@@ -180,7 +181,7 @@ def _run(led: Ledger, info: StackInfo, root: str, config: ChainConfig, tag: str,
         create_subject(led, info.kafka, names[s], p)
     create_subject(led, info.kafka, names[HOT_ISSUES], 2 * p)
     create_subject(led, info.kafka, names[PR_HOTNESS], p)
-    mode = "at_least_once" if config.mode == "at_least_once" else "exactly_once"
+    mode: RunMode = "at_least_once" if config.mode == "at_least_once" else "exactly_once"
     job1, job2 = f"{JOB1}-{tag}", f"{JOB2}-{tag}"
     spec1 = JobSpec(job=job1, inputs=(names[ISSUES], names[ISSUE_COMMENTS]), output=names[HOT_ISSUES],
                     parallelism=p, interval=config.interval, mode=mode, output_partitions=tuple(range(p)))
@@ -319,7 +320,7 @@ def read_all(led: Ledger, kafka: str, subject: str) -> list[dict[str, Any]]:
     if not numbers or last is None:
         return []
     with EpochReader(led, kafka) as reader:
-        return [{**json.loads(r.value), "epoch": r.epoch} for r in reader.read(subject, numbers[0], last)]
+        return [{**json_value(r.value), "epoch": r.epoch} for r in reader.read(subject, numbers[0], last)]
 
 
 def exactly_once(check: dict[str, int]) -> bool:

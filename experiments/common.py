@@ -8,13 +8,15 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from aligner.connectors.kafka import LINGER_MS, consumer_config
 from aligner.connectors.sink import SinkProducer
 from aligner.ledger import Ledger
+from aligner.lineage import sink_lineage, source_batch
+from aligner.lineage_models import SparkSourceBatchNode
 
 RESULTS = Path(os.environ.get("ALIGNER_RESULTS") or Path(__file__).resolve().parent / "results")
 """Where results go; ALIGNER_RESULTS moves them (the benchmarks' smoke test writes to a temporary folder)."""
@@ -27,10 +29,29 @@ PRODUCER_SETTINGS = {
 }
 """librdkafka settings of the raw baselines, so they batch as the sink does."""
 
+Headers = list[tuple[str, str | bytes | None]]
+"""A record's headers as confluent-kafka takes them (the raw baselines' stamp)."""
+
 VALUE_BYTES = 100
 SPARK_QUICK_DRIVER = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
 """Driver JVM options of the experiments' short-lived local Spark drivers (chaos, upgrades): the C1 JIT alone
 and the serial GC start one seconds faster on two shared cores."""
+
+
+
+def json_value(value: bytes | None) -> Any:
+    """A record's JSON value. The experiments' jobs write no tombstones: a record without a value is a bug,
+    said as such rather than as a TypeError from json."""
+    if value is None:
+        raise ValueError("a record without a value (a tombstone) where the job writes JSON")
+    return json.loads(value)
+
+
+def spark_reads(led: Ledger, subject: str, sink: str) -> dict[int, dict[str, SparkSourceBatchNode]]:
+    """Per epoch of ``subject`` that the Spark sink ``sink`` wrote, what its micro-batch read (by input subject;
+    none for a batch without a query)."""
+    return {epoch: source_batch(led, node.query, node.batch) if node.query is not None else {}
+            for epoch, node in sorted(sink_lineage(led, subject, sink).items())}
 
 
 def write_results(name: str, payload: dict[str, Any]) -> Path:
@@ -60,6 +81,17 @@ def write_numbered(led: Ledger, bootstrap: str, subject: str, records: int, part
     return epochs[0], epochs[-1], time.perf_counter() - t0
 
 
+@overload
+def read_raw(bootstrap: str, topic: str, span: dict[int, tuple[int, int]],
+             collect: Literal[True] = True) -> list[bytes]:
+    ...
+
+
+@overload
+def read_raw(bootstrap: str, topic: str, span: dict[int, tuple[int, int]], collect: Literal[False]) -> int:
+    ...
+
+
 def read_raw(bootstrap: str, topic: str, span: dict[int, tuple[int, int]], collect: bool = True) -> list[bytes] | int:
     """The raw baseline: plain confluent-kafka reads of [start, end) per partition, ending on
     position. Returns the values, or (``collect`` False) only how many were read."""
@@ -78,9 +110,9 @@ def read_raw(bootstrap: str, topic: str, span: dict[int, tuple[int, int]], colle
                     if err.code() != KafkaError._PARTITION_EOF:
                         raise RuntimeError(str(err))
                     continue
-                if m.offset() < end[m.partition()]:
+                if m.offset() < end[m.partition()]:  # type: ignore[operator,index]  # a record has both
                     if collect:
-                        append(m.value())
+                        append(m.value())  # type: ignore[arg-type]
                     else:
                         m.value()
                         n += 1

@@ -377,8 +377,11 @@ def pipeline(info: StackInfo, led: Ledger, root: str, tmp: str) -> Run:
                               (FAUST, (HOT_ISSUES,))):
             if job == JOB2:
                 ends[HOT_ISSUES] = led.frontier(HOT_ISSUES) or -1  # job 1 wrote its last epoch
-            wait_for(lambda job=job, subjects=subjects: all(_through(led, jobs, job, s) >= ends[s] for s in subjects),
-                     LIVE, f"{job} to read every epoch of {', '.join(subjects)}", interval=0.3, on_wait=healthy)
+            def through(job: str = job, subjects: tuple[str, ...] = subjects) -> bool:
+                return all(_through(led, jobs, job, s) >= ends[s] for s in subjects)
+
+            wait_for(through, LIVE, f"{job} to read every epoch of {', '.join(subjects)}", interval=0.3,
+                     on_wait=healthy)
         events["all read"] = time.time() - started
     finally:
         if gen is not None:

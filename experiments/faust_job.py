@@ -115,6 +115,7 @@ def pause_at(spec: str):
 
     def fault(at: str) -> None:
         w = job.worker
+        assert w is not None and w.sink is not None, "a fault point is reached by a started worker"
         # Before the ZooKeeper commit the lease still points at the open epoch.
         current = w.sink.next_epoch if at in ("before_kafka_commit", "after_kafka_commit") else \
             w.sink.next_epoch - 1

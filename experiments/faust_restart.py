@@ -33,7 +33,7 @@ from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import EmbeddedStack
 from aligner.ledger import Ledger
-from experiments.common import write_results
+from experiments.common import json_value, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = 20
@@ -97,7 +97,7 @@ def run(rounds: int, plain: bool, home: Path) -> dict[str, Any]:
         env = {"ALIGNER_ZK": info.zk, "ALIGNER_KAFKA": info.kafka, "ALIGNER_ROOT": root, "ALIGNER_HOME": str(home),
                "FAUST_JOB_ID": job, "FAUST_JOB_INPUT": src, "FAUST_JOB_OUTPUT": out, "FAUST_JOB_INTERVAL": "0.3",
                "FAUST_JOB_PLAIN": "1" if plain else "0"}
-        finish, fed = threading.Event(), []
+        finish, fed = threading.Event(), list[int]()
         feeder = threading.Thread(target=feed, args=(ledger, info.kafka, src, finish, fed), daemon=True)
         feeder.start()
         start_s, resume_s, stop_s = [], [], []
@@ -132,7 +132,7 @@ def run(rounds: int, plain: bool, home: Path) -> dict[str, Any]:
             with EpochReader(ledger, info.kafka) as reader:
                 inputs = {(r.partition, r.offset) for r in reader.read(src, 0, ledger.finished(src))}
                 results = Counter((v["src"][1], v["src"][2]) for e in ledger.epoch_numbers(out)
-                                  for v in (json.loads(r.value) for r in reader.read(out, e)))
+                                  for v in (json_value(r.value) for r in reader.read(out, e)))
         finally:
             finish.set()
             for p in procs:

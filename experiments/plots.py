@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from experiments.analysis import EpochPoint, epoch_series, since_start
-from experiments.chain import ChainResult
+from experiments.chain import ChainResult, RunMode
 
 LABEL = {"at_least_once": "at-least-once", "exactly_once": "exactly-once", "aligned": "aligned"}
 COLOR = {"at_least_once": "tab:green", "exactly_once": "tab:blue", "aligned": "tab:orange"}
@@ -33,7 +33,7 @@ def _series(ax: Any, pts: list[EpochPoint], title: str) -> None:
     ax.grid(alpha=0.3)
 
 
-def modes(series: dict[str, list[EpochPoint]], interval: float) -> Figure:
+def modes(series: dict[RunMode, list[EpochPoint]], interval: float) -> Figure:
     fig = plt.figure(figsize=(13, 7.5))
     grid = fig.add_gridspec(2, len(series))
     top = max((p.checkpoint_ms for pts in series.values() for p in pts), default=1.0) * 1.05
@@ -133,7 +133,7 @@ def hotswap(run: ChainResult, pts: list[EpochPoint], commit_times: dict[int, flo
     return fig
 
 
-def parallelism(series: dict[str, dict[int, list[EpochPoint]]]) -> Figure:
+def parallelism(series: dict[RunMode, dict[int, list[EpochPoint]]]) -> Figure:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, metric, what in ((axes[0], "avg_ms", "average"), (axes[1], "checkpoint_ms", "checkpoint")):
         data, labels = [], []

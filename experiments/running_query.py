@@ -20,7 +20,7 @@ def start_running_query(spark: Any, conn: dict[str, str], source: str, target: s
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    def running(key, frames, state):  # type: ignore[no-untyped-def]
+    def running(key, frames, state):
         acc = state.get[0] if state.exists else 0
         ns = sorted(int(n) for f in frames for n in f["n"])
         out = []

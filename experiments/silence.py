@@ -32,6 +32,7 @@ from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.stack import EmbeddedStack
 from aligner.ledger import Ledger
+from experiments.common import json_value
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -141,7 +142,7 @@ def main(minutes: Annotated[float, typer.Option(min=0.1, help="Length of the sil
             while time.monotonic() < deadline and len(seen) < total:  # every input through the job
                 time.sleep(1.0)
                 with EpochReader(ledger, info.kafka) as reader:
-                    seen = Counter(json.loads(r.value)["in"]["n"]
+                    seen = Counter(json_value(r.value)["in"]["n"]
                                    for r in reader.read(out, 0, ledger.frontier(out) or 0))
             lost = sum(1 for n in range(total) if seen[n] == 0)
             dup = sum(1 for c in seen.values() if c > 1)

@@ -38,6 +38,7 @@ from aligner.connectors.state import RocksStore, open_store
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import EmbeddedStack
 from aligner.ledger import Ledger
+from experiments.common import json_value
 
 ROOT = Path(__file__).resolve().parent.parent
 PAD = "x" * 80
@@ -99,7 +100,7 @@ def main(keys: Annotated[int, typer.Option(min=1)] = 500_000,
         print(f"job done after {killed} kills in {time.monotonic() - t0:.1f}s", flush=True)
         last = ledger.frontier(out) or 0
         with EpochReader(ledger, info.kafka) as reader:
-            seen = Counter(json.loads(r.value)["n"] for r in reader.read(out, 0, last))
+            seen = Counter(json_value(r.value)["n"] for r in reader.read(out, 0, last))
         lost = sum(1 for n in range(keys) if seen[n] == 0)
         duplicated = sum(1 for c in seen.values() if c > 1)
         t0 = time.monotonic()

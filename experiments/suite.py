@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import statistics
 import uuid
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
@@ -32,7 +33,7 @@ from rich.table import Table
 
 from aligner.coordinator.stack import StackInfo
 from experiments import ForeignCpu, plots
-from experiments.analysis import before_after, epoch_series, points_json, since_start, steady, summary
+from experiments.analysis import EpochPoint, before_after, epoch_series, points_json, since_start, steady, summary
 from experiments.chain import ChainConfig, ChainResult, RunMode, exactly_once, open_stack, run_chain
 from experiments.common import RESULTS, write_results
 from experiments.workload import Workload
@@ -101,7 +102,7 @@ def finite(value: Any) -> Any:
     return value
 
 
-def table(title: str, rows: list[tuple[str, dict[str, float]]]) -> None:
+def table(title: str, rows: Sequence[tuple[str, dict[str, float]]]) -> None:
     t = Table(title=title)
     for col in ("run", "epochs", "avg ms", "max ms", "checkpoint ms", "visible ms", "stdev(avg) ms"):
         t.add_column(col, justify="right")
@@ -141,7 +142,8 @@ def modes(interval: float = 1.0, parallelism: Parallelism = 1, duration: float =
     """(a) Latency by processing mode (thesis Figs 6.7, 6.8)."""
     with open_stack(external) as info:
         ex = Experiment("modes", info, locals() | {"info": None})
-        series, summaries = {}, {}
+        series: dict[RunMode, list[EpochPoint]] = {}
+        summaries: dict[RunMode, dict[str, float]] = {}
         for mode in MODES:
             run = ex.run(chain(mode, interval, parallelism, duration, rate), mode)
             pts = steady(run, WARMUP)
@@ -265,17 +267,18 @@ def hotswap(interval: float = 1.0, parallelism: Parallelism = 1, duration: float
         near = [p for p in pts if abs(p.t - swap_t) <= 3 * interval]
         far = [p for p in pts if p.t > since_start(run, "align job2 decided") + 2 * interval
                and abs(p.t - swap_t) > 3 * interval and p.t <= duration]
+        near_s, far_s = summary(near), summary(far)
         body = {"swap_epoch": s, "exactly_once": exactly_once(run.check), "check": run.check,
                 "hot_issues_gap_s": gap, "hot_issues_typical_gap_s": typical,
                 "max_gap_s": max(gaps, default=float("nan")),
                 "swap_decision_seconds": since_start(run, "swap decided") - since_start(run, "swap requested"),
-                "latency_near_swap": summary(near), "latency_elsewhere": summary(far),
+                "latency_near_swap": near_s, "latency_elsewhere": far_s,
                 "series": points_json(pts), "hot_issues_commits": commits,
                 "events": {k: v - run.started for k, v in run.events.items()}}
         console.print(f"swap at hot-issues epoch {s}: S -> S+1 commits {gap:.2f}s apart (typical {typical:.2f}s); "
                       f"exactly once: {body['exactly_once']}")
         table("job 2 latency around the swap (+-3 intervals) and elsewhere (aligned)",
-              [("near swap", body["latency_near_swap"]), ("elsewhere", body["latency_elsewhere"])])
+              [("near swap", near_s), ("elsewhere", far_s)])
         ex.write(body, plots.hotswap(run, pts, times, s))
 
 

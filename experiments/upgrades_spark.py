@@ -49,7 +49,7 @@ def main() -> None:
     register_query(ledger, args.job, [args.source], args.target, follows=args.follows, version=str(args.version))
     version = args.version
 
-    def counted(key, frames, state):  # type: ignore[no-untyped-def]
+    def counted(key, frames, state):
         c = state.get[0] if state.exists else 0
         ns = sorted(int(n) for f in frames for n in f["n"])  # one key's records come from one input partition
         out = []

@@ -26,7 +26,6 @@ judged. A loss right at a window's start goes unseen: the price of a bounded led
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from aligner.ledger import Ledger
 from aligner.models import WorkerEpochNode
 from aligner.stamps import stamp_of
 from experiments.chaos.jobs import KEYS, h
+from experiments.common import json_value
 
 CLASSES = ("lost", "duplicated", "unexpected", "aborted_read", "wrong_content", "wrong_epoch", "non_monotonic",
            "lineage")
@@ -90,10 +90,12 @@ class Subject:
             for epoch, partition, messages in reader.read_batches(name, self.epochs[0].epoch, self.epochs[-1].epoch):
                 stamp = self.by_epoch[epoch].slices[partition].stamp
                 for m in messages:
-                    if stamp is not None and stamp_of(m.headers()) != stamp:
-                        anomalies.add("aborted_read", name, f"epoch {epoch} p{partition}@{m.offset()} stamp "
-                                      f"{stamp_of(m.headers())!r}, committed {stamp!r}")
-                    self.records.append(Rec(epoch, partition, m.offset(), json.loads(m.value())))
+                    h: list[tuple[str, bytes]] | None = m.headers()  # type: ignore[assignment]  # as the stamped producer wrote them
+                    offset: int = m.offset()  # type: ignore[assignment]  # a record has one
+                    if stamp is not None and stamp_of(h) != stamp:
+                        anomalies.add("aborted_read", name, f"epoch {epoch} p{partition}@{offset} stamp "
+                                      f"{stamp_of(h)!r}, committed {stamp!r}")
+                    self.records.append(Rec(epoch, partition, offset, json_value(m.value())))
         for prev, ce in pairwise(self.epochs):
             for p, sl in ce.slices.items():
                 before = prev.slices.get(p)

@@ -463,8 +463,8 @@ class Run:
                 proc.kill()
             return
         if f.kind == "kill-executor":
-            live = self.spark.executors() if self.spark is not None else []
-            victim = rng.choice(live) if live else None
+            executors = self.spark.executors() if self.spark is not None else []
+            victim = rng.choice(executors) if executors else None
             ev["target"] = f"executor pid {victim}" if victim else "(none alive)"
             if victim:
                 with contextlib.suppress(ProcessLookupError):

@@ -72,11 +72,11 @@ def main() -> None:
             done = True
             break
         stop.wait(0.5)
-    exc = query.exception() if not query.isActive else None
+    failure = query.exception() if not query.isActive else None
     query.stop()
     spark.stop()
-    if exc is not None:
-        raise SystemExit(f"query failed: {exc}")
+    if failure is not None:
+        raise SystemExit(f"query failed: {failure}")
     say("done" if done else "stopped")
 
 
