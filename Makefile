@@ -65,10 +65,10 @@ soak: setup
 	  --retention-every 60 --keep-epochs 1000 --keep-seconds 600
 
 # Every import of the library resolved (the three roots of the namespace package `aligner`, see pyproject.toml),
-# and the benchmarks and the demo, so that one the library's change breaks fails here, not when next run.
+# and the benchmarks, the demo and the tests, so that one the library's change breaks fails here, not when next run.
 typecheck: setup
 	$(VENV)/bin/mypy -p aligner -p aligner.connectors -p aligner.coordinator
-	$(VENV)/bin/mypy experiments
+	$(VENV)/bin/mypy experiments tests
 
 demo: setup
 	$(PY) -m experiments.demo

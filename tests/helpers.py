@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from experiments.common import json_value as json_value  # the tests' jobs write JSON too
 from tests import guard
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,7 +145,8 @@ def raw_records(bootstrap: str, topic: str, partitions: int) -> list:
 
     c = Consumer(consumer_config(bootstrap))
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    out, eof = [], set()
+    out = []
+    eof: set[int | None] = set()
     while len(eof) < partitions:
         for m in c.consume(10000, timeout=1):
             if m.error():

@@ -14,7 +14,7 @@ from typing import Any
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
-from tests.helpers import Worker
+from tests.helpers import Worker, json_value
 
 SINK = "relay"
 LIVE = 300
@@ -83,6 +83,7 @@ def check(ledger: Any, kafka: str, source: str, target: str, epochs: int, record
     assert len(written) == epochs, f"expected one Y epoch per X epoch, got {sorted(written)}"
     y_to_x = {}
     for y, node in written.items():
+        assert node.query is not None, f"Y epoch {y} was written without a query"
         read = source_batch(ledger, node.query, node.batch)
         assert list(read) == [source] and read[source].first == read[source].last
         y_to_x[y] = read[source].first
@@ -91,11 +92,11 @@ def check(ledger: Any, kafka: str, source: str, target: str, epochs: int, record
     assert len({n.query for n in written.values()}) == 1, "the restarts kept the checkpoint's query id"
 
     with EpochReader(ledger, kafka) as reader:
-        src = {(r.epoch, r.partition, r.offset): json.loads(r.value)["j"] for r in reader.read(source, 0, epochs - 1)}
+        src = {(r.epoch, r.partition, r.offset): json_value(r.value)["j"] for r in reader.read(source, 0, epochs - 1)}
         got: Counter = Counter()
         per_epoch: dict[int, set[int]] = defaultdict(set)
         for r in reader.read(target, min(written), max(written)):
-            v = json.loads(r.value)
+            v = json_value(r.value)
             got[(v["src_epoch"], v["src_partition"], v["src_offset"], v["j"])] += 1
             per_epoch[r.epoch].add(v["src_epoch"])
     assert len(src) == epochs * records

@@ -15,6 +15,7 @@ from aligner.connectors.worker import WorkerThread
 from aligner.coordinator.stack import StackInfo
 from aligner.ledger import Ledger
 from tests import guard
+from tests.helpers import json_value
 
 
 @dataclass(eq=False)
@@ -169,7 +170,7 @@ def read_all(ledger: Ledger, bootstrap: str, subject: str) -> list[tuple[int, di
         return []
     first = ledger.epoch_numbers(subject)[0]
     with EpochReader(ledger, bootstrap) as reader:
-        return [(r.epoch, json.loads(r.value)) for r in reader.read(subject, first, last)]
+        return [(r.epoch, json_value(r.value)) for r in reader.read(subject, first, last)]
 
 
 def assert_exactly_once(outputs: list[tuple[int, dict]], inputs: int) -> None:

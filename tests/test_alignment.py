@@ -16,7 +16,7 @@ from aligner.errors import AlignerError, AlignmentSplitError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.lineage import flatten, job_epoch_lineage
-from aligner.models import AlignmentDecision, DecisionPhase, Span
+from aligner.models import AlignmentDecision, DecisionPhase, JobEpochNode, Span, WorkerEpochNode
 from tests.jobs import tag_v1
 from tests.streams import assert_exactly_once, read_all
 
@@ -29,11 +29,26 @@ def _subjects(ledger, stack, *names, partitions=2):
         create_subject(ledger, stack.kafka, n, partitions)
 
 
+def _job_epoch(jobs: JobLedger, job: str, epoch: int) -> JobEpochNode:
+    """A committed job epoch's record (one listed by ``job_epoch_numbers``: present)."""
+    node = jobs.job_epoch(job, epoch)
+    assert node is not None, f"no record of job epoch {epoch} of {job}"
+    return node
+
+
+def _covered(node: WorkerEpochNode, subject: str) -> Span:
+    """The subject epochs an aligned worker epoch covered of ``subject`` (present: the test aligned it)."""
+    assert node.covered is not None, f"worker epoch {node.epoch} is not aligned"
+    span = node.covered[subject]
+    assert span is not None, f"worker epoch {node.epoch} covered nothing of {subject}"
+    return span
+
+
 def _aligned_epochs(jobs: JobLedger, job: str) -> dict[int, int]:
     """subject epoch -> job epoch, for single-subject aligned job epochs."""
     out = {}
     for e in jobs.job_epoch_numbers(job):
-        node = jobs.job_epoch(job, e)
+        node = _job_epoch(jobs, job, e)
         for span in node.covered.values():
             if span is None:
                 continue  # the drained end of a finished subject
@@ -133,7 +148,7 @@ def test_abort_in_every_state_loses_and_duplicates_nothing(stack, ledger, subjec
         cmd, version = jobs.command(job, raw)
         jobs.send(job, raw, Command(seq=cmd.seq + 1, kind=kind, **kw), version)
 
-    wait_for(lambda: jobs.consumers(job, raw), LIVE, "the consumer to report")
+    wait_for(lambda: bool(jobs.consumers(job, raw)), LIVE, "the consumer to report")
     seen = []
     command("catch_up")
     wait_for(lambda: state() in (State.CATCHING_UP, State.READY), LIVE, "catching up")
@@ -184,7 +199,7 @@ def test_variable_interval_spans_k_subject_epochs(stack, ledger, subject_name, s
     gen.finished()
     t.join()
     jobs = JobLedger(ledger)
-    spans = [jobs.job_epoch(job, e).covered[raw] for e in jobs.job_epoch_numbers(job)]
+    spans = [_job_epoch(jobs, job, e).covered[raw] for e in jobs.job_epoch_numbers(job)]
     full = [s for s in spans[:-1] if s is not None]
     assert len(full) >= 5 and all(s.last - s.first + 1 == 3 for s in full)
     assert all(b.first == a.last + 1 for a, b in itertools.pairwise(full))
@@ -206,7 +221,7 @@ def test_multi_subject_job_aligns_on_an_epoch_vector(stack, ledger, subject_name
     gr.finished()
     t.join()
     jobs = JobLedger(ledger)
-    vectors = [jobs.job_epoch(job, e) for e in jobs.job_epoch_numbers(job)]
+    vectors = [_job_epoch(jobs, job, e) for e in jobs.job_epoch_numbers(job)]
     assert len(vectors) >= 10
     nxt = dict(vectors[0].next)
     for node in vectors[1:]:
@@ -256,7 +271,12 @@ def test_align_arriving_during_the_epoch_before_j_extends_it_to_k(stack, ledger,
     before_j = worker.sink.next_epoch
     seen = worker.records_in
     done = threading.Event()
-    stepping = threading.Thread(target=lambda: (worker.step(stop), done.set()), daemon=True)
+
+    def step_then_done() -> None:
+        worker.step(stop)
+        done.set()
+
+    stepping = threading.Thread(target=step_then_done, daemon=True)
     stepping.start()
     try:
         wait_for(lambda: worker.records_in > seen, LIVE, "epoch J - 1 to be under way")
@@ -271,7 +291,7 @@ def test_align_arriving_during_the_epoch_before_j_extends_it_to_k(stack, ledger,
     node = jobs.worker_epoch(spec.job, 0, before_j)
     assert node.offsets[raw] == _ends(ledger, raw, k - 1, [0, 1]), f"epoch {before_j} did not end at k - 1 = {k - 1}"
     worker.step(stop)
-    assert jobs.worker_epoch(spec.job, 0, before_j + 1).covered[raw].first == k
+    assert _covered(jobs.worker_epoch(spec.job, 0, before_j + 1), raw).first == k
 
 
 def test_worker_restarted_while_aligning_ends_its_first_aligned_epoch_on_k(stack, ledger, subject_name, spawn):
@@ -303,6 +323,7 @@ def test_worker_restarted_while_aligning_ends_its_first_aligned_epoch_on_k(stack
              "job epoch J to commit")
 
     node = jobs.worker_epoch(spec.job, 0, j)
+    assert node.covered is not None
     span = node.covered[raw]
     assert span is not None and span.first == k
     assert node.offsets[raw] == _ends(ledger, raw, span.last, [0, 1]), f"job epoch {j} covers {span.first}..{span.last}"
@@ -439,7 +460,7 @@ def test_a_coverage_record_that_differs_from_the_workers_own_aborts_the_epoch_an
     wait_for(lambda: _step_into(worker, stop, raw, State.ALIGNED), LIVE, "the consumer to be Aligned")
     aligned.set()
     e = worker.sink.next_epoch
-    start = jobs.job_epoch(spec.job, e - 1).next[raw]
+    start = _job_epoch(jobs, spec.job, e - 1).next[raw]
     wait_for(lambda: (ledger.frontier(raw) or 0) >= start + 1, LIVE, "both subject epochs of the next job epoch")
     jobs.fix_job_epoch(spec.job, e, {raw: Span(first=start, last=start)}, {raw: start + 1})
 
@@ -450,5 +471,5 @@ def test_a_coverage_record_that_differs_from_the_workers_own_aborts_the_epoch_an
     node = jobs.worker_epoch(spec.job, 0, e)
     assert node.covered == {raw: Span(first=start, last=start)}
     assert node.offsets[raw] == _ends(ledger, raw, start, [0, 1])
-    assert jobs.worker_epoch(spec.job, 0, e + 1).covered[raw].first == start + 1
+    assert _covered(jobs.worker_epoch(spec.job, 0, e + 1), raw).first == start + 1
     assert_exactly_once(read_all(ledger, stack.kafka, x), gen.sent)

@@ -44,7 +44,8 @@ def test_spark_hot_issues_step_matches_the_runtime_job(version, batch):
     rows += [{"issue": v["issue"], "is_issue": False, "id": v["id"], "pr": None, "et": v["et"], "ts": 0.0}
              for _k, v in w.records(ISSUE_COMMENTS, comments)]
     rows.sort(key=lambda r: r["et"] + (0.05 if r["is_issue"] else 0))  # some issues arrive after their comments
-    step, states, out = _hot_step(w.window, w.hot_threshold, version), defaultdict(_State), []
+    states: defaultdict[int, _State] = defaultdict(_State)
+    step, out = _hot_step(w.window, w.hot_threshold, version), []
     for lo in range(0, len(rows), batch):
         groups = defaultdict(list)
         for r in rows[lo:lo + batch]:

@@ -13,13 +13,13 @@ from confluent_kafka import Producer
 from aligner.connectors.kafka import FetchingConsumer
 from aligner.connectors.reader import EpochReader, read_partition, segments_by_partition
 from aligner.connectors.sink import SinkProducer, partitions_for
-from aligner.connectors.source import SubjectSource
+from aligner.connectors.source import SourceRecord, SubjectSource
 from aligner.connectors.subjects import create_subject
 from aligner.epochs import Slice
 from aligner.errors import EpochNotCommittedError, FencedError
 from aligner.models import Range
 from aligner.stamps import Stamp, stamp_of
-from tests.helpers import Worker, raw_records
+from tests.helpers import Worker, json_value, raw_records
 
 EPOCHS = 20
 RECORDS = 40
@@ -35,9 +35,9 @@ def _expected(ledger, subject: str, epoch: int) -> Counter:
 def _assert_exactly_once(reader: EpochReader, ledger, subject: str) -> None:
     """Every record of every epoch read once, in the epoch it was written for, from every expected writer."""
     for epoch in range(EPOCHS):
-        seen = Counter()
+        seen: Counter = Counter()
         for record in reader.read(subject, epoch):
-            v = json.loads(record.value)
+            v = json_value(record.value)
             assert v["epoch"] == epoch, f"record of epoch {v['epoch']} read in epoch {epoch}"
             seen[(v["sink"], v["producer"], v["epoch"], v["j"])] += 1
         assert seen == _expected(ledger, subject, epoch), f"epoch {epoch} not exactly once"
@@ -74,9 +74,11 @@ def test_two_sinks_two_producers_with_kills_read_exactly_once(stack, root, ledge
 
     # The broker does show the killed attempts' records: the reader dropped them by stamp.
     raw = raw_records(stack.kafka, subject_name, 8)
-    stale = Counter()
+    stale: Counter[str] = Counter()
     for m in raw:
-        sink, epoch, attempt = Stamp.decode(stamp_of(m.headers()))
+        stamp = stamp_of(m.headers())
+        assert stamp is not None, "a record without a stamp"
+        sink, epoch, attempt = Stamp.decode(stamp)
         producer = json.loads(m.value())["producer"]
         if attempt == 1 and (sink, producer, epoch) in (("A", "0", paused["A"]), ("B", "1", paused["B"])):
             stale[sink] += 1
@@ -187,7 +189,7 @@ def test_leaked_aborted_records_inside_a_committed_range_are_dropped_by_stamp(st
         epoch = p.begin()
         for j in range(3):
             p.send(b'"lost-%d"' % j, partition=0)
-        p._kp.flush(30)  # the aborted attempt's records reach the broker
+        p.kp.flush(30)  # the aborted attempt's records reach the broker
         p.abort()
         assert p.begin() == epoch
         p.send(b'"kept-0"', partition=0)
@@ -233,7 +235,7 @@ def test_a_source_skips_stamps_only_where_a_range_holds_nothing_but_the_committe
             p.begin()
             if e == 3:
                 p.send(b"lost", partition=0)
-                p._kp.flush(30)
+                p.kp.flush(30)
                 p.abort()
                 p.begin()
             for j in range(3):
@@ -254,7 +256,7 @@ def test_a_source_skips_stamps_only_where_a_range_holds_nothing_but_the_committe
     source._consumer = source._fetching.consumer
     try:
         source.load()
-        kept = []
+        kept: list[SourceRecord] = []
         deadline = time.monotonic() + 60
         while source.consumed(subject_name) < 3:
             assert time.monotonic() < deadline, f"the source read {len(kept)} records of 4 epochs in 60 s"
@@ -309,13 +311,13 @@ def test_counts_are_what_each_partition_received(stack, ledger, subject_name, mo
     create_subject(ledger, stack.kafka, subject_name, 3)
     with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0, 1, 2]) as p:
         epoch = p.begin()
-        sent = Counter()
+        sent: Counter[int] = Counter()
         for j in range(50):
             p.send(b"%d" % j, key=b"key-%d" % (j % 7))
         for _ in range(5):
             p.send(b"x", partition=1)
             sent[1] += 1
-        p._kp.flush(30)  # a flush in the middle of an epoch must not lose or double count
+        p.kp.flush(30)  # a flush in the middle of an epoch must not lose or double count
         p.send(b"y", partition=1)
         sent[1] += 1
         commit = p.commit()

@@ -29,7 +29,7 @@ from aligner.coordinator.stack import (
     wait_for,
 )
 from aligner.ledger import Ledger
-from tests.helpers import Worker
+from tests.helpers import Worker, json_value
 from tests.streams import assert_exactly_once, read_all
 
 LIVE = 180.0
@@ -348,7 +348,7 @@ def test_a_commit_that_times_out_recreates_the_producer(own_stack, caplog) -> No
             assert p.kp is not before, "the producer was not recreated before the next transaction"
         assert any("timed out before the broker answered" in r.getMessage() for r in caplog.records)
         with EpochReader(led, info.kafka) as reader:
-            got = [json.loads(r.value) for r in reader.read("s", 0, 2)]
+            got = [json_value(r.value) for r in reader.read("s", 0, 2)]
         assert sorted((v["e"], v["j"]) for v in got) == [(e, j) for e in range(3) for j in range(50)]
     finally:
         led.close()

@@ -17,12 +17,12 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from aligner.connectors.faust.job import GROUP_SETTINGS, _sync_function, _tune
-from aligner.connectors.job_spec import takes_batch
+from aligner.connectors.job_spec import BatchFunction, RecordFunction, takes_batch
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.runtime import KeyedState, batch
 from aligner.connectors.sink import SinkProducer
@@ -34,7 +34,7 @@ from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import free_port, wait_for
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
-from tests.helpers import Worker, faust_env, faust_worker, raw_count
+from tests.helpers import Worker, faust_env, faust_worker, json_value, raw_count
 
 RECORDS = 20
 """Input records per input epoch."""
@@ -170,7 +170,7 @@ def _check_exactly_once(ledger: Ledger, kafka: str, src: str, out: str, feeder: 
     assert ledger.finished(out) == out_epochs[-1]
     with EpochReader(ledger, kafka) as reader:
         inputs = {(r.partition, r.offset): r for r in reader.read(src, 0, in_epochs[-1])}
-        by_epoch = {e: [json.loads(r.value) for r in reader.read(out, e)] for e in out_epochs}
+        by_epoch = {e: [json_value(r.value) for r in reader.read(out, e)] for e in out_epochs}
     results = Counter((v["src"][1], v["src"][2]) for rs in by_epoch.values() for v in rs)
     assert len(inputs) == len(in_epochs) * RECORDS
     assert set(results) == set(inputs), "lost or invented results"
@@ -178,7 +178,7 @@ def _check_exactly_once(ledger: Ledger, kafka: str, src: str, out: str, feeder: 
     seen = defaultdict(list)
     for e in out_epochs:
         for v in by_epoch[e]:
-            assert json.loads(inputs[(v["src"][1], v["src"][2])].value) == v["in"]
+            assert json_value(inputs[(v["src"][1], v["src"][2])].value) == v["in"]
             seen[f"k{v['in']['j'] % 7}"].append(v["seen"])
     for key, counts in seen.items():
         assert sorted(counts) == list(range(1, len(counts) + 1)), key
@@ -279,12 +279,15 @@ def test_faust_worker_stops_on_sigterm_and_sigint_within_5s_and_resumes_exactly_
         epoch = _committed(line)
         if epoch is None:
             return False
-        span = jobs.job_epoch(job, epoch).covered[src]
+        node = jobs.job_epoch(job, epoch)
+        assert node is not None, f"job epoch {epoch} committed without its record"
+        span = node.covered[src]
         return span is not None and span.last >= fed
 
     worker.wait_line(drained, timeout=LIVENESS)
     took["SIGINT quiet"] = _stop(worker, signal.SIGINT)
     last = _last_committed(_rest(worker))
+    assert last is not None
 
     # 4. Restarted while still quiet: aligned, from the epoch after the last committed one; input resumes.
     worker = _start_plain(spawn, root, home, job, src, out)
@@ -424,7 +427,9 @@ def test_faust_worker_killed_restarted_and_aligned_exactly_once(stack, root, led
     assert out_epochs[-1] >= aligned_from + 2
     expected_first = None
     for e in range(aligned_from, out_epochs[-1] + 1):
-        span = jobs.job_epoch(job, e).covered[src]
+        node = jobs.job_epoch(job, e)
+        assert node is not None, f"no record of job epoch {e}"
+        span = node.covered[src]
         assert jobs.worker_epoch(job, 0, e).mode == "aligned"
         if span is None:
             assert by_epoch[e] == []
@@ -481,7 +486,7 @@ def test_faust_workers_hot_swapped_v1_to_v2_exactly_once(stack, root, ledger, su
     assert ledger.finished(target) == out_epochs[-1] == ledger.frontier(target)
     with EpochReader(ledger, stack.kafka) as reader:
         inputs = {(r.partition, r.offset): r for r in reader.read(src, 0, in_epochs[-1])}
-        outputs = [(e, r.partition, json.loads(r.value)) for e in out_epochs for r in reader.read(target, e)]
+        outputs = [(e, r.partition, json_value(r.value)) for e in out_epochs for r in reader.read(target, e)]
 
     # Every input's result exactly once at the target.
     results = Counter((v["src"][1], v["src"][2]) for _, _, v in outputs)
@@ -490,7 +495,7 @@ def test_faust_workers_hot_swapped_v1_to_v2_exactly_once(stack, root, ledger, su
     assert max(results.values()) == 1, [k for k, n in results.items() if n > 1][:5]
     # Target epochs <= S hold v1's results (in v1's partitions), later ones v2's (in v2's partitions).
     for epoch, partition, v in outputs:
-        assert json.loads(inputs[(v["src"][1], v["src"][2])].value) == v["in"]
+        assert json_value(inputs[(v["src"][1], v["src"][2])].value) == v["in"]
         version = 1 if epoch <= swap.epoch else 2
         assert v["v"] == version, f"target epoch {epoch} (S = {swap.epoch}) has a v{v['v']} result"
         assert partition in ((0, 1) if version == 1 else (2, 3)), (epoch, partition, v)
@@ -520,7 +525,7 @@ def test_async_generator_job_functions_run_on_the_faust_loop():
             yield record.key, record.value
             yield None, b"second"
 
-        call = _sync_function(fn, loop)
+        call = cast(RecordFunction, _sync_function(fn, loop))  # not marked @batch: a record function
         state = MemoryStore()
         rec = SourceRecord("s", 0, 5, 1, b"k", b"v", 0)
         assert list(call(rec, state)) == [(b"k", b"v"), (None, b"second")]
@@ -547,7 +552,7 @@ def test_async_batch_job_functions_stay_batch_functions_on_the_faust_loop():
             for r in records:
                 yield r.key, r.value
 
-        call = _sync_function(fn, loop)
+        call = cast(BatchFunction, _sync_function(fn, loop))  # marked @batch: a batch function
         assert takes_batch(call)
         state = MemoryStore()
         records = [SourceRecord("s", 0, o, 1, b"k%d" % o, b"v", 0) for o in range(3)]

@@ -11,6 +11,7 @@ import ssl
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import faust
 import pytest
@@ -72,7 +73,9 @@ def test_sasl_ssl_scram_with_a_ca(kafka_config: Callable[[str], Path], pki: TlsF
     assert (creds.protocol.value, creds.mechanism.value, creds.username) == ("SASL_SSL", "SCRAM-SHA-512", "bob")
     ctx = creds.ssl_context
     assert ctx is not None and ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
-    assert [dict(c["subject"][0])["commonName"] for c in ctx.get_ca_certs()] == ["aligner embedded stack CA"]
+    # typeshed types each field of a certificate as one union; "subject" is RDNs of (name, value) pairs
+    subjects = [cast("tuple[tuple[tuple[str, str], ...], ...]", c["subject"]) for c in ctx.get_ca_certs()]
+    assert [dict(s[0])["commonName"] for s in subjects] == ["aligner embedded stack CA"]
     auth = credentials_to_aiokafka_auth(creds)
     assert auth["security_protocol"] == "SASL_SSL" and auth["ssl_context"] is ctx
 

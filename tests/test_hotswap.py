@@ -18,6 +18,7 @@ from aligner.coordinator.stack import wait_for
 from aligner.coordinator.verify import shadow_span, verify_before_swap, verify_outputs
 from aligner.errors import AlignerError
 from tests.conftest import run_cli
+from tests.helpers import json_value
 from tests.jobs import count_key, count_v1, count_v2, tag_v1, tag_v2, tag_v3
 from tests.streams import assert_exactly_once, read_all
 from tests.swaps import assert_s_before_s_plus_1, committed, precommit_acked
@@ -173,18 +174,20 @@ def test_a_job_upgraded_twice_is_exactly_once(stack, ledger, subject_name, spawn
 
 def test_coordinator_killed_after_precommit_resumes_the_swap(stack, ledger, subject_name, cli_env, spawn):
     target, more, gen, old, new, v1, v2 = _setup(stack, ledger, spawn, subject_name)
-    wait_for(lambda: all(c.job_epoch is not None for c in HotSwap(ledger).jobs.consumers(new.job, subject_name)
-                         .values()) and HotSwap(ledger).jobs.consumers(new.job, subject_name), LIVE, "v2 following")
+    wait_for(lambda: bool(all(c.job_epoch is not None for c in HotSwap(ledger).jobs.consumers(new.job, subject_name)
+                              .values()) and HotSwap(ledger).jobs.consumers(new.job, subject_name)), LIVE,
+             "v2 following")
     hotswap = ("hotswap", "--old", old.job, "--new", new.job, "--subject", target, "--json")
     first = spawn.worker("aligner.coordinator", *hotswap, env=cli_env)
     wait_for(lambda: HotSwap(ledger).jobs.swap(old.job)[0] is not None, LIVE, "the pre-commit to be recorded",
              on_wait=first.healthy)
     first.kill()
-    assert HotSwap(ledger).jobs.swap(old.job)[0].phase in ("precommit", "commit", "done")
+    recorded = HotSwap(ledger).jobs.swap(old.job)[0]
+    assert recorded is not None and recorded.phase in ("precommit", "commit", "done")
     second = spawn.worker("aligner.coordinator", *hotswap, env=cli_env)
     assert second.wait(LIVE) == 0, second.stderr
     swap = HotSwap(ledger).jobs.swap(old.job)[0]
-    assert swap.phase == "done"
+    assert swap is not None and swap.phase == "done"
     wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
     _finish(more, gen, v1, v2)
     _verify(ledger, stack, target, gen, swap.epoch)
@@ -232,8 +235,8 @@ def test_job_killed_at_a_swap_step_still_swaps_exactly_once(stack, root, ledger,
         for p in procs.values():
             p.healthy()
 
-    wait_for(lambda: all(c.job_epoch is not None for c in jobs.consumers(n.job, raw).values())
-             and jobs.consumers(n.job, raw), LIVE, "v2 following", on_wait=healthy)
+    wait_for(lambda: bool(all(c.job_epoch is not None for c in jobs.consumers(n.job, raw).values())
+                          and jobs.consumers(n.job, raw)), LIVE, "v2 following", on_wait=healthy)
     swap, version = precommit_acked(swapper, o, n, LIVE, on_wait=healthy)
     if step == "commit":
         swap = committed(swap)
@@ -281,14 +284,18 @@ def test_verify_reports_the_first_differing_epoch(stack, ledger, subject_name, c
     jb = spawn.job(JobSpec(job=f"{raw}-jb", inputs=(raw,), output=b, interval=0.1), tag_v1)
     coord = Coordinator(ledger)
     da, db = coord.align(f"{raw}-ja", timeout=LIVE), coord.align(f"{raw}-jb", timeout=LIVE)
-    wait_for(lambda: (ledger.frontier(a) or 0) >= da.job_epoch + 5, LIVE, "aligned output")
+    ja_epoch, jb_epoch = da.job_epoch, db.job_epoch
+    assert ja_epoch is not None and jb_epoch is not None, "a done alignment names its job epoch"
+    wait_for(lambda: (ledger.frontier(a) or 0) >= ja_epoch + 5, LIVE, "aligned output")
     _finish(more, gen, ja, jb)
     jobs = HotSwap(ledger).jobs
     # Both are aligned on the same input: compare the job epochs covering the same subject epochs.
-    by_subject = {}
+    by_subject: dict[int, dict[str, int]] = {}
     for job, out in ((f"{raw}-ja", a), (f"{raw}-jb", b)):
         for e in jobs.job_epoch_numbers(job):
-            span = jobs.job_epoch(job, e).covered[raw]
+            node = jobs.job_epoch(job, e)
+            assert node is not None, f"no record of job epoch {e} of {job}"
+            span = node.covered[raw]
             if span is not None:
                 by_subject.setdefault(span.first, {})[out] = e
     shared = [v for _, v in sorted(by_subject.items()) if len(v) == 2 and v[a] == v[b]]
@@ -299,7 +306,7 @@ def test_verify_reports_the_first_differing_epoch(stack, ledger, subject_name, c
     same = run_cli(cli_env, "verify", "--job", f"{raw}-ja", "--job", f"{raw}-ja", "--epochs", "0:5", "--json")
     assert same.returncode == 0 and json.loads(same.stdout)["records"] > 0
     # Outputs of different epochs differ, and verify says where.
-    first = max(da.job_epoch, db.job_epoch)
+    first = max(ja_epoch, jb_epoch)
     r = run_cli(cli_env, "verify", "--subject", a, "--subject", raw, "--epochs", f"{first}:{first + 3}", "--json")
     report = json.loads(r.stdout)
     assert r.returncode == 3 and report["first_difference"]["epoch"] == first
@@ -317,7 +324,7 @@ def test_coordinator_lost_after_commit_is_resumed_by_the_next(stack, ledger, sub
                            "--json", env=cli_env)
     assert resumed.wait(LIVE) == 0, resumed.stderr
     done = swapper.jobs.swap(old.job)[0]
-    assert done.phase == "done" and done.epoch == swap.epoch
+    assert done is not None and done.phase == "done" and done.epoch == swap.epoch
     wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
     _finish(more, gen, v1, v2)
     _verify(ledger, stack, target, gen, swap.epoch)
@@ -418,9 +425,17 @@ def test_swaps_rescale_keyed_state_and_keep_per_key_order(stack, ledger, subject
     swaps = []
     for v, (old, new) in enumerate(itertools.pairwise(versions), start=2):
         threads += [spawn.job(new, count_key(v), w) for w in range(new.parallelism)]
-        wait_for(lambda new=new: swapper.committed(new.job, new.inputs) >= 0, LIVE, f"v{v} following")
+
+        def following(new: JobSpec = new) -> bool:
+            return swapper.committed(new.job, new.inputs) >= 0
+
+        wait_for(following, LIVE, f"v{v} following")
         swap = swapper.run(old.job, new.job, target, timeout=LIVE)
-        wait_for(lambda s=swap.epoch: (ledger.frontier(target) or 0) >= s + 3, LIVE, f"v{v} output after the swap")
+
+        def swapped(s: int = swap.epoch) -> bool:
+            return (ledger.frontier(target) or 0) >= s + 3
+
+        wait_for(swapped, LIVE, f"v{v} output after the swap")
         swaps.append(swap.epoch)
     more.set()
     gen.finished()
@@ -428,7 +443,7 @@ def test_swaps_rescale_keyed_state_and_keep_per_key_order(stack, ledger, subject
         thread.join()
     with EpochReader(ledger, stack.kafka) as reader:
         records = list(reader.read(target, 0, ledger.frontier(target)))
-    outputs = [(r.epoch, json.loads(r.value)) for r in records]
+    outputs = [(r.epoch, json_value(r.value)) for r in records]
     assert_exactly_once(outputs, gen.sent)
     counts: dict[str, list[int]] = {}
     partition_of: dict[str, set[int]] = {}

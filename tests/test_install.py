@@ -164,7 +164,7 @@ class Running:
 
     def alive(self) -> bool:
         if self.proc.poll() is not None:
-            raise AssertionError(f"{self.proc.args} exited {self.proc.returncode}: {self.err.read_text()[-2000:]}")
+            raise AssertionError(f"{self.proc.args!r} exited {self.proc.returncode}: {self.err.read_text()[-2000:]}")
         return True
 
     def terminate(self) -> int:
@@ -173,7 +173,7 @@ class Running:
         try:
             return self.proc.wait(STOP_WITHIN)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.proc.args} still running {STOP_WITHIN}s after SIGTERM") from None
+            raise AssertionError(f"{self.proc.args!r} still running {STOP_WITHIN}s after SIGTERM") from None
 
     def close(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from aligner.errors import (
@@ -154,8 +156,13 @@ def test_a_flat_ledger_from_before_buckets_is_refused_with_its_path(ledger, subj
 def test_two_round_trips_per_producer_per_epoch(stack, root, ledger, subject_name, parallelism):
     _subject(ledger, subject_name, partitions=parallelism)
     ledgers = [Ledger.connect(stack.zk, root) for _ in range(parallelism)]
+
+    def from_zero(i: int) -> Callable[[], dict[int, int]]:
+        """Start offsets: partition ``i`` from offset 0."""
+        return lambda: {i: 0}
+
     try:
-        leases = [led.claim(subject_name, "k", str(i), [i], lambda i=i: {i: 0}) for i, led in enumerate(ledgers)]
+        leases = [led.claim(subject_name, "k", str(i), [i], from_zero(i)) for i, led in enumerate(ledgers)]
         caches: list[dict] = [{} for _ in ledgers]
         leases = [_commit_empty(*args) for args in zip(ledgers, leases, caches, strict=True)]  # warm up
         before = [led.round_trips for led in ledgers]

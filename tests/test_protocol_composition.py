@@ -116,7 +116,7 @@ def _check(world: World) -> None:
     for epoch, by in world.written.items():
         assert len(by) == 1, f"target epoch {epoch} written by {by}"
     a, b = world.swaps["A"], world.swaps["B"]
-    owners = []  # (last epoch, the version that owns the epochs up to it)
+    owners: list[tuple[int | None, str]] = []  # (last epoch, the version that owns the epochs up to it)
     for node, old in ((a, "v1"), (b, "v2")):
         if node is not None and node.phase in (Phase.COMMIT, Phase.DONE):
             owners.append((node.epoch, old))
@@ -164,7 +164,7 @@ def test_both_swaps_complete_and_no_epoch_is_lost(order, kills, persist):
             _check(world)
         if round_ < len(kills):
             _kill(workers[kills[round_]], world)
-        if all(world.swaps[n] is not None and world.swaps[n].phase == Phase.DONE for n in "AB") and \
+        if all(s is not None and s.phase == Phase.DONE for s in (world.swaps[n] for n in "AB")) and \
                 workers["v3"].next >= world.horizon:
             break
     a, b = world.swaps["A"], world.swaps["B"]

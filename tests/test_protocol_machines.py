@@ -135,9 +135,8 @@ def test_consecutive_job_epochs_tile_the_subject_epochs(per, k, growth, finish_a
                 assert span.first == start[s] and span.last - span.first < per and span.last <= frontier[s]
                 spans[s].append(span)
             assert decided.next[s] == (span.last + 1 if span else start[s])
-        full = [s for s in subjects if decided.covered[s] is not None
-                and decided.covered[s].last - decided.covered[s].first + 1 == coverage.wanted(start[s], per,
-                                                                                            finished[s])]
+        full = [s for s in subjects if (got := decided.covered[s]) is not None
+                and got.last - got.first + 1 == coverage.wanted(start[s], per, finished[s])]
         assert full or all(coverage.wanted(start[s], per, finished[s]) == 0 for s in subjects)
         start = dict(decided.next)
     for i, s in enumerate(subjects):
@@ -235,8 +234,10 @@ def test_the_coordinators_swap_loop_ends_done_once_acked(acks, frontier):
         if step is swap.Next.PRECOMMIT:
             node = swap.precommit(node, "a", "b", "t", swap.choose(frontier, 2, None))
         elif step is swap.Next.COMMIT:
+            assert node is not None, "commit before a pre-commit"
             node = swap.commit(node)
         elif step is swap.Next.FINISH:
+            assert node is not None, "finish before a pre-commit"
             node = swap.finish(node)
     assert node is not None and node.phase == "done"
 
@@ -280,7 +281,7 @@ def test_coverage_step_uses_a_record_follows_the_old_version_or_decides():
     assert coverage.step(None, True, None, 1, {}, {}).next is coverage.Next.FOLLOW
     assert coverage.step(None, False, {"x": 4}, 2, {"x": 4}, {"x": None}).next is coverage.Next.WAIT
     decided = coverage.step(None, False, {"x": 4}, 2, {"x": 5}, {"x": None})
-    assert decided.next is coverage.Next.DECIDE and decided.coverage.next == {"x": 6}
+    assert decided.next is coverage.Next.DECIDE and decided.coverage is not None and decided.coverage.next == {"x": 6}
     with pytest.raises(AlignerError):
         coverage.step(None, False, None, 1, {}, {})
     assert coverage.catch_up_per({"x": 4, "y": 0}, {"x": 9, "y": None}, None) == 6

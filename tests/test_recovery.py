@@ -127,18 +127,24 @@ def test_coordinator_killed_between_catch_up_and_aligned_resumes(stack, ledger, 
     gen = spawn.generator(raw, epochs=20, pace=0.04, hold=resumed)
     t = spawn.job(JobSpec(job=job, inputs=(raw,), output=x, interval=0.5), tag_v1)
     jobs = JobLedger(ledger)
-    wait_for(lambda: jobs.consumers(job, raw), LIVE, "the consumer to report")
+    wait_for(lambda: bool(jobs.consumers(job, raw)), LIVE, "the consumer to report")
+
+    def recorded_aligning() -> bool:
+        decision = jobs.decision(job)[0]
+        return decision is not None and decision.phase == "aligning"
 
     first = spawn.worker("aligner.coordinator", "align", job, "--json", env=cli_env)
-    wait_for(lambda: (jobs.decision(job)[0] is not None and jobs.decision(job)[0].phase == "aligning"),
-             LIVE, "the coordinator to record its Align decision", on_wait=first.healthy)
+    wait_for(recorded_aligning, LIVE, "the coordinator to record its Align decision", on_wait=first.healthy)
     first.kill()
-    phase = jobs.decision(job)[0].phase
+    decision = jobs.decision(job)[0]
+    assert decision is not None
+    phase = decision.phase
     assert phase == "aligning" and jobs.source_state(job, raw).state is not State.ALIGNED
 
     second = spawn.worker("aligner.coordinator", "align", job, "--json", env=cli_env)
     assert second.wait(LIVE) == 0, second.stderr
-    assert jobs.decision(job)[0].phase == "aligned"
+    decision = jobs.decision(job)[0]
+    assert decision is not None and decision.phase == "aligned"
     assert jobs.source_state(job, raw).state is State.ALIGNED
     resumed.set()  # 20 more epochs through the aligned job
     gen.finished()

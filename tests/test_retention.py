@@ -17,7 +17,7 @@ from aligner.connectors.subjects import create_subject
 from aligner.coordinator.gc import collect
 from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack, StackInfo, free_port, wait_for
 from aligner.jobs import JobLedger
-from aligner.ledger import Ledger
+from aligner.ledger import Lease, Ledger
 from aligner.lineage import SparkLineageLedger
 from aligner.lineage_models import SparkSinkEpochNode, SparkSourceBatchNode
 from aligner.models import ConsumerNode, JobNode, Phase, Range, SubjectNode, SwapNode, WorkerEpochNode
@@ -112,7 +112,7 @@ def test_gc_flags_override_the_policy_bounds():
 # ---- (b) a policy pass on the real stack ----------------------------------------------------------------
 
 
-def _write_epochs(ledger: Ledger, subject: str, sink: str, partition: int, count: int) -> object:
+def _write_epochs(ledger: Ledger, subject: str, sink: str, partition: int, count: int) -> Lease:
     """``count`` empty epochs of one producer through the ledger's commit path (a sink's two round trips)."""
     lease = ledger.claim(subject, sink, "0", [partition], lambda: {partition: 0})
     writers = None

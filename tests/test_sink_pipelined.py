@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from kazoo.exceptions import ConnectionLoss
@@ -16,7 +18,8 @@ from aligner.connectors.reader import EpochReader
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
 from aligner.errors import EpochFailedError, EpochNotCommittedError
-from aligner.ledger import PendingCommit
+from aligner.ledger import Contribution, Lease, PendingCommit
+from aligner.ops import Op
 from aligner.stamps import Stamp, stamp_of
 from tests.helpers import raw_records
 
@@ -29,6 +32,13 @@ def _write(p: SinkProducer, tag: str) -> tuple[int, list[bytes]]:
     for j, v in enumerate(values):
         p.send(v, key=b"k%d" % j)
     return epoch, values
+
+
+def _stamp(message: Any) -> Stamp:
+    """The stamp of a record the sink wrote (every one carries one)."""
+    raw = stamp_of(message.headers())
+    assert raw is not None, "a record without a stamp"
+    return Stamp.decode(raw)
 
 
 def _read(ledger, kafka: str, subject: str, first: int, last: int) -> dict[int, Counter]:
@@ -100,8 +110,7 @@ def test_a_zookeeper_commit_that_did_not_land_aborts_the_next_epoch_and_rewinds(
     assert _read(ledger, stack.kafka, subject_name, lost, following) == {
         e: Counter(vs) for e, vs in rewritten.items()}
     # The broker holds attempt 1 of both: the lost epoch committed in Kafka, the next one aborted there.
-    attempts = Counter((Stamp.decode(stamp_of(m.headers())).epoch, Stamp.decode(stamp_of(m.headers())).attempt)
-                       for m in raw_records(stack.kafka, subject_name, 2))
+    attempts = Counter((s.epoch, s.attempt) for s in map(_stamp, raw_records(stack.kafka, subject_name, 2)))
     assert attempts[(lost, 1)] == RECORDS and attempts[(lost, 2)] == RECORDS
     assert attempts[(following, 2)] == RECORDS and attempts[(base, 1)] == RECORDS
 
@@ -152,8 +161,12 @@ def test_a_writer_joining_under_a_pipelined_commit_gets_the_next_epoch_made_for_
     written: dict[int, list[bytes]] = {}
     waited: list[tuple[int, tuple[str, ...]]] = []  # the commits made with a waited-for multi-op
     real = ledger.commit_epoch
-    monkeypatch.setattr(ledger, "commit_epoch", lambda epoch, contributions, extra=(): waited.append(
-        (epoch, tuple(c.lease.writer for c in contributions))) or real(epoch, contributions, extra))
+
+    def commit_epoch(epoch: int, contributions: Sequence[Contribution], extra: Sequence[Op] = ()) -> list[Lease]:
+        waited.append((epoch, tuple(c.lease.writer for c in contributions)))
+        return real(epoch, contributions, extra)
+
+    monkeypatch.setattr(ledger, "commit_epoch", commit_epoch)
     with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0]) as p:
         epoch, written[epoch] = _write(p, "p")  # its begin cached the writers document: p alone
         with SinkProducer(ledger, stack.kafka, subject_name, "k", 1, [1]) as q:
@@ -192,8 +205,12 @@ def test_a_writers_change_under_a_pipelined_commit_makes_it_commit_again_and_the
     written: dict[int, list[bytes]] = {}
     waited: list[int] = []
     real = ledger.commit_epoch
-    monkeypatch.setattr(ledger, "commit_epoch", lambda epoch, contributions, extra=(): waited.append(epoch)
-                        or real(epoch, contributions, extra))
+
+    def commit_epoch(epoch: int, contributions: Sequence[Contribution], extra: Sequence[Op] = ()) -> list[Lease]:
+        waited.append(epoch)
+        return real(epoch, contributions, extra)
+
+    monkeypatch.setattr(ledger, "commit_epoch", commit_epoch)
     with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0]) as p:
         epoch, written[epoch] = _write(p, "p")  # its begin cached the writers document
         later = epoch + 4

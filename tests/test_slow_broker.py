@@ -341,8 +341,8 @@ def test_chain_moves_again_after_a_broker_pause_on_a_partition_past_30k_batches(
     wait_for(lambda: marker.covered() >= sent, LIVE, f"the marker to cover all {sent} records", interval=0.1)
     first, last = slow_ledger.epoch_numbers(subject)[0], slow_ledger.frontier(subject)
     assert last is not None
-    with EpochReader(slow_ledger, kafka) as reader:
-        got = numbers(reader, subject, first, last)
+    with EpochReader(slow_ledger, kafka) as epochs:
+        got = numbers(epochs, subject, first, last)
     assert len(got) == sent and sorted(got) == list(range(sent)), "every record once, nothing else"
     wait_for(lambda: len({v["in"]["n"] for _, v in read_all(slow_ledger, kafka, out)}) >= sent, LIVE,
              f"all {sent} inputs to reach {out}", interval=1.0)

@@ -122,8 +122,9 @@ def test_growth_is_judged_after_the_window_only() -> None:
     assert len(reasons) == 1 and reasons[0].startswith("growth after the first retention window: znodes")
     assert verdict([], None, 0, growing, check_growth=False) == []
     assert verdict([], None, 0, figures(warm[:12], window=10), check_growth=True)[0].startswith("growth not measured")
-    leaky = [{**sample(60 * t, 1000), "rss": {"zookeeper": 100, "broker": 2**20 * 100 * t, "A-0": 50 + 2**20 * t},
-              "pids": {"zookeeper": 1, "broker": 2, "A-0": 3}} for t in range(25)]
+    leaky: list[dict[str, Any]] = [
+        {**sample(60 * t, 1000), "rss": {"zookeeper": 100, "broker": 2**20 * 100 * t, "A-0": 50 + 2**20 * t},
+         "pids": {"zookeeper": 1, "broker": 2, "A-0": 3}} for t in range(25)]
     reasons = verdict([], None, 0, figures(leaky, window=600), check_growth=True)  # 1 MB a minute
     assert [r for r in reasons if "RSS" in r] == ["RSS grows over 1 MB per 10 min after the window: A-0 +10.00"]
     short = figures(leaky[:19], window=600)  # A-0 lived 8 minutes after the window: its start-up, not judged

@@ -75,7 +75,8 @@ def test_executor_killed_inside_a_write_task(point, cluster, stack, root, ledger
     worker, _ = start(spawn, stack, root, source, target, tmp_path / "cp", "--master", cluster.url,
                       *_hold(1, point, hang))
     executor = executor_of(_hung_task(hang, _running(worker)))
-    assert executor in cluster.executors(), "the held task does not run in one of the cluster's executors"
+    assert executor is not None and executor in cluster.executors(), \
+        "the held task does not run in one of the cluster's executors"
     os.kill(executor, signal.SIGKILL)
     worker.finish(LIVE)
     check(ledger, stack.kafka, source, target, EPOCHS, RECORDS)
@@ -216,7 +217,8 @@ def test_query_hotswap_with_an_executor_killed_at_precommit(cluster, stack, root
     try:
         # Q1 may end at S before the arm is seen (then Q2's first write holds): only a crash fails the wait.
         executor = executor_of(_hung_task(hang, pair.healthy))
-        assert executor in cluster.executors(), "the held task does not run in one of the cluster's executors"
+        assert executor is not None and executor in cluster.executors(), \
+            "the held task does not run in one of the cluster's executors"
         os.kill(executor, signal.SIGKILL)
     finally:
         runner.join(LIVE)

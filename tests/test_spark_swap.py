@@ -35,7 +35,8 @@ pytest.importorskip("pyspark")
 
 
 
-KILLS = [(step, (who,)) for step in ("precommit", "commit") for who in ("coordinator", "old", "new")]
+KILLS: list[tuple[str, tuple[str, ...]]] = [(step, (who,)) for step in ("precommit", "commit")
+                                            for who in ("coordinator", "old", "new")]
 """One test per kill point: each party (the coordinator, Q1's driver, Q2's driver) SIGKILLed at each swap
 step while the others go on. ALIGNER_SPARK_SWAP_TOGETHER=1 adds one test per step killing all three."""
 if os.environ.get("ALIGNER_SPARK_SWAP_TOGETHER"):
@@ -103,8 +104,9 @@ def test_spark_query_hotswap_survives_kills_exactly_once(stack, root, ledger, su
         assert swapper.run(o.job, n.job, target, timeout=LIVE).phase == "done"
     mark("swap done")
     done = jobs.swap(old.job)[0]
-    assert done.phase == "done" and done.epoch == swap.epoch
+    assert done is not None and done.phase == "done" and done.epoch == swap.epoch
     # Q1's sink finished after S and the query terminated cleanly (awaitTermination returned).
+    assert old.worker is not None
     old.worker.wait_line(lambda line: line == "swapped out", LIVE)
     assert old.worker.wait(LIVE) == 0, old.worker.stderr
     assert "failed to abort" not in old.worker.stderr, old.worker.stderr
@@ -171,6 +173,7 @@ def test_runtime_job_swapped_for_a_spark_query_and_the_query_for_a_faust_job_exa
     mark("v3 following")
     second = swapper.run(spark.job, back, target, timeout=LIVE)
     assert second.phase == "done" and second.epoch > first.epoch
+    assert spark.worker is not None
     spark.worker.wait_line(lambda line: line == "swapped out", LIVE)
     assert spark.worker.wait(LIVE) == 0, spark.worker.stderr
     wait_for(lambda: (ledger.frontier(target) or 0) >= second.epoch + 3, LIVE, "v3 output after the second swap")

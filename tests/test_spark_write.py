@@ -7,10 +7,10 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from aligner.connectors.reader import EpochReader
+from aligner.connectors.reader import EpochReader, EpochRecord
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
-from tests.helpers import SPARK_TEST_JVM, raw_count
+from tests.helpers import SPARK_TEST_JVM, json_value, raw_count
 
 pytest.importorskip("pyspark")
 
@@ -49,6 +49,12 @@ def _run(spark, spawn, stack, root, source, target, checkpoint) -> None:
     assert query.exception() is None, query.exception()
 
 
+def _key(record: EpochRecord) -> bytes:
+    """The key of a record a keyed query wrote (present: every row has one)."""
+    assert record.key is not None, f"a record without a key at p{record.partition}@{record.offset}"
+    return record.key
+
+
 def _check_target(ledger, stack, source, target, source_epochs: int) -> None:
     """Every source record's result exactly once, in the target epoch mapped to its source epoch."""
     from aligner.connectors.spark.lineage import sink_lineage, source_batch
@@ -57,18 +63,19 @@ def _check_target(ledger, stack, source, target, source_epochs: int) -> None:
     batch_to_epoch = {n.batch: e for e, n in written.items()}
     assert len(written) == source_epochs, "a batch was committed twice"
     for n in written.values():  # the reader's lineage: batch b read source epoch b
+        assert n.query is not None, f"batch {n.batch} was written without a query"
         assert {s: (r.first, r.last) for s, r in source_batch(ledger, n.query, n.batch).items()} == \
             {source: (n.batch, n.batch)}
     assert sorted(batch_to_epoch) == list(range(source_epochs))
     target_epochs = [batch_to_epoch[b] for b in range(source_epochs)]
     assert target_epochs == list(range(target_epochs[0], target_epochs[0] + source_epochs))  # one-to-one
     with EpochReader(ledger, stack.kafka) as reader:
-        src = {(r.epoch, r.partition, r.offset): json.loads(r.value)["j"]
+        src = {(r.epoch, r.partition, r.offset): json_value(r.value)["j"]
                for r in reader.read(source, 0, source_epochs - 1)}
         got: Counter = Counter()
         per_epoch = defaultdict(set)
         for r in reader.read(target, target_epochs[0], target_epochs[-1]):
-            v = json.loads(r.value)
+            v = json_value(r.value)
             got[(v["src_epoch"], v["src_partition"], v["src_offset"], v["j"])] += 1
             per_epoch[r.epoch].add(v["src_epoch"])
     assert got == Counter({(*k, j): 1 for k, j in src.items()}), "target does not hold every result exactly once"
@@ -131,6 +138,7 @@ def test_rows_become_json_records_and_too_many_tasks_is_a_clear_error(spark, sta
     assert error is not None and "repartition the stream to at most 1 partitions" in str(error)
     assert run(rows.repartition(1), tmp_path / "cp") is None
     progress, _ = read_progress(ledger, target, "json")
+    assert progress is not None
     back = spark.read.format("aligned").options(**conn, subject=target).option("epoch", str(progress.epoch)).load()
     got = sorted((r.e, r.j) for r in back.collect())
     assert got == [(0, j) for j in range(20)]
@@ -162,7 +170,7 @@ def test_route_by_key_puts_each_key_in_its_partition_by_the_key_rule(spark, stac
                         .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
     assert query.awaitTermination(LIVE), "availableNow query did not finish"
     with EpochReader(ledger, stack.kafka) as reader:
-        got = [(r.key, r.partition) for r in reader.read(target, 0, ledger.frontier(target) or 0)]
+        got = [(_key(r), r.partition) for r in reader.read(target, 0, ledger.frontier(target) or 0)]
     assert sorted(k for k, _ in got) == sorted(keys[n % len(keys)].encode() for n in range(RECORDS))
     assert [(k, p) for k, p in got if p != zlib.crc32(k) % 4] == []
     spark_hash = spark.createDataFrame([(k,) for k in keys], "k string").select(

@@ -41,9 +41,10 @@ def _count_records(bootstrap: str, topic: str) -> int:
         count, deadline = 0, time.monotonic() + 60
         while time.monotonic() < deadline:
             for m in consumer.consume(1000, timeout=0.5):
-                if m.error() is None:
+                error = m.error()
+                if error is None:
                     count += 1
-                elif m.error().code() == KafkaError._PARTITION_EOF:
+                elif error.code() == KafkaError._PARTITION_EOF:
                     return count
         raise AssertionError(f"no end of partition from {topic} within 60s")
     finally:
@@ -183,7 +184,10 @@ def test_embedded_zookeeper_purges_its_data_dir_and_answers_mntr(stack) -> None:
                     reply += chunk
         except OSError:  # a server still starting may reset the connection
             return False
-        figures.update(line.split("\t", 1) for line in reply.decode().splitlines() if "\t" in line)
+        for line in reply.decode().splitlines():
+            if "\t" in line:
+                name, value = line.split("\t", 1)
+                figures[name] = value
         return "zk_znode_count" in figures
 
     wait_for(mntr, 60, "ZooKeeper to answer mntr", interval=0.2)
@@ -260,7 +264,11 @@ def test_stack_up_rebuilds_a_member_that_refuses_its_damaged_data(home_env: dict
     def kill_all(pids: list[int]) -> None:
         for i, pid in enumerate(pids):
             os.kill(pid, signal.SIGKILL)
-            wait_for(lambda i=i: _states(env)[f"zookeeper-{i + 1}"] == "down", 30, f"server {i + 1} to be down")
+
+            def down(i: int = i) -> bool:
+                return _states(env)[f"zookeeper-{i + 1}"] == "down"
+
+            wait_for(down, 30, f"server {i + 1} to be down")
 
     kill_all(info["zk_pids"])
     _flip_log_byte(data[1])

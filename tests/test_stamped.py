@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -33,10 +34,17 @@ def _write_epoch(p: SinkProducer, second: str | None, tag: str) -> tuple[int, li
         p.send(json.dumps(v).encode(), key=b"k%d" % j)
         out.append(v)
         if second is not None and j % 3 == 0:
-            s = {"epoch": epoch, "key": f"k{j}", "tag": tag}
+            s: dict[str, Any] = {"epoch": epoch, "key": f"k{j}", "tag": tag}
             p.send_to(second, json.dumps(s).encode(), key=s["key"].encode())
             side.append(s)
     return epoch, out, side
+
+
+def _stamp(message: Any) -> Stamp:
+    """The stamp of a record the sink wrote (every one carries one)."""
+    raw = stamp_of(message.headers())
+    assert raw is not None, "a record without a stamp"
+    return Stamp.decode(raw)
 
 
 def _by_epoch(reader: EpochReader, subject: str, first: int, last: int) -> dict[int, Counter]:
@@ -113,7 +121,7 @@ def test_an_aborted_epoch_shows_in_neither_subject_and_is_written_again(stack, l
     with SinkProducer(ledger, stack.kafka, output, "job", 0, [0, 1], also={second: [0, 1]}) as p:
         first = p.leases
         epoch, _, _ = _write_epoch(p, second, "aborted")
-        p._kp.flush(30)  # the aborted records reach the broker (Tansu shows them to read_committed readers)
+        p.kp.flush(30)  # the aborted records reach the broker (Tansu shows them to read_committed readers)
         p.abort()
         retry = p.leases
         assert {s: lease.node.incarnation for s, lease in retry.items()} == \
@@ -129,7 +137,7 @@ def test_an_aborted_epoch_shows_in_neither_subject_and_is_written_again(stack, l
         assert _by_epoch(reader, output, epoch, epoch) == _expected({epoch: out})
         assert _by_epoch(reader, second, epoch, epoch) == _expected({epoch: side})
     for subject in (output, second):  # the broker holds the aborted attempt; readers dropped it by stamp
-        stamps = Counter(Stamp.decode(stamp_of(m.headers())).attempt for m in raw_records(stack.kafka, subject, 2))
+        stamps = Counter(_stamp(m).attempt for m in raw_records(stack.kafka, subject, 2))
         aborted = RECORDS if subject == output else RECORDS // 3
         assert stamps[first[subject].node.incarnation] == aborted, (subject, stamps)
         assert stamps[attempts[subject]] == aborted

@@ -39,7 +39,7 @@ EPOCHS: list[list[Op]] = [
     [("b", "back"), ("c", "again"), ("e", DELETE)],
     [("f", {"deep": {"er": 1}}), ("d", DELETE)],
 ]
-ABORTED = {1: [("a", "aborted"), ("z", "aborted")], 4: [("b", DELETE), ("zz", 1)]}
+ABORTED: dict[int, list[Op]] = {1: [("a", "aborted"), ("z", "aborted")], 4: [("b", DELETE), ("zz", 1)]}
 """Epochs with a first attempt that is flushed to the broker and aborted (Tansu shows its records)."""
 
 
@@ -54,7 +54,8 @@ def _apply(state: dict[str, Any], ops: list[Op]) -> dict[str, Any]:
 
 
 def _expected() -> list[dict[str, Any]]:
-    out, state = [], {}
+    out: list[dict[str, Any]] = []
+    state: dict[str, Any] = {}
     for ops in EPOCHS:
         state = _apply(state, ops)
         out.append(state)
@@ -69,8 +70,8 @@ def _send(producer: SinkProducer, partition: int, ops: list[Op]) -> None:
             store.delete(key)
         else:
             store.put(key, value)
-    for key, value in store.records():
-        producer.send(value, key=key, partition=partition)
+    for raw_key, raw_value in store.records():
+        producer.send(raw_value, key=raw_key, partition=partition)
 
 
 def _write_changelog(ledger, kafka: str, subject: str, partition: int, epochs: list[list[Op]],
@@ -149,7 +150,7 @@ def test_store_api_epochs_and_rollback(backend: str, tmp_path: Path) -> None:
         assert _state(store) == {"a": 1, "b": [1]} and store.committed_epoch == 0
         store.delete("a")
         store.mark_committed(1, end=7)
-        assert _state(store) == {"b": [1]} and store.tag.end == 7
+        assert _state(store) == {"b": [1]} and store.tag is not None and store.tag.end == 7
         store.put("new", 1)
         store.mark_all_changed()  # a hot-swap hand-off: the whole state goes to the new changelog
         assert dict(store.changes()) == {"b": b"[1]", "new": b"1"}
@@ -162,7 +163,8 @@ def test_store_api_epochs_and_rollback(backend: str, tmp_path: Path) -> None:
         store.close()
     if backend == "rocksdb":  # reopened from disk: the committed base and its tag
         with RocksStore(tmp_path / "db") as again:
-            assert _state(again) == {"b": [1]} and again.committed_epoch == 1 and again.tag.end == 7
+            assert _state(again) == {"b": [1]} and again.committed_epoch == 1
+            assert again.tag is not None and again.tag.end == 7
 
 
 _keys = st.sampled_from([f"k{i}" for i in range(12)])
@@ -311,8 +313,8 @@ def test_worker_cycle_with_checkpoint_matches_full_replay(stack, ledger, subject
                 epoch = p.begin()
                 for key, value in ops:
                     store.delete(key) if value is DELETE else store.put(key, value)
-                for key, value in store.records():
-                    p.send(value, key=key, partition=0)
+                for raw_key, raw_value in store.records():
+                    p.send(raw_value, key=raw_key, partition=0)
                 commit = p.commit()
                 store.mark_committed(epoch, commit.ranges[0].end)
     last = ledger.frontier(subject_name)
@@ -339,8 +341,8 @@ def test_restore_from_a_state_base_after_the_epochs_below_it_are_collected(stack
                 store.delete(key) if value is DELETE else store.put(key, value)
             if i == base_at:
                 store.mark_all_changed()
-            for key, value in store.records():
-                p.send(value, key=key, partition=0)
+            for raw_key, raw_value in store.records():
+                p.send(raw_value, key=raw_key, partition=0)
             store.mark_committed(epoch, p.commit().ranges[0].end)
             numbers.append(epoch)
     with RocksStore(tmp_path / "old") as old:  # a local store as of the first epoch: "b", deleted next, is in it
@@ -394,8 +396,8 @@ def test_a_damaged_local_store_is_moved_aside_and_restored_from_the_changelog(st
     changelog. A scan of a damaged store raises instead of ending early as rocksdict's iterators do."""
     subject, numbers, _ = changelog
     path = tmp_path / "state"
-    with RocksStore(path) as store:
-        store.restore(ledger, stack.kafka, subject, 0, numbers[-1])
+    with RocksStore(path) as rocks:
+        rocks.restore(ledger, stack.kafka, subject, 0, numbers[-1])
     table = max(path.glob("*.sst"), key=lambda f: f.stat().st_size)
     if damage == "truncate":
         table.write_bytes(table.read_bytes()[: table.stat().st_size // 2])

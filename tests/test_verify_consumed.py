@@ -44,10 +44,13 @@ def test_two_aligned_runtime_jobs_consumed_identical_epochs(stack, root, ledger,
     aligned.set()
     gen.finished()
     last = ledger.frontier(raw)
+    assert last is not None
     jobs = JobLedger(ledger)
     for job in ("a", "b"):
-        wait_for(lambda job=job: (jobs.consumers(f"{raw}-{job}", raw)[0].subject_epoch or -1) >= last, LIVE,
-                 f"job {job} to consume every epoch")
+        def consumed_all(job: str = job) -> bool:
+            return (jobs.consumers(f"{raw}-{job}", raw)[0].subject_epoch or -1) >= last
+
+        wait_for(consumed_all, LIVE, f"job {job} to consume every epoch")
 
     as_json, text = _consumed(cli_env, raw, f"{raw}-a", f"{raw}-b")
     assert as_json.returncode == 0, as_json.stderr

@@ -188,8 +188,11 @@ def test_an_idle_frontier_costs_no_round_trip_and_follows_every_commit(stack, le
                 sink.begin()
                 sink.send(b"v", partition=want % 2)
                 assert sink.commit().epoch == want
-                wait_for(lambda want=want: ledger.frontier_watched(subject_name) == want,
-                         f"the kept frontier to reach epoch {want}")
+
+                def reached(want: int = want) -> bool:
+                    return ledger.frontier_watched(subject_name) == want
+
+                wait_for(reached, f"the kept frontier to reach epoch {want}")
                 idle = ledger.round_trips
                 for _ in range(200):
                     assert ledger.frontier_watched(subject_name) == want
@@ -228,11 +231,13 @@ def test_a_prefetched_epoch_is_read_from_memory_and_an_open_one_is_not_kept(stac
             ledger.prefetch_committed(subject_name, 1)
             wait_for(lambda: ledger.cached(subject_name, 0) is not None, "the prefetch of epoch 0 to land")
             before = ledger.round_trips
-            assert ledger.committed_if(subject_name, 0).slices[0].count == 1
+            prefetched = ledger.committed_if(subject_name, 0)
+            assert prefetched is not None and prefetched.slices[0].count == 1
             assert ledger.round_trips == before, "a prefetched epoch was read again"
             assert ledger.committed_if(subject_name, 1) is None and ledger.cached(subject_name, 1) is None
             sink.commit()
-            assert ledger.committed_if(subject_name, 1).slices[1].count == 1
+            committed = ledger.committed_if(subject_name, 1)
+            assert committed is not None and committed.slices[1].count == 1
     finally:
         writer.close()
 

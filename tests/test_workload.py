@@ -20,7 +20,7 @@ def test_records_are_a_function_of_seed_stream_and_offset():
 
 def test_comments_target_existing_recent_items():
     w = Workload(comment_rate=200, item_rate=10)
-    back = Counter()
+    back: Counter[int] = Counter()
     for key, c in w.records(ISSUE_COMMENTS, 20_000):
         newest = int(c["et"] * w.item_rate)
         assert 0 <= c["issue"] <= newest, "a comment may only target an issue created before it"

@@ -87,7 +87,9 @@ def main() -> None:
 
 def _failure(exc: BaseException) -> str:
     """The query's failure, causes first: the JVM's stack trace (the test keeps the end) would hide them."""
-    chain, cause, root = [], exc, exc
+    chain: list[str] = []
+    cause: BaseException | None = exc
+    root = exc
     while cause is not None and len(chain) < 8:
         chain.append(f"{type(cause).__name__}: {getattr(cause, '_desc', None) or cause}"[:600])
         root, cause = cause, getattr(cause, "_cause", None)
