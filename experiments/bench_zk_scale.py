@@ -221,14 +221,12 @@ def main() -> None:
         return out
 
     two_trips = capacity("ZooKeeper CPU per epoch, ", per_commit["raw"], per_commit["ledger"])
-    ratio, commits_per_core = two_trips["raw_over_ledger"], two_trips["commits_per_zk_core"]
     pipelined = capacity("pipelined: ", per_commit["raw, pipelined"], per_commit["ledger, pipelined"]) \
         if args.pipelined else {}
     console.print(f"processes other than this one and the stack, this benchmark's producer processes among them, "
                   f"kept {foreign:.2f} of 2 cores busy")
     write_results("bench_zk_scale", {"args": vars(args), "rows": rows, "zk_cpu_ms_per_commit": per_commit,
-                                     "raw_over_ledger": ratio, "commits_per_zk_core": commits_per_core,
-                                     "foreign_cores": foreign, "raw_epochs_per_s": raw["epochs_per_s"],
+                                     **two_trips, "foreign_cores": foreign, "raw_epochs_per_s": raw["epochs_per_s"],
                                      "ledger_epochs_per_s": ours["epochs_per_s"], "pipelined": pipelined})
 
 

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from aligner.connectors.latency import EpochLatency, LatencyLog, LatencyProbe, json_field
 from aligner.connectors.reader import EpochReader
@@ -36,6 +36,7 @@ from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import EmbeddedStack, StackInfo, wait_for
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
+from aligner.models import Mode
 from experiments.common import json_value
 from experiments.hotness import hot_issues, pr_hotness
 from experiments.workload import (
@@ -50,7 +51,7 @@ from experiments.workload import (
 )
 
 log = logging.getLogger("experiments.chain")
-RunMode = Literal["at_least_once", "exactly_once", "aligned"]
+RunMode = Mode
 JOB1, JOB2 = "job1", "job2"
 
 

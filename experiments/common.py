@@ -38,7 +38,6 @@ SPARK_QUICK_DRIVER = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 
 and the serial GC start one seconds faster on two shared cores."""
 
 
-
 def json_value(value: bytes | None) -> Any:
     """A record's JSON value. The experiments' jobs write no tombstones: a record without a value is a bug,
     said as such rather than as a TypeError from json."""

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from aligner.stamps import Stamp, stamp_of
 from experiments.common import json_value as json_value  # the tests' jobs write JSON too
 from tests import guard
 
@@ -155,6 +156,13 @@ def raw_records(bootstrap: str, topic: str, partitions: int) -> list:
                 out.append(m)
     c.close()
     return out
+
+
+def record_stamp(message: Any) -> Stamp:
+    """The stamp of a record a sink wrote (every one carries one)."""
+    raw = stamp_of(message.headers())
+    assert raw is not None, "a record without a stamp"
+    return Stamp.decode(raw)
 
 
 def raw_count(bootstrap: str, topic: str, partitions: int) -> int:

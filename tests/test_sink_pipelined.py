@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 from kazoo.exceptions import ConnectionLoss
@@ -20,8 +19,7 @@ from aligner.connectors.subjects import create_subject
 from aligner.errors import EpochFailedError, EpochNotCommittedError
 from aligner.ledger import Contribution, Lease, PendingCommit
 from aligner.ops import Op
-from aligner.stamps import Stamp, stamp_of
-from tests.helpers import raw_records
+from tests.helpers import raw_records, record_stamp
 
 RECORDS = 25
 
@@ -32,13 +30,6 @@ def _write(p: SinkProducer, tag: str) -> tuple[int, list[bytes]]:
     for j, v in enumerate(values):
         p.send(v, key=b"k%d" % j)
     return epoch, values
-
-
-def _stamp(message: Any) -> Stamp:
-    """The stamp of a record the sink wrote (every one carries one)."""
-    raw = stamp_of(message.headers())
-    assert raw is not None, "a record without a stamp"
-    return Stamp.decode(raw)
 
 
 def _read(ledger, kafka: str, subject: str, first: int, last: int) -> dict[int, Counter]:
@@ -110,7 +101,7 @@ def test_a_zookeeper_commit_that_did_not_land_aborts_the_next_epoch_and_rewinds(
     assert _read(ledger, stack.kafka, subject_name, lost, following) == {
         e: Counter(vs) for e, vs in rewritten.items()}
     # The broker holds attempt 1 of both: the lost epoch committed in Kafka, the next one aborted there.
-    attempts = Counter((s.epoch, s.attempt) for s in map(_stamp, raw_records(stack.kafka, subject_name, 2)))
+    attempts = Counter((s.epoch, s.attempt) for s in map(record_stamp, raw_records(stack.kafka, subject_name, 2)))
     assert attempts[(lost, 1)] == RECORDS and attempts[(lost, 2)] == RECORDS
     assert attempts[(following, 2)] == RECORDS and attempts[(base, 1)] == RECORDS
 

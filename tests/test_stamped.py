@@ -17,8 +17,7 @@ from aligner.connectors.reader import EpochReader
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
 from aligner.errors import AlignerError, SubjectConflictError
-from aligner.stamps import Stamp, stamp_of
-from tests.helpers import raw_records
+from tests.helpers import raw_records, record_stamp
 
 RECORDS = 30
 """Output records per epoch; the second subject gets one record per third of them."""
@@ -38,13 +37,6 @@ def _write_epoch(p: SinkProducer, second: str | None, tag: str) -> tuple[int, li
             p.send_to(second, json.dumps(s).encode(), key=s["key"].encode())
             side.append(s)
     return epoch, out, side
-
-
-def _stamp(message: Any) -> Stamp:
-    """The stamp of a record the sink wrote (every one carries one)."""
-    raw = stamp_of(message.headers())
-    assert raw is not None, "a record without a stamp"
-    return Stamp.decode(raw)
 
 
 def _by_epoch(reader: EpochReader, subject: str, first: int, last: int) -> dict[int, Counter]:
@@ -137,7 +129,7 @@ def test_an_aborted_epoch_shows_in_neither_subject_and_is_written_again(stack, l
         assert _by_epoch(reader, output, epoch, epoch) == _expected({epoch: out})
         assert _by_epoch(reader, second, epoch, epoch) == _expected({epoch: side})
     for subject in (output, second):  # the broker holds the aborted attempt; readers dropped it by stamp
-        stamps = Counter(_stamp(m).attempt for m in raw_records(stack.kafka, subject, 2))
+        stamps = Counter(record_stamp(m).attempt for m in raw_records(stack.kafka, subject, 2))
         aborted = RECORDS if subject == output else RECORDS // 3
         assert stamps[first[subject].node.incarnation] == aborted, (subject, stamps)
         assert stamps[attempts[subject]] == aborted
