@@ -229,3 +229,14 @@ def test_a_retention_pass_that_only_cleared_a_swapped_out_job_still_means_a_reta
     assert not retention_removed("retention pass: removed 0 epochs of 0 subjects, 0 nodes (0 Spark batch records) "
                                  "in 0.04s")
     assert not retention_removed("retention pass failed: ConnectionLoss")
+
+
+def test_the_soak_says_at_its_start_what_a_subject_must_commit_for_growth_to_be_judged() -> None:
+    """`make soak` in 20 minutes keeps 1,000 epochs and 600 s: a subject slower than an epoch every 0.6 s is never
+    floored and the verdict is "growth not measured"; the start line says so before the run, not after."""
+    from experiments.soak.__main__ import reach_line
+
+    assert "an epoch every 0.60 s or faster" in reach_line(20, 1000, 600)
+    assert "1 epoch and 120 s" in reach_line(15, 1, 120)
+    assert "an epoch every 0.05 s" in reach_line(1, 1200, None)
+    assert "cannot be judged" in reach_line(5, 10, 600)

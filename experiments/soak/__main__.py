@@ -172,6 +172,8 @@ def main(
                   f"{run.generations - 2} hot-swaps planned, samples every {sample:g}s, "
                   f"gc {f'every {gc_every:g}s' if gc_every else 'off'}, "
                   f"retention loop {f'every {retention_every:g}s' if retention_every else 'off'}")
+    if check_growth and (gc_every or retention_every):
+        console.print(reach_line(minutes, keep_epochs, keep_seconds))
     autogroup = Path("/proc/sys/kernel/sched_autogroup_enabled")
     if autogroup.exists() and autogroup.read_text().strip() == "1":
         console.print("[yellow]leave the machine to the soak: this kernel schedules by autogroup, so `nice` does not "
@@ -190,6 +192,19 @@ def main(
         console.print(f"[red]interrupted[/]: every process of the soak was stopped; partial report {out / 'soak.json'}")
         sys.exit(130)
     conclude(reporter.write(result), out)
+
+
+def reach_line(minutes: float, keep_epochs: int, keep_seconds: float | None) -> str:
+    """What a subject must do for its growth to be judged: retention raises its floor only past what it keeps,
+    and a subject it never floored makes the verdict "growth not measured" (said at the start, not after)."""
+    seconds = minutes * 60 - (keep_seconds or 0)
+    kept = f"{keep_epochs:,} epoch{'s' if keep_epochs != 1 else ''}"
+    kept += f" and {keep_seconds:g} s" if keep_seconds else ""
+    if seconds <= 0:
+        return (f"[yellow]growth cannot be judged: retention keeps {kept}, longer than the {minutes:g} min asked[/]")
+    return (f"growth is judged once retention has raised every subject's floor: retention keeps {kept}, so each "
+            f"subject must commit an epoch every {seconds / keep_epochs:.2f} s or faster (a Spark job's epochs "
+            f"are its micro-batches)")
 
 
 @dataclass

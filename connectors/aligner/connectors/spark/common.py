@@ -125,6 +125,21 @@ def float_option(options: Mapping[str, str], name: str, default: float) -> float
         raise AlignedOptionError(f"option {name}={raw!r} is not a number") from None
 
 
+@dataclass(frozen=True)
+class TaskOptions:
+    """The options a batch read and a stream read plan their tasks by, read once for both."""
+
+    stall_timeout: float
+    """Seconds a task waits on a partition that serves nothing before it says what it saw."""
+    min_records: int
+    """``minRecordsPerTask``: partitions of fewer offsets share tasks (0: a task per partition)."""
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> TaskOptions:
+        return cls(stall_timeout=float_option(options, "stallTimeout", 30.0),
+                   min_records=int_option(options, "minRecordsPerTask", 0) or 0)
+
+
 def batch_epochs(options: Mapping[str, str], ledger: Ledger, subject: str) -> list[int]:
     """The epochs a batch read covers: exactly one of epoch, epochs ("A:B"), asOf (0..N) or lineage
     ("JOB:EPOCH": the subject's epochs in the consistent cut named by a downstream job epoch)."""

@@ -43,9 +43,8 @@ from pyspark.sql.types import StructType
 
 from aligner.connectors.spark.common import (
     Connection,
+    TaskOptions,
     batch_epochs,
-    float_option,
-    int_option,
     ledger_for,
     pack,
     plan_partitions,
@@ -93,16 +92,15 @@ class AlignedBatchReader(DataSourceReader):
         self.conn = Connection.from_options(options)
         self.options = dict(options)
         self.schema = schema
-        self.stall_timeout = float_option(options, "stallTimeout", 30.0)
-        self.task_records = int_option(options, "minRecordsPerTask", 0) or 0
+        self.tasks = TaskOptions.from_options(options)
 
     def partitions(self) -> Sequence[InputPartition]:
         ledger = ledger_for(self.conn.zk, self.conn.root)
         subject = ledger.subject(self.conn.subject)
         epochs = batch_epochs(self.options, ledger, subject.name)
-        parts = plan_partitions(ledger, self.conn.kafka, subject, epochs, self.stall_timeout)
+        parts = plan_partitions(ledger, self.conn.kafka, subject, epochs, self.tasks.stall_timeout)
         # Spark wants at least one partition; an all-empty span reads nothing.
-        return pack(parts, self.task_records) or [InputPartition(None)]
+        return pack(parts, self.tasks.min_records) or [InputPartition(None)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         yield from read_input(partition, self.schema)

@@ -55,7 +55,7 @@ from pyspark.sql.types import StructType
 from aligner.connectors.spark.common import (
     AlignedPartition,
     Connection,
-    float_option,
+    TaskOptions,
     int_option,
     ledger_for,
     opt,
@@ -97,8 +97,7 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         cap = int_option(options, "maxEpochsPerBatch", None, minimum=1)
         self.per_batch = cap if cap is not None else int_option(options, "epochsPerBatch", None, minimum=1)
         """At most this many epochs per micro-batch; None: every committed epoch available (keeps up)."""
-        self.stall_timeout = float_option(options, "stallTimeout", 30.0)
-        self.task_records = int_option(options, "minRecordsPerTask", 0) or 0
+        self.tasks = TaskOptions.from_options(options)
         self._target: dict[str, int] | None = None
         self.job = opt(options, "job") or None
         """Run as this registered aligned job (:mod:`aligner.connectors.spark.job`)."""
@@ -197,10 +196,10 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if stop <= first:
                 continue
             subject = ledger.subject(s)
-            parts += plan_partitions(ledger, self.conn.kafka, subject, range(first, stop), self.stall_timeout,
+            parts += plan_partitions(ledger, self.conn.kafka, subject, range(first, stop), self.tasks.stall_timeout,
                                      zk=self.conn.zk, lineage=True, subject_column=bool(self.conn.subjects),
                                      job_span=job_span)
-        return pack(parts, self.task_records)
+        return pack(parts, self.tasks.min_records)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         yield from read_input(partition, self.schema)
