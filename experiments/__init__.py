@@ -4,6 +4,7 @@ own embedded stack."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -27,6 +28,17 @@ def _process_ticks(pid: int) -> int:
 def cpu_seconds(pid: int) -> float:
     """The CPU time process ``pid`` has used so far, all its threads (0 once it is gone)."""
     return _process_ticks(pid) / os.sysconf("SC_CLK_TCK")
+
+
+def pin_threads(pid: int, cpus: set[int]) -> None:
+    """Keep every thread of process ``pid`` on ``cpus`` (threads it starts later inherit it).
+
+    ``sched_setaffinity`` on a pid moves only its main thread; a JVM's or librdkafka's threads are
+    each a task of their own.
+    """
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
+            os.sched_setaffinity(int(task), cpus)
 
 
 class ForeignCpu:

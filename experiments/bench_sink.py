@@ -18,7 +18,11 @@ JIT has compiled its request path, as it has in an ensemble that has run for a w
 shared cores that CPU is taken from the broker and the writers. The ZooKeeper CPU each sink's epochs
 cost during the rounds is printed, beside the warm-up's.
 
-    .venv/bin/python -m experiments.bench_sink [--rounds 5] [--records 200000] [--warm-epochs 10000]
+``--pin`` gives the writers (this process, its librdkafka threads included) core 0 and ZooKeeper and the
+broker the other cores: the shape of a deployment, where they run on machines of their own, as far as
+two cores allow. Every writer, raw or sink, runs pinned alike.
+
+    .venv/bin/python -m experiments.bench_sink [--rounds 5] [--records 200000] [--warm-epochs 10000] [--pin]
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from aligner.stamps import HEADER, Stamp
-from experiments import ForeignCpu, cpu_seconds
+from experiments import ForeignCpu, cpu_seconds, pin_threads
 from experiments.common import PRODUCER_SETTINGS, Headers, LedgerTimer, write_results
 
 PARTITIONS = 4
@@ -142,7 +146,11 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=200_000, help="records per run (a multiple of 10,000)")
     ap.add_argument("--warm-epochs", type=int, default=10_000,
                     help="one-record epochs that warm ZooKeeper's JIT before the rounds (0: none)")
+    ap.add_argument("--pin", action="store_true",
+                    help="writers on core 0, ZooKeeper and the broker on the others (needs 2 cores or more)")
     args = ap.parse_args()
+    if args.pin and (os.cpu_count() or 1) < 2:
+        ap.error("--pin needs at least 2 cores")
     console = Console(width=120)
     stamp: Headers = [(HEADER, Stamp("sink", 123, 1).encode())]
 
@@ -150,6 +158,11 @@ def main() -> None:
 
     with EmbeddedStack() as info:
         cpu = ForeignCpu(info.zk_pid, info.kafka_pid)
+        if args.pin:
+            rest = set(range(1, os.cpu_count() or 2))
+            pin_threads(info.zk_pid, rest)
+            pin_threads(info.kafka_pid, rest)
+            pin_threads(os.getpid(), {0})
         led = Ledger.connect(info.zk, "/bench")
         # One subject per sink writer, as each raw loop has its own topic: every topic grows alike (on the
         # embedded broker a transaction's cost grows with its partitions' size, PLATFORM.md deviation 5).
@@ -270,7 +283,7 @@ def main() -> None:
         "sink_zk_round_trips_per_epoch": zk_trips / epochs,
         "sink_zk_ms_per_epoch_by_writer": zk_ms_by_sink,
         "warm_epochs": args.warm_epochs, "warm_seconds": warm_seconds, "warm_zk_cpu_ms_per_epoch": warm_zk_ms,
-        "zk_cpu_ms_per_epoch_by_writer": zk_cpu_ms,
+        "zk_cpu_ms_per_epoch_by_writer": zk_cpu_ms, "pinned": args.pin,
     })
     console.print(f"wrote {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
 
