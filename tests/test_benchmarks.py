@@ -16,7 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 SMOKE = {
-    "bench_sink": ["--rounds", "1", "--records", "20000", "--warm-epochs", "20"],
+    "bench_sink": ["--rounds", "1", "--records", "20000", "--warm-epochs", "20",
+                   *(["--pin"] if (os.cpu_count() or 1) >= 2 else [])],
     "bench_batches": ["--epochs", "2", "--rate", "100"],
     "bench_zk_ops": ["--epochs", "2", "--records", "2", "--kazoo-ops", "20"],
     "bench_zk_scale": ["--producers", "4", "--rate", "2", "--seconds", "2", "--processes", "1", "--pipelined"],
