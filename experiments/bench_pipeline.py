@@ -63,7 +63,7 @@ from aligner.coordinator.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from aligner.stamps import HEADER, Stamp
 from experiments import ForeignCpu
-from experiments.common import PRODUCER_SETTINGS, Headers, write_results
+from experiments.common import PRODUCER_SETTINGS, Headers, median_interval, write_results
 
 ROOT = "/bench-pipeline"
 PARTITIONS = 4
@@ -430,6 +430,14 @@ def main() -> None:
                   f"{rate['aligned job, batch'] / stamped:.2f}")
     console.print(f"batch path/raw = {ratio_batch:.3f} (target >= {TARGET_BATCH}): "
                   f"{'PASS' if ratio_batch >= TARGET_BATCH else 'FAIL'}")
+    # Each round's raw loop and aligned runs share its conditions: the median of their ratios, and how far it
+    # can be trusted, on a shared machine whose speed drifts over a run.
+    paired = {name: [r["seconds"] / a["seconds"] for r, a in zip(results["raw"], results[name], strict=True)]
+              for name in FUNCTIONS}
+    intervals = {name: median_interval(v) for name, v in paired.items()}
+    console.print("median of per-round ratios to raw (95 % interval): " + ", ".join(
+        f"{name} {statistics.median(v):.2f} ({intervals[name][0]:.2f}..{intervals[name][1]:.2f})"
+        for name, v in paired.items()))
     delivered = statistics.median(r["consumed_messages"] / r["records"] for r in results["aligned job"])
     console.print(f"the aligned source's Consumer.consume returned {delivered:.1f} messages per record processed "
                   f"(the raw loop: 1.0); the rest lay past the epoch boundary and were dropped, then fetched again")
@@ -443,6 +451,8 @@ def main() -> None:
         "records_per_s_median": rate, "records_per_s_from_start_median": rate_start,
         "ratio": ratio, "ratio_per_round": per_round, "target": TARGET, "pass": ratio >= TARGET,
         "ratio_batch": ratio_batch, "target_batch": TARGET_BATCH,
+        "ratio_per_round_median": {name: statistics.median(v) for name, v in paired.items()},
+        "ratio_per_round_interval": intervals,
         "ratio_stamped_raw": stamped / rate["raw"], "ratio_vs_stamped_raw": rate["aligned job"] / stamped,
         "ratio_batch_vs_stamped_raw": rate["aligned job, batch"] / stamped,
         "align_seconds": align_s, "foreign_cpu_cores": foreign,
