@@ -404,7 +404,13 @@ def main() -> None:
     rate = {n: statistics.median(r["records"] / r["seconds"] for r in v) for n, v in results.items()}
     rate_start = {n: statistics.median(r["records"] / r["seconds_from_start"] for r in v) for n, v in results.items()}
     ratio = rate["aligned job"] / rate["raw"]
-    per_round = [r["seconds"] / a["seconds"] for r, a in zip(results["raw"], results["aligned job"], strict=True)]
+    # Each round's raw loop and aligned runs share its conditions: the median of their ratios, and how far it
+    # can be trusted, on a shared machine whose speed drifts over a run.
+    paired = {name: [r["seconds"] / a["seconds"] for r, a in zip(results["raw"], results[name], strict=True)]
+              for name in FUNCTIONS}
+    per_round = paired["aligned job"]
+    paired_median = {name: statistics.median(v) for name, v in paired.items()}
+    intervals = {name: median_interval(v) for name, v in paired.items()}
     table = Table(title=f"Consume -> transform -> produce, {args.records:,} records x {args.rounds} rounds "
                         f"(100 B values, {PARTITIONS} partitions, epochs of {EPOCH:,})")
     table.add_column("pipeline")
@@ -430,14 +436,8 @@ def main() -> None:
                   f"{rate['aligned job, batch'] / stamped:.2f}")
     console.print(f"batch path/raw = {ratio_batch:.3f} (target >= {TARGET_BATCH}): "
                   f"{'PASS' if ratio_batch >= TARGET_BATCH else 'FAIL'}")
-    # Each round's raw loop and aligned runs share its conditions: the median of their ratios, and how far it
-    # can be trusted, on a shared machine whose speed drifts over a run.
-    paired = {name: [r["seconds"] / a["seconds"] for r, a in zip(results["raw"], results[name], strict=True)]
-              for name in FUNCTIONS}
-    intervals = {name: median_interval(v) for name, v in paired.items()}
     console.print("median of per-round ratios to raw (95 % interval): " + ", ".join(
-        f"{name} {statistics.median(v):.2f} ({intervals[name][0]:.2f}..{intervals[name][1]:.2f})"
-        for name, v in paired.items()))
+        f"{name} {m:.2f} ({intervals[name][0]:.2f}..{intervals[name][1]:.2f})" for name, m in paired_median.items()))
     delivered = statistics.median(r["consumed_messages"] / r["records"] for r in results["aligned job"])
     console.print(f"the aligned source's Consumer.consume returned {delivered:.1f} messages per record processed "
                   f"(the raw loop: 1.0); the rest lay past the epoch boundary and were dropped, then fetched again")
@@ -451,7 +451,7 @@ def main() -> None:
         "records_per_s_median": rate, "records_per_s_from_start_median": rate_start,
         "ratio": ratio, "ratio_per_round": per_round, "target": TARGET, "pass": ratio >= TARGET,
         "ratio_batch": ratio_batch, "target_batch": TARGET_BATCH,
-        "ratio_per_round_median": {name: statistics.median(v) for name, v in paired.items()},
+        "ratio_per_round_median": paired_median,
         "ratio_per_round_interval": intervals,
         "ratio_stamped_raw": stamped / rate["raw"], "ratio_vs_stamped_raw": rate["aligned job"] / stamped,
         "ratio_batch_vs_stamped_raw": rate["aligned job, batch"] / stamped,
