@@ -339,3 +339,29 @@ def test_claim_producers_starts_a_sink_on_one_epoch(ledger, subject_name):
     with pytest.raises(PartitionClaimedError):
         ledger.claim_producers(subject_name, "third", {"0": [2], "1": [3]}, lambda parts: dict.fromkeys(parts, 0))
     assert "third:0" not in ledger.writers(subject_name)[0].writers
+
+
+def test_a_job_registered_between_two_reads_is_read_whole_not_called_a_stranger(ledger, subject_name):
+    """The consumers and command of a job are read, and on a missing node the job is looked up to say which
+    is missing; a job another process registers between the two reads (this ledger's ``job`` registers it
+    first, the interleaving CI met) is read whole, not reported as not reading its input."""
+    from aligner.jobs import JobLedger
+    from aligner.models import JobNode
+
+    _subject(ledger, subject_name, 2)
+    _subject(ledger, f"{subject_name}-out", 2)
+    node = JobNode(job=f"{subject_name}-j", inputs=(subject_name,), output=f"{subject_name}-out", parallelism=1)
+
+    class RegisteredMeanwhile(JobLedger):
+        def job(self, job: str) -> JobNode:
+            JobLedger(self.ledger).register(node)
+            return super().job(job)
+
+    assert RegisteredMeanwhile(ledger).consumers(node.job, subject_name) == {}
+    ledger.zk.delete(ledger.layout.job(node.job), recursive=True)
+    assert RegisteredMeanwhile(ledger).command(node.job, subject_name)[0] is not None
+    jobs = JobLedger(ledger)
+    with pytest.raises(AlignerError, match="does not read subject"):
+        jobs.consumers(node.job, f"{subject_name}-out")
+    with pytest.raises(UnknownSubjectError):
+        jobs.command(node.job, f"{subject_name}-out")
