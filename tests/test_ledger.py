@@ -365,3 +365,17 @@ def test_a_job_registered_between_two_reads_is_read_whole_not_called_a_stranger(
         jobs.consumers(node.job, f"{subject_name}-out")
     with pytest.raises(UnknownSubjectError):
         jobs.command(node.job, f"{subject_name}-out")
+
+
+def test_a_subject_registered_between_two_reads_has_its_writers_node(ledger, subject_name):
+    """As above for a subject: its writers node is read, then the subject looked up on a miss; a subject
+    registered in between is read whole, not reported as missing its writers node."""
+    node = SubjectNode(name=subject_name, topic=subject_name, partitions=2)
+
+    class RegisteredMeanwhile(Ledger):
+        def subject(self, name: str) -> SubjectNode:
+            ledger.register_subject(node)
+            return super().subject(name)
+
+    writers, _ = RegisteredMeanwhile(ledger.zk, ledger.layout).writers(subject_name)
+    assert writers.writers == {}

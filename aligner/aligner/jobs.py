@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
@@ -29,8 +29,6 @@ from aligner.models import (
 from aligner.ops import Create, Op, raise_failure
 
 log = logging.getLogger("aligner.jobs")
-
-T = TypeVar("T")
 
 
 class JobLedger:
@@ -93,22 +91,9 @@ class JobLedger:
 
     def command(self, job: str, subject: str) -> tuple[Command, int]:
         path = self.layout.command(job, subject)
-        node, version = self._under_job(job, lambda: self.ledger.read(CommandNode, path),
-                                        lambda: UnknownSubjectError(subject))
+        node, version = self.ledger.read_registered(lambda: self.ledger.read(CommandNode, path),
+                                                    lambda: self.job(job), lambda: UnknownSubjectError(subject))
         return node.command, version
-
-    def _under_job(self, job: str, read: Callable[[], T], missing: Callable[[], Exception]) -> T:
-        """``read`` of a node a job's registration makes: a missing node means the job is unknown
-        (UnknownJobError) or, for a registered job, ``missing()``. The job is read after the node, so a job
-        registered between the two reads has it: one multi-op makes a job with its nodes, so read again."""
-        try:
-            return read()
-        except NoNodeError:
-            self.job(job)
-        try:
-            return read()
-        except NoNodeError:
-            raise missing() from None
 
     def send(self, job: str, subject: str, command: Command, version: int) -> None:
         """Write a command; the version check makes two coordinators unable to interleave."""
@@ -123,8 +108,9 @@ class JobLedger:
 
     def consumers(self, job: str, subject: str) -> dict[int, ConsumerNode]:
         path = self.layout.consumers(job, subject)
-        names: list[str] = self._under_job(job, lambda: self.zk.get_children(path), lambda: AlignerError(
-            f"job {job!r} does not read subject {subject!r}"))
+        stranger = f"job {job!r} does not read subject {subject!r}"
+        names: list[str] = self.ledger.read_registered(lambda: self.zk.get_children(path), lambda: self.job(job),
+                                                       lambda: AlignerError(stranger))
         return {int(n): self.ledger.read(ConsumerNode, f"{path}/{n}")[0] for n in names}
 
     def report(self, job: str, subject: str, worker: int, node: ConsumerNode) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from cachetools import LRUCache
 from kazoo.client import KazooClient
@@ -26,6 +26,8 @@ from aligner.zk import RetryingClient
 
 CACHED_EPOCHS = 20_000
 """Committed epochs a ledger keeps in memory (about 1 KB each): the least recently read go first."""
+T = TypeVar("T")
+
 KNOWN_BUCKETS = 256
 """Buckets of numbered nodes a ledger remembers having made or found (one round trip per new bucket)."""
 
@@ -90,6 +92,20 @@ class Store:
         except NoNodeError:
             return None, -1
         return (parse(model, path, raw) if raw else None), stat.version
+
+    @staticmethod
+    def read_registered(read: Callable[[], T], owner: Callable[[], object], missing: Callable[[], Exception]) -> T:
+        """``read`` of a node that its owner's registration makes (a job's or a subject's, one multi-op each).
+        On a missing node ``owner()`` raises when the owner is unknown; a known owner was read after the node,
+        so it may have been registered between the two: read again, and only then raise ``missing()``."""
+        try:
+            return read()
+        except NoNodeError:
+            owner()
+        try:
+            return read()
+        except NoNodeError:
+            raise missing() from None
 
     def update(self, model: type[M], path: str, change: Callable[[M | None], M | None],
                makepath: bool = False) -> M | None:

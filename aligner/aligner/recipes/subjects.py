@@ -49,11 +49,9 @@ class SubjectRecipes(Store):
             return []
 
     def writers(self, subject: str) -> tuple[WritersNode, int]:
-        try:
-            return self.read(WritersNode, self.layout.writers(subject))
-        except NoNodeError:
-            self.subject(subject)  # raises UnknownSubjectError when that is the cause
-            raise MalformedNodeError(self.layout.writers(subject), "missing writers node") from None
+        path = self.layout.writers(subject)
+        return self.read_registered(lambda: self.read(WritersNode, path), lambda: self.subject(subject),
+                                    lambda: MalformedNodeError(path, "missing writers node"))
 
     def sinks(self, subject: str) -> list[str]:
         try:
