@@ -83,6 +83,14 @@ def test_every_config_builder_merges_the_file(kafka_config: Path) -> None:
                                   "bootstrap.servers": "elsewhere:9092", "isolation.level": "read_uncommitted"}
 
 
+def test_every_client_reconnects_within_a_second_unless_the_file_says_otherwise(kafka_config: Path) -> None:
+    """librdkafka's 10 s reconnect backoff kept a job from reading for 44 s after a 10 s broker pause."""
+    builders = (lambda: admin_config("b:1"), lambda: producer_config("b:1", "t"), lambda: consumer_config("b:1"))
+    assert [build()["reconnect.backoff.max.ms"] for build in builders] == [1000, 1000, 1000]
+    kafka_config.write_text("reconnect.backoff.max.ms=5000\n")
+    assert [build()["reconnect.backoff.max.ms"] for build in builders] == ["5000", "5000", "5000"]
+
+
 def test_missing_file_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ALIGNER_KAFKA_CONFIG", str(tmp_path / "nope.properties"))
     with pytest.raises(KafkaConfigError, match=r"nope\.properties"):
