@@ -216,3 +216,51 @@ def test_pr_hotness_job_on_spark_reduces_both_subjects_exactly_once(spark, stack
     assert {pr: (c, h) for pr, (_t, c, h) in final.items()} == {
         pr: (expected[(pr, "comments")], expected[(pr, "hot")]) for pr in range(3)}
     assert all(t == c + h for t, c, h in final.values())
+
+
+def test_a_checkpoint_left_mid_write_by_a_killed_driver_starts_again_once_cleared(spark, stack, root, ledger,
+                                                                                    subject_name, tmp_path, spawn):
+    """A driver killed while writing its first batch's offsets leaves ``offsets/.0.<uuid>.tmp`` (as the chaos
+    run met): Spark then refuses the checkpoint at every start (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY).
+    ``clear_unfinished_writes`` removes only the leftovers, through Spark's own file system, and the query
+    then reads every epoch once."""
+    from pathlib import Path
+
+    from aligner.connectors.spark.checkpoint import clear_unfinished_writes
+
+    create_subject(ledger, stack.kafka, subject_name, 2)
+    producer = SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0, 1]).open()
+    try:
+        _write_epochs(producer, range(3), 10)
+    finally:
+        producer.close()
+    checkpoint = tmp_path / "cp"
+    (checkpoint / "offsets").mkdir(parents=True)
+    left = checkpoint / "offsets" / ".0.a05774ca-1c05-45f2-ae0a-3d315da0e243.tmp"
+    left.write_bytes(b"")
+    seen: list = []
+    with pytest.raises(Exception, match="STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY"):
+        _run_available_now(spark, spawn, stack, root, subject_name, checkpoint, seen)
+    assert [Path(p).name for p in clear_unfinished_writes(str(checkpoint), spark)] == [left.name]
+    assert not left.exists() and (checkpoint / "metadata").exists()  # the query's own files stay
+    _run_available_now(spark, spawn, stack, root, subject_name, checkpoint, seen)
+    values = Counter(r[3] for _b, rows in seen for r in rows)
+    assert len(values) == 30 and set(values.values()) == {1}
+
+
+def test_clearing_a_local_checkpoint_removes_only_temporary_files(tmp_path) -> None:
+    from aligner.connectors.spark.checkpoint import clear_unfinished_writes
+
+    for log in ("offsets", "commits"):
+        (tmp_path / log).mkdir()
+        for name in ("0", ".0.crc", ".1.3f2a.tmp", "..1.3f2a.tmp.crc"):
+            (tmp_path / log / name).write_text("x")
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / ".1.delta.9.tmp").write_text("x")  # the state store's files are Spark's own business
+    removed = clear_unfinished_writes(f"file://{tmp_path}")
+    assert sorted(removed) == sorted(str(tmp_path / log / n) for log in ("offsets", "commits")
+                                     for n in (".1.3f2a.tmp", "..1.3f2a.tmp.crc"))
+    assert sorted(p.name for p in (tmp_path / "offsets").iterdir()) == [".0.crc", "0"]
+    assert (tmp_path / "state" / ".1.delta.9.tmp").exists()
+    assert clear_unfinished_writes(str(tmp_path)) == []
+    assert clear_unfinished_writes("hdfs://nn/cp") == []  # no session to reach it: left alone, with a warning

@@ -44,11 +44,13 @@ def main() -> None:
 
     from pyspark.sql import functions as F
 
+    from aligner.connectors.spark.checkpoint import clear_unfinished_writes
     from aligner.connectors.spark.session import local_session
     from experiments.common import SPARK_QUICK_DRIVER
 
     spark = local_session(args.master, "chaos-b", **SPARK_QUICK_DRIVER)
     say(f"jvm {spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()}")
+    clear_unfinished_writes(args.checkpoint, spark)  # a SIGKILL mid-write must not keep it from starting again
     conn = {"zk": args.zk, "kafka": args.kafka, "root": args.root}
     v = F.col("value").cast("string")
     n = F.get_json_object(v, "$.n").cast("long")
