@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from time import time_ns
@@ -207,39 +208,54 @@ class Lane:
 
     def send_many(self, pairs: Iterable[tuple[bytes | None, bytes | None]]) -> int:
         """``send(value, key)`` for each ``(key, value)``; returns how many. The batch form of the hot path:
-        the lane's fields are read once per call, not per record, and the records share one timestamp."""
+        the batch's partitions are picked first, so only its last record per partition is held back (``send``
+        holds every record until the next one to its partition) and the others are produced in a plain loop
+        (0.7 of the per-record holding's time, experiments/results/profiles/s31). The records share one
+        timestamp."""
         if not self.accepting:
             raise self._refusal(-1)
-        topic, headers, held, counts, produce = self.topic, self.headers, self.held, self.counts, self._produce
+        batch = pairs if isinstance(pairs, list) else list(pairs)
+        if not batch:
+            return 0
+        table, parts, crc32, rr = self.routes, self.partitions, zlib.crc32, self._rr
+        n_table, n_parts = len(table), len(parts)
+        ps = [table[crc32(key) % n_table] if key is not None else parts[(rr := rr + 1) % n_parts]
+              for key, _value in batch]
+        self._rr = rr
+        counts, held = self.counts, self.held
+        for p, n in Counter(ps).items():
+            counts[p] += n
+        last = {p: i for i, p in enumerate(ps)}
+        for p in last.keys() & held.keys():  # held back by an earlier call: no longer a partition's last
+            self._produce_one(held.pop(p))
+        topic, headers, ts, start = self.topic, self.headers, time_ns() // 1_000_000, 0
+        for end in sorted(last.values()):
+            self._produce_run(batch, ps, start, end, ts)
+            key, value = batch[end]
+            held[ps[end]] = (topic, value, key, ps[end], None, None, ts, headers)  # as in send()
+            start = end + 1
+        return len(batch)
+
+    def _produce_run(self, batch: list[tuple[bytes | None, bytes | None]], ps: list[int], start: int, end: int,
+                     ts: int) -> None:
+        """Produce ``batch[start:end]`` to partitions ``ps[start:end]``, without delivery reports, polling the
+        producer every 2,000 records and waiting for room in its queue when it is full."""
+        produce, topic, headers, kp = self._produce, self.topic, self.headers, self.owner.kp
         assert produce is not None
-        parts, table, crc32 = self.partitions, self.routes, zlib.crc32
-        n_parts, n_table = len(parts), len(table)
-        rr, n, ts = self._rr, 0, time_ns() // 1_000_000
-        try:
-            for key, value in pairs:
-                if key is None:
-                    rr += 1
-                    p = parts[rr % n_parts]
-                else:
-                    p = table[crc32(key) % n_table]
-                counts[p] += 1
-                n += 1
-                previous = held.get(p)
-                held[p] = (topic, value, key, p, None, None, ts, headers)  # as in send()
-                if previous is None:
-                    continue
-                try:
-                    produce(*previous)
-                except BufferError:
-                    self._produce_one(previous)  # waits for room in the queue
-                except Exception as exc:
-                    self.owner.error = exc  # accepted earlier: the epoch must not commit without it
-                    raise
-                if n % 2000 == 0:
-                    self.owner.kp.poll(0)
-        finally:
-            self._rr = rr
-        return n
+        i = start
+        while i < end:
+            stop = min(end, i + 2000)
+            try:
+                for (key, value), p in zip(batch[i:stop], ps[i:stop], strict=True):
+                    produce(topic, value, key, p, None, None, ts, headers)
+                    i += 1
+            except BufferError:
+                kp.poll(0.05)  # record i again once the queue has room
+                continue
+            except Exception as exc:
+                self.owner.error = exc  # accepted by this call: the epoch must not commit without it
+                raise
+            kp.poll(0)
 
     def _written(self, starts: Mapping[int, int], epoch: int) -> Written:
         counts = dict(self.counts)
