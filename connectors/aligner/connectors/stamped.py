@@ -210,8 +210,8 @@ class Lane:
         """``send(value, key)`` for each ``(key, value)``; returns how many. The batch form of the hot path:
         the batch's partitions are picked first, so only its last record per partition is held back (``send``
         holds every record until the next one to its partition) and the others are produced in a plain loop
-        (0.7 of the per-record holding's time, experiments/results/profiles/s31). The records share one
-        timestamp."""
+        (the aligned pipeline went from 0.61 to 0.68 of the raw loop, experiments/results/profiles/s31). The
+        records share one timestamp."""
         if not self.accepting:
             raise self._refusal(-1)
         batch = pairs if isinstance(pairs, list) else list(pairs)
