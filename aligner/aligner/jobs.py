@@ -108,9 +108,9 @@ class JobLedger:
 
     def consumers(self, job: str, subject: str) -> dict[int, ConsumerNode]:
         path = self.layout.consumers(job, subject)
-        stranger = f"job {job!r} does not read subject {subject!r}"
-        names: list[str] = self.ledger.read_registered(lambda: self.zk.get_children(path), lambda: self.job(job),
-                                                       lambda: AlignerError(stranger))
+        names: list[str] = self.ledger.read_registered(
+            lambda: self.zk.get_children(path), lambda: self.job(job),
+            lambda: AlignerError(f"job {job!r} does not read subject {subject!r}"))
         return {int(n): self.ledger.read(ConsumerNode, f"{path}/{n}")[0] for n in names}
 
     def report(self, job: str, subject: str, worker: int, node: ConsumerNode) -> None:

@@ -24,10 +24,10 @@ from aligner.ops import Op, failed_with, raise_failure
 from aligner.watches import KeptFrontier
 from aligner.zk import RetryingClient
 
-CACHED_EPOCHS = 20_000
-"""Committed epochs a ledger keeps in memory (about 1 KB each): the least recently read go first."""
 T = TypeVar("T")
 
+CACHED_EPOCHS = 20_000
+"""Committed epochs a ledger keeps in memory (about 1 KB each): the least recently read go first."""
 KNOWN_BUCKETS = 256
 """Buckets of numbered nodes a ledger remembers having made or found (one round trip per new bucket)."""
 

@@ -40,7 +40,7 @@ QUIET: dict[str, Any] = {"logger": LIBRDKAFKA_LOG}
 RECONNECT: dict[str, Any] = {"reconnect.backoff.max.ms": 1000}
 """Defaults of every client the product creates (the client properties file may override them): a broker
 that comes back is found within a second. librdkafka backs off reconnecting up to 10 s, so a consumer whose
-connection dropped during a 10 s broker pause read again 0.2-4.7 s after it (1 s cap: 0.9-1.2 s, 10 trials),
+connection dropped during a 10 s broker pause read again 0.2-4.7 s after it (1 s cap: 0.9-1.2 s; 7 trials each),
 and a job in CI 44 s after it, over several failed reconnects. Java clients cap this at 1 s too."""
 
 UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
