@@ -188,27 +188,35 @@ def test_misuse_is_refused(stack, ledger, subject_name) -> None:
         SinkProducer(ledger, stack.kafka, output, "job", 1, [1], also={second: [2]}).open()
 
 
-def test_send_many_keeps_each_partitions_order_across_calls_and_single_sends(stack, ledger, subject_name) -> None:
-    """``send_many`` picks a batch's partitions first and holds back only its last record per partition: keyed
-    and unkeyed records, across calls of every size (one record, more than the queue's 2,000-record poll
+@pytest.mark.parametrize("queue", [None, 1000], ids=["queue-default", "queue-1000"])
+def test_send_many_keeps_each_partitions_order_across_calls_and_single_sends(stack, ledger, subject_name,
+                                                                             queue) -> None:
+    """``send_many`` picks a batch's partitions first and holds back only its last record per partition: keyed,
+    unkeyed and mixed batches, across calls of every size (one record, more than the queue's 2,000-record poll
     stride) and single ``send``s between them, come back once each, in send order per partition, keyed ones
-    on their key's partition, and the epochs' ranges hold exactly what was sent."""
+    on their key's partition, an unkeyed batch on every partition, and the epochs' ranges hold exactly what
+    was sent; also when the producer's queue is smaller than a batch (it waits for room, record by record)."""
     from aligner.keys import routes
 
     create_subject(ledger, stack.kafka, subject_name, 3)
     sent: list[tuple[bytes | None, bytes]] = []
+    unkeyed: list[bytes] = []
     epochs = []
-    with SinkProducer(ledger, stack.kafka, subject_name, "job", 0, [0, 1, 2]) as p:
+    config = None if queue is None else {"queue.buffering.max.messages": queue}
+    with SinkProducer(ledger, stack.kafka, subject_name, "job", 0, [0, 1, 2], kafka_config=config) as p:
         for _ in range(2):
             epoch = p.begin()
             epochs.append(epoch)
-            for size in (1, 5, 2500, 0, 7):
-                batch = [(None if j % 3 == 0 else b"k%d" % (j % 11), b"%d-%d-%d" % (epoch, size, j))
-                         for j in range(size)]
+            for size, keys in ((1, "mixed"), (5, "mixed"), (2500, "mixed"), (0, "mixed"), (7, "mixed"),
+                               (2500, "none"), (2, "none")):
+                batch = [(None if keys == "none" or j % 3 == 0 else b"k%d" % (j % 11),
+                          b"%d-%d-%s-%d" % (epoch, size, keys.encode(), j)) for j in range(size)]
                 assert p.send_many(batch) == size
                 sent += batch
-                p.send(b"%d-single-%d" % (epoch, size), key=b"s")
-                sent.append((b"s", b"%d-single-%d" % (epoch, size)))
+                unkeyed += [v for _, v in batch] if size == 2500 and keys == "none" else []
+                single = b"%d-single-%d-%s" % (epoch, size, keys.encode())
+                p.send(single, key=b"s")
+                sent.append((b"s", single))
             assert p.send_many(iter([(None, b"%d-gen" % epoch)])) == 1  # any iterable, not only a list
             sent.append((None, b"%d-gen" % epoch))
             p.commit()
@@ -223,3 +231,5 @@ def test_send_many_keeps_each_partitions_order_across_calls_and_single_sends(sta
     for part in (0, 1, 2):  # per partition, the offsets follow the order the records were sent in
         offsets = [by_value[v].offset for _, v in sent if by_value[v].partition == part]
         assert offsets == sorted(offsets) and len(offsets) > 0
+    spread = Counter(by_value[v].partition for v in unkeyed)  # two batches of 2,500: 832 or 834 per partition each
+    assert spread.keys() == {0, 1, 2} and all(1664 <= n <= 1668 for n in spread.values()), spread
