@@ -307,6 +307,34 @@ def test_a_source_fetches_past_its_bound_only_while_the_next_epoch_is_committed(
     assert [(r.epoch, r.value) for r in kept] == [(e, b"%d-%d" % (e, j)) for e in range(4) for j in range(50)]
 
 
+def test_what_a_source_keeps_per_epoch_is_let_go_once_read_in_either_mode(stack, ledger, subject_name):
+    """A source running for days keeps what its loaded epochs need, not one entry per epoch it ever read: an
+    exactly-once source drops each epoch's segment once read past it, an at-least-once one (which filters
+    nothing) keeps none; both consume every epoch and hand over every record once."""
+    create_subject(ledger, stack.kafka, subject_name, 2)
+    with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0, 1]) as p:
+        for e in range(30):
+            p.begin()
+            for j in range(4):
+                p.send(b"%d-%d" % (e, j), partition=j % 2)
+            p.commit()
+    for mode in ("exactly_once", "at_least_once"):
+        source = SubjectSource(ledger, stack.kafka, {subject_name: [0, 1]}, mode=mode)  # type: ignore[arg-type]
+        kept: list[SourceRecord] = []
+        try:
+            deadline = time.monotonic() + 60
+            while source.consumed(subject_name) < 29 or len(kept) < 120:
+                assert time.monotonic() < deadline, f"{mode}: {len(kept)} records, to {source.consumed(subject_name)}"
+                source.load()
+                kept.extend(source.poll(0.1))
+        finally:
+            source.close()
+        assert Counter(r.value for r in kept) == Counter(b"%d-%d" % (e, j) for e in range(30) for j in range(4)), mode
+        held = {p: len(part.segments) for p, part in source.parts.items()}
+        assert all(n <= (1 if mode == "exactly_once" else 0) for n in held.values()), (mode, held)
+        assert not source.inputs[subject_name].loaded, mode
+
+
 def test_counts_are_what_each_partition_received(stack, ledger, subject_name, monkeypatch):
     create_subject(ledger, stack.kafka, subject_name, 3)
     with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0, 1, 2]) as p:
