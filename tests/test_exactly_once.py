@@ -319,7 +319,7 @@ def test_what_a_source_keeps_per_epoch_is_let_go_once_read_in_either_mode(stack,
                 p.send(b"%d-%d" % (e, j), partition=j % 2)
             p.commit()
     for mode in ("exactly_once", "at_least_once"):
-        source = SubjectSource(ledger, stack.kafka, {subject_name: [0, 1]}, mode=mode)  # type: ignore[arg-type]
+        source = SubjectSource(ledger, stack.kafka, {subject_name: [0, 1]}, mode=mode)
         kept: list[SourceRecord] = []
         try:
             deadline = time.monotonic() + 60
