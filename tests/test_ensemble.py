@@ -106,6 +106,35 @@ def test_leader_killed_and_follower_paused_under_a_running_chain_exactly_once(
     chain.terminate_all()
 
 
+def test_a_command_started_while_the_ensemble_has_no_quorum_waits_for_its_session(tmp_path) -> None:
+    """Two of three servers stopped: the third answers TCP but refuses sessions (no quorum), as an ensemble does
+    while it elects a leader. A command that rides out an outage of its ``--timeout`` waits that long for its
+    first session too: started then, it ends with its own answer once the quorum is back (here: the job is
+    unknown), not with "cannot reach ZooKeeper" after the 8 s a first session used to get."""
+    ensemble = ZkEnsemble(tmp_path / "zk", 3)
+    hosts = ensemble.start()
+    env = {"ALIGNER_ZK": hosts, "ALIGNER_KAFKA": "127.0.0.1:1", "ALIGNER_ROOT": "/quorum",
+           "ALIGNER_HOME": str(tmp_path / "home")}
+    stopped = [0, 1]
+    try:
+        for i in stopped:
+            ensemble.pause(i)
+        command = Worker("aligner.coordinator", "align", "no-such-job", "--timeout", "90", env=env)
+        try:
+            time.sleep(12)  # the outage is the test's input, longer than a first session's old 8 s
+            assert command.proc.poll() is None, f"the command gave up during the outage: {command.stderr}"
+            for i in stopped:
+                ensemble.resume(i)
+            assert command.proc.wait(90) == 1
+            assert "unknown job 'no-such-job'" in command.stderr, command.stderr
+        finally:
+            command.stop()
+    finally:
+        for i in stopped:
+            ensemble.resume(i)
+        ensemble.stop()
+
+
 def test_an_ensemble_needs_an_odd_number_of_servers(tmp_path) -> None:
     with pytest.raises(StackError, match="odd number of servers, at least 3"):
         ZkEnsemble(tmp_path, 2)

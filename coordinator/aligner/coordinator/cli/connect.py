@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 # that a usage error is reported without loading them (the CLI starts in about half the time).
 
 ZK_CONNECT_TIMEOUT = 8.0
-"""Seconds to wait for a ZooKeeper session before a command gives up (the address is named)."""
+"""Seconds to wait for a first ZooKeeper session before a command gives up (the address is named), at the
+least: a command that rides out a longer outage waits that long for its first session too."""
 ZK_OUTAGE_LIMIT = 12.0
 """Seconds a one-shot command rides out a lost ZooKeeper connection before it gives up (commands that
 wait, like align, ride out as long as their --timeout; the marker rides out any outage)."""
@@ -160,11 +161,12 @@ def ledger(outage_limit: float | None = ZK_OUTAGE_LIMIT, stop: threading.Event |
     if outage_limit is None:
         led = Ledger.connect(s.zk, s.root, timeout=None, stop=stop)  # waits for ZooKeeper as long as it takes
     else:
-        probe_zookeeper(s.zk)
+        probe_zookeeper(s.zk)  # nothing listening fails at once; a server that answers may refuse sessions a while
+        first = max(ZK_CONNECT_TIMEOUT, outage_limit)  # e.g. an ensemble electing a leader as the command starts
         try:
-            led = Ledger.connect(s.zk, s.root, timeout=ZK_CONNECT_TIMEOUT)
+            led = Ledger.connect(s.zk, s.root, timeout=first)
         except KazooTimeoutError:
-            raise unreachable(stack_mod.ZOOKEEPER, s.zk, f"no session within {ZK_CONNECT_TIMEOUT:.0f}s") from None
+            raise unreachable(stack_mod.ZOOKEEPER, s.zk, f"no session within {first:.0f}s") from None
     bound = OutageLimit(led, outage_limit) if outage_limit is not None else None
     try:
         yield led
