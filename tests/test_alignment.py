@@ -397,6 +397,65 @@ def test_split_alignment_is_aborted_and_aligned_again(stack, ledger, subject_nam
     assert_exactly_once(read_all(ledger, stack.kafka, x), gen.sent)  # across the split and the repair
 
 
+def test_sources_aligned_at_different_job_epochs_are_aborted_and_aligned_again(stack, ledger, subject_name, spawn):
+    """One worker, two subjects: the left source started J under an Align the right one rejected (J had
+    begun when it arrived), and the right one took a later Align and started it too. The worker runs on
+    unaligned (it used to die: the later J had no previous record), and ``Coordinator.align``, which used
+    to choose again forever (the left source rejects every new Align), aborts and aligns again."""
+    left, right, x = f"{subject_name}-l", f"{subject_name}-r", f"{subject_name}-x"
+    _subjects(ledger, stack, left, right, x)
+    enough = threading.Event()
+    gens = [spawn.generator(s, epochs=100_000, per_epoch=5, pace=0.02, until=enough) for s in (left, right)]
+    spec = JobSpec(job=f"{subject_name}-v", inputs=(left, right), output=x, interval=0.3)
+    jobs = JobLedger(ledger)
+    stop = threading.Event()
+    w = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
+    wait_for(lambda: ledger.frontier(left) is not None and ledger.frontier(right) is not None, LIVE, "input")
+
+    def state(s: str) -> State:
+        return w.alignment[s].state
+
+    for s in (left, right):
+        _send(jobs, spec.job, s, Command(kind="catch_up"))
+    wait_for(lambda: w.step(stop) and state(left) is state(right) is State.READY, LIVE, "Ready")
+    j = w.sink.next_epoch + 1
+    _send(jobs, spec.job, left, Command(kind="align", subject_epoch=(ledger.frontier(left) or 0) + AHEAD, job_epoch=j))
+    _send(jobs, spec.job, right, Command(kind="align", subject_epoch=0, job_epoch=j))  # k already read: rejected
+    wait_for(lambda: w.step(stop) and state(left) is State.ALIGNED, LIVE, "the left source to start J")
+    assert state(right) is State.READY
+    later = w.sink.next_epoch + 2
+    k = (ledger.frontier(right) or 0) + AHEAD
+    _send(jobs, spec.job, right, Command(kind="align", subject_epoch=k, job_epoch=later))
+    wait_for(lambda: w.step(stop) and state(right) is State.ALIGNED, LIVE, "the right source to start its J")
+    for _ in range(3):
+        assert w.step(stop) and not w.aligned  # split: unaligned epochs, no error
+    # As the coordinator left it: its last choice, which the right source took and the left one rejects.
+    _, version = jobs.decision(spec.job)
+    jobs.decide(AlignmentDecision(job=spec.job, subjects=(left, right), phase=DecisionPhase.ALIGNING,
+                                  seq=jobs.command(spec.job, right)[0].seq, job_epoch=later,
+                                  subject_epochs={left: (ledger.frontier(left) or 0) + AHEAD, right: k}), version)
+
+    result: list[AlignmentDecision] = []
+    coordinator = threading.Thread(target=lambda: result.append(Coordinator(ledger).align(spec.job, timeout=LIVE)),
+                                   daemon=True)
+    coordinator.start()
+    try:
+        wait_for(lambda: w.step(stop) and not coordinator.is_alive(), LIVE, "the repair")
+    finally:
+        stop.set()
+        coordinator.join(30)
+    assert result and w.aligned and jobs.source_state(spec.job, left).job_epoch == result[0].job_epoch
+    stop.clear()
+    enough.set()
+    for g in gens:
+        g.finished()
+    wait_for(lambda: not w.step(stop), LIVE, "the worker to drain")
+    outputs = read_all(ledger, stack.kafka, x)
+    for g in gens:  # each subject's records once, across the split, the abort and the new alignment
+        assert sorted(v["in"]["n"] for _, v in outputs if v["src"][0] == g.subject) == list(range(g.sent))
+    assert len(outputs) == sum(g.sent for g in gens)
+
+
 def test_align_a_job_aligned_by_construction_records_it_and_returns(stack, ledger, subject_name, cli_env):
     """A Spark query's sources report Aligned from its first batch (epoch-vector offsets): `aligner align`
     sends it no command it would ignore and waits for nothing; it records where its first job epoch

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aligner import coverage, decision, swap
-from aligner.alignment import Command, ConsumerAlignment, Receipt, State, aggregate
+from aligner.alignment import Command, ConsumerAlignment, Receipt, State, aggregate, aligned_together
 from aligner.errors import AlignerError, AlignmentSplitError, IllegalTransition
-from aligner.models import AlignmentDecision, Span, SwapNode
+from aligner.models import AlignmentDecision, DecisionPhase, Span, SwapNode
 
 CATCH_UP = Command(seq=1, kind="catch_up")
 
@@ -264,6 +264,7 @@ def _decision(phase: str, subjects: tuple[str, ...] = ("x",)) -> AlignmentDecisi
     (decision.Observed(_decision("aligning"), ("x",), settled=decision.Settled.REJECTED), decision.Next.CHOOSE),
     (decision.Observed(_decision("aligning"), ("x",), settled=decision.Settled.ALIGNED),
      decision.Next.RECORD_ALIGNED),
+    (decision.Observed(_decision("aligning"), ("x",), settled=decision.Settled.SPLIT), decision.Next.REALIGN),
 ])
 def test_the_coordinators_alignment_step(seen, expected):
     assert decision.step(seen) is expected
@@ -271,6 +272,72 @@ def test_the_coordinators_alignment_step(seen, expected):
     for name in ("sources_aligned", "from_start", "ready", "settled"):  # the step reads only what it needs
         if name not in needed:
             assert decision.step(replace(seen, **{name: None})) is expected
+
+
+def _at(state: State, j: int | None) -> ConsumerAlignment:
+    return ConsumerAlignment(state=state, applied_seq=3, subject_epoch=None if j is None else 10, job_epoch=j)
+
+
+@pytest.mark.parametrize(("sources", "rejected", "expected"), [
+    ([_at(State.ALIGNING, 7), _at(State.ALIGNING, 7)], False, None),
+    ([_at(State.ALIGNED, 7), _at(State.ALIGNING, 7)], False, None),  # the other's worker starts J later
+    ([_at(State.ALIGNED, 7), _at(State.ALIGNED, 7)], False, decision.Settled.ALIGNED),
+    ([_at(State.ALIGNED, 5), _at(State.ALIGNED, 5)], True, decision.Settled.ALIGNED),  # restarted aligned
+    ([_at(State.ALIGNING, 7), _at(State.READY, None)], True, decision.Settled.REJECTED),
+    ([_at(State.ALIGNED, 7), _at(State.READY, None)], True, decision.Settled.SPLIT),
+    ([_at(State.ALIGNED, 5), _at(State.ALIGNING, 7)], False, decision.Settled.SPLIT),  # took an older Align
+    ([_at(State.ALIGNED, 5), _at(State.ALIGNED, 7)], False, decision.Settled.SPLIT),
+])
+def test_how_the_sources_answered_an_align(sources, rejected, expected):
+    assert decision.settle(_decision("aligning").model_copy(update={"job_epoch": 7}), sources, rejected) == expected
+    assert aligned_together(sources) is (expected is decision.Settled.ALIGNED)
+
+
+@settings(max_examples=400, deadline=None)
+@given(events=st.lists(st.sampled_from(["tick", "deliver-l", "deliver-r", "load-l", "load-r", "coordinator"]),
+                       max_size=60))
+def test_the_coordinator_never_chooses_again_once_a_source_started_its_run(events):
+    """One worker reading two subjects; the coordinator's commands reach each source whenever they do.
+    A source that started J under an older Align rejects every later one: choosing again there never
+    ends (it did, under load, in CI), so the coordinator must see the split and abort instead."""
+    subjects = ("l", "r")
+    states = {s: ConsumerAlignment(state=State.READY, applied_seq=1) for s in subjects}
+    commands = {s: Command(seq=1, kind="catch_up") for s in subjects}
+    rejected = {s: 0 for s in subjects}
+    loaded = {s: 0 for s in subjects}  # the next subject epoch each source loads
+    open_epoch = 0
+    dec = AlignmentDecision(job="j", subjects=subjects, phase=DecisionPhase.CATCHING_UP, seq=1)
+    for event in events:
+        kind, _, s = event.partition("-")
+        if kind == "tick":
+            open_epoch += 1
+            states = {x: a.started(open_epoch) for x, a in states.items()}
+        elif kind == "load":
+            limit = states[s].load_limit
+            loaded[s] += limit is None or loaded[s] <= limit
+        elif kind == "deliver":
+            states[s], receipt = states[s].receive(commands[s], open_epoch, loaded[s], boundary=True)
+            if receipt is Receipt.REJECTED:
+                rejected[s] = commands[s].seq
+        else:
+            settled = decision.settle(dec, list(states.values()), dec.seq in rejected.values()) \
+                if dec.phase == DecisionPhase.ALIGNING else None
+            step = decision.step(decision.Observed(dec, subjects, ready=True, from_start=False, settled=settled))
+            if step is decision.Next.CHOOSE:
+                assert not any(a.aligned for a in states.values()), "a source that started its run rejects this"
+                dec = dec.model_copy(update={"phase": DecisionPhase.ALIGNING, "seq": dec.seq + 1,
+                                             "job_epoch": open_epoch + 1,
+                                             "subject_epochs": {x: loaded[x] + 1 for x in subjects}})
+                commands = {x: Command(seq=dec.seq, kind="align", subject_epoch=dec.subject_epochs[x],
+                                       job_epoch=dec.job_epoch) for x in subjects}
+            elif step is decision.Next.RECORD_ALIGNED:
+                assert aligned_together(states.values())
+                return
+            elif step is decision.Next.REALIGN:
+                assert any(a.aligned for a in states.values()) and not aligned_together(states.values())
+                return
+            else:
+                assert step is decision.Next.AWAIT_ALIGNED
 
 
 # ---- the coverage step -------------------------------------------------------------------------

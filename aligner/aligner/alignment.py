@@ -152,6 +152,13 @@ class ConsumerAlignment(BaseModel):
         return None
 
 
+def aligned_together(states: Iterable[ConsumerAlignment]) -> bool:
+    """Whether a job's sources are all aligned at one job epoch J: only then do its epochs run aligned.
+    Sources aligned at different points are a split, which the coordinator aborts and aligns again."""
+    states = list(states)
+    return bool(states) and all(s.aligned for s in states) and len({s.job_epoch for s in states}) == 1
+
+
 def aggregate(states: Iterable[ConsumerAlignment]) -> ConsumerAlignment:
     """A source is as far as its slowest consumer; aligned only when all agree on (k, J)."""
     states = list(states)

@@ -8,13 +8,19 @@ effect, so a coordinator killed anywhere is resumed by the next from the recorde
     (none|aligned|aborted) --start--> catching_up --ready--> aligning(k, J) --aligned--> aligned
     aligning --a consumer rejected (k, J)--> aligning(k', J')        aborting: abort first
     (split) --> aborting, realign --> aborted --> catching_up ...     (the next align finishes that abort)
+
+A split is sources (or one source's consumers) aligned at different points: a source that started
+J under an earlier Align(k, J) just before the coordinator chose again rejects every later one.
 """
+
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from aligner.alignment import ConsumerAlignment, State, aligned_together
 from aligner.models import AlignmentDecision, DecisionPhase
 
 
@@ -23,6 +29,8 @@ class Settled(StrEnum):
 
     ALIGNED = "aligned"
     REJECTED = "rejected"
+    SPLIT = "split"
+    """A source aligned at another point than the others can ever reach: abort, then align again."""
 
 
 class Next(StrEnum):
@@ -39,6 +47,8 @@ class Next(StrEnum):
     AWAIT_ALIGNED = "await_aligned"
     """Send Align(k, J); wait until every source aligned at J, or one rejected it."""
     RECORD_ALIGNED = "record_aligned"
+    REALIGN = "realign"
+    """The sources are split (see :class:`Settled`): abort the alignment, nothing lost, and align again."""
     BLOCKED = "blocked"
     """An operator's abort is under way: it must finish first."""
     FINISH_ABORT = "finish_abort"
@@ -75,6 +85,23 @@ def needs(decision: AlignmentDecision | None, subjects: tuple[str, ...]) -> froz
     return frozenset({"settled"} if decision.phase == DecisionPhase.ALIGNING else ())
 
 
+def settle(decision: AlignmentDecision, sources: Sequence[ConsumerAlignment], rejected: bool) -> Settled | None:
+    """How the job's sources (each its consumers' aggregate) answered the decision's Align(k, J); None:
+    not yet. ``rejected``: a consumer rejected this decision's command.
+
+    Aligned together, at (k, J) or at another point (a worker restarted from the alignment it had
+    committed rejects every new Align), is done. A source aligned while another rejected, or aligned
+    at another J than the decision's, is a split: it rejects every later Align, so choosing again
+    would never end (and the job's epochs cannot run aligned until it is aborted).
+    """
+    if aligned_together(sources):
+        return Settled.ALIGNED
+    aligned_at = {s.job_epoch for s in sources if s.state is State.ALIGNED}
+    if aligned_at and (rejected or aligned_at != {decision.job_epoch}):
+        return Settled.SPLIT
+    return Settled.REJECTED if rejected else None
+
+
 def step(seen: Observed) -> Next:
     """The alignment's next step from what the coordinator observed."""
     decision = seen.decision
@@ -89,6 +116,8 @@ def step(seen: Observed) -> Next:
         if not seen.ready:
             return Next.AWAIT_READY
         return Next.FROM_START if seen.from_start else Next.CHOOSE
+    if seen.settled == Settled.SPLIT:
+        return Next.REALIGN
     if seen.settled == Settled.REJECTED:
         return Next.CHOOSE
     return Next.RECORD_ALIGNED if seen.settled == Settled.ALIGNED else Next.AWAIT_ALIGNED

@@ -278,7 +278,7 @@ class JobWorker:
         if decided.act is Act.WRITE and not sink.holds_partitions:
             self.io.take_over(decided.await_target,
                               lambda last: self.gate.await_target(self.spec.output, last, stop))
-        self.alignment = {s: a.started(epoch) for s, a in self.alignment.items()}
+        self.sources.started(epoch)
         sink.begin()
         covered = self._run_aligned(epoch, stop) if self.aligned else None
         if covered is None:

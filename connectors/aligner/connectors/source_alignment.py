@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Iterable
 from functools import partial
 
-from aligner.alignment import Command, ConsumerAlignment, Receipt
+from aligner.alignment import Command, ConsumerAlignment, Receipt, aligned_together
 from aligner.connectors.idle import Idle
 from aligner.connectors.source import SubjectSource
 from aligner.jobs import JobLedger
@@ -57,6 +57,15 @@ class SourceAlignment:
             self.states[subject] = new
             report(subject)
 
+    def started(self, epoch: int) -> None:
+        """Job epoch ``epoch`` starts: a consumer Aligning at J = ``epoch`` is Aligned from now on."""
+        before = self.states
+        self.states = {s: a.started(epoch) for s, a in before.items()}
+        if self.states != before and all(a.aligned for a in self.states.values()) and not self.aligned:
+            log.warning("%s worker %d: sources aligned at different job epochs (%s): its epochs run unaligned "
+                        "until the coordinator aborts and aligns again", self.job, self.worker,
+                        ", ".join(f"{s} at {a.job_epoch}" for s, a in self.states.items()))
+
     def node(self, subject: str, **fields: object) -> ConsumerNode:
         """The consumer node reporting ``subject``'s alignment (``fields``: epochs, swap seen, waiting)."""
         return ConsumerNode(alignment=self.states[subject], mode=self.mode_of(subject),
@@ -69,4 +78,6 @@ class SourceAlignment:
 
     @property
     def aligned(self) -> bool:
-        return all(a.aligned for a in self.states.values())
+        """Every source aligned at one job epoch J. Sources aligned at different points (a split across
+        sources) run unaligned epochs, nothing lost, until the coordinator aborts and aligns again."""
+        return aligned_together(self.states.values())

@@ -9,6 +9,7 @@ by the next incarnation); a mistake is one line on stderr with exit 1 (2 for usa
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import signal
 import sys
@@ -25,6 +26,8 @@ from aligner.errors import AlignerError, StoppedError
 from aligner.ledger import Ledger
 from aligner.models import WorkerEpochNode
 from aligner.settings import Settings
+
+log = logging.getLogger("aligner.runtime")
 
 
 class WorkerThread:
@@ -50,6 +53,9 @@ class WorkerThread:
         try:
             self.worker.run(self.stop)
         except BaseException as exc:
+            if not (isinstance(exc, StoppedError) and self.stop.is_set()):
+                log.error("%s worker %d ended: %s", self.worker.spec.job, self.worker.worker, one_line(exc),
+                          exc_info=exc)
             self.error.append(exc)
 
     def finish(self, timeout: float) -> bool:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from aligner import decision as machine
-from aligner.alignment import Command, ConsumerAlignment, State
+from aligner.alignment import Command, ConsumerAlignment, State, aligned_together
 from aligner.coordinator.waiting import Waiter
 from aligner.decision import Next, Settled
 from aligner.errors import AlignerError, AlignmentSplitError
@@ -159,6 +159,10 @@ class Coordinator:
                 return decision
             if step is Next.BLOCKED:
                 raise AlignerError(f"job {job!r} is being aborted; run `aligner abort {job}` to finish it first")
+            if step is Next.REALIGN:
+                states = {s: self.jobs.source_state(job, s) for s in chosen}
+                raise AlignmentSplitError("sources aligned at different points: " + ", ".join(
+                    f"{s} {st.state.value} at job epoch {st.job_epoch}" for s, st in states.items()))
             if step is Next.FINISH_ABORT:  # a split's abort, whose coordinator died: finish it, align again
                 self.abort(job, timeout, progress)
                 continue
@@ -192,7 +196,7 @@ class Coordinator:
         need = machine.needs(decision, subjects)
         return machine.Observed(
             decision=decision, subjects=subjects,
-            sources_aligned=all(self.jobs.source_state(job, s).state is State.ALIGNED for s in subjects)
+            sources_aligned=aligned_together(self.jobs.source_state(job, s) for s in subjects)
             if "sources_aligned" in need else None,
             from_start=self._aligned_from_start(job, subjects) if "from_start" in need else None,
             ready=all(self.jobs.source_state(job, s).state in (State.READY, State.ALIGNING, State.ALIGNED)
@@ -256,15 +260,8 @@ class Coordinator:
         return decision, self.jobs.decide(decision, version)
 
     def _settled(self, job: str, subjects: Sequence[str], decision: AlignmentDecision) -> Settled | None:
-        states = [self.jobs.source_state(job, s) for s in subjects]
-        if all(st.state is State.ALIGNED for st in states) and len({st.job_epoch for st in states}) == 1:
-            # Aligned at (k, J), or already at another one: a worker killed after an abort's report and
-            # before its next commit restarts from the alignment it had committed, and rejects every
-            # new Align (each rejection used to bring a new choice: thousands of seqs a run)
-            return Settled.ALIGNED
-        if any(c.rejected_seq == decision.seq for s in subjects for c in self.jobs.consumers(job, s).values()):
-            return Settled.REJECTED
-        return None
+        rejected = any(c.rejected_seq == decision.seq for s in subjects for c in self.jobs.consumers(job, s).values())
+        return machine.settle(decision, [self.jobs.source_state(job, s) for s in subjects], rejected)
 
     def abort(self, job: str, timeout: float | None = None, progress: Progress | None = None,
               realign: bool = False) -> AlignmentDecision:

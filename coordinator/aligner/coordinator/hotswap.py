@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aligner import swap as machine
-from aligner.alignment import State
+from aligner.alignment import State, aligned_together
 from aligner.coordinator.alignment import Coordinator
 from aligner.errors import AlignerError, AlignmentSplitError, HotSwapRefused
 from aligner.jobs import JobLedger
@@ -63,7 +63,7 @@ class HotSwap:
 
     def _aligned(self, job: str, subjects: tuple[str, ...]) -> bool:
         try:
-            return all(self.jobs.source_state(job, s).state is State.ALIGNED for s in subjects)
+            return aligned_together(self.jobs.source_state(job, s) for s in subjects)
         except AlignmentSplitError:
             return False  # the coordinator's align repairs a split alignment
 
