@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aligner.connectors.subjects import create_subject
+from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.gc import collect
 from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack, StackInfo, free_port, wait_for
 from aligner.jobs import JobLedger
@@ -213,6 +214,26 @@ def test_a_job_whose_workers_have_not_reported_holds_retention(ledger, subject_n
     jobs.report(f"{subject_name}-j", subject_name, 1, ConsumerNode(subject_epoch=22))
     assert collect(ledger, policy=tight)["subjects"][subject_name]["first_retained"] == 21
     assert ledger.epoch_numbers(subject_name) == list(range(21, 30))
+
+
+def test_status_of_a_consumer_that_read_nothing_after_retention_took_the_first_epochs(ledger, subject_name):
+    """A worker started after retention removed a subject's first epochs (a hot-swap's new version) reports
+    no consumed epoch yet: `aligner status` counts its lag from the earliest retained epoch (it failed with
+    "epoch 0 ... is out of retention" for as long as such a worker had not read, in a soak)."""
+    out = f"{subject_name}-out"
+    for name in (subject_name, out):
+        ledger.register_subject(SubjectNode(name=name, topic=name, partitions=1))
+    _write_epochs(ledger, subject_name, "gen", 0, 30)
+    jobs = JobLedger(ledger)
+    jobs.register(JobNode(job=f"{subject_name}-j", inputs=(subject_name,), output=out, parallelism=1))
+    jobs.report(f"{subject_name}-j", subject_name, 0, ConsumerNode(subject_epoch=25))
+    assert collect(ledger, policy=RetentionPolicy(hours=0, min_epochs=5))["subjects"][subject_name][
+        "first_retained"] == 25
+    late = f"{subject_name}-late"
+    jobs.register(JobNode(job=late, inputs=(subject_name,), output=out, parallelism=1))
+    jobs.report(late, subject_name, 0, ConsumerNode())
+    row = Coordinator(ledger).source_status(late, subject_name)
+    assert row["lag_epochs"] == 5 and row["lag_seconds"] >= 0 and row["last_committed"] == 29
 
 
 def test_a_workers_restart_point_holds_its_epochs(ledger, subject_name):

@@ -59,6 +59,7 @@ class EpochCollectedError(EpochOutOfRetentionError):
                   f"the earliest retained epoch is {first_retained}"
         )
         self.epoch = epoch
+        self.first_retained = first_retained
 
 
 class FencedError(AlignerError):

@@ -18,7 +18,7 @@ from aligner import decision as machine
 from aligner.alignment import Command, ConsumerAlignment, State, aligned_together
 from aligner.coordinator.waiting import Waiter
 from aligner.decision import Next, Settled
-from aligner.errors import AlignerError, AlignmentSplitError
+from aligner.errors import AlignerError, AlignmentSplitError, EpochCollectedError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import AlignmentDecision, DecisionPhase, now_ms
@@ -76,7 +76,11 @@ class Coordinator:
         lag = 0 if frontier is None else max(0, frontier - consumed)
         lag_s = 0.0
         if lag:
-            oldest = self.ledger.committed(subject, consumed + 1)
+            try:
+                oldest = self.ledger.committed(subject, consumed + 1)
+            except EpochCollectedError as exc:  # a consumer that read nothing yet; retention took the first epochs
+                lag = max(0, (frontier or 0) - exc.first_retained + 1)
+                oldest = self.ledger.committed(subject, exc.first_retained)
             lag_s = max(0.0, (now_ms() - oldest.committed_at) / 1000)
         modes = sorted({c.mode for c in consumers.values()})
         since = [c.waiting_since for c in consumers.values() if c.waiting_since is not None]
