@@ -71,6 +71,10 @@ class Worker:
     def stderr(self) -> str:
         return "".join(self._stderr)[-3000:]
 
+    def said(self, text: str) -> bool:
+        """Whether ``text`` is anywhere in what the worker wrote on stderr so far."""
+        return text in "".join(self._stderr)
+
     def wait_line(self, predicate: Callable[[str], bool], timeout: float = 120.0) -> str:
         """The first new stdout line satisfying ``predicate``; fails with the worker's stderr. ``timeout`` is
         a liveness bound: generous, since the machine may be busy."""

@@ -311,6 +311,19 @@ def test_sigterm_during_silence_and_mid_stream_exits_zero_and_loses_nothing(chai
     chain.terminate_all()
 
 
+def test_sigusr1_prints_a_workers_stacks_and_it_goes_on(chain: Chain) -> None:
+    """A worker asked where it is (SIGUSR1, what the soak sends on a stall) prints every thread's stack on
+    stderr and goes on committing; nothing is lost."""
+    _marker, workers = _start(chain)
+    workers[0].proc.send_signal(signal.SIGUSR1)
+    wait_for(lambda: workers[0].said("(most recent call first)") and workers[0].said("in run"), LIVE,
+             "the worker's stacks on stderr", on_wait=workers[0].healthy)
+    workers[0].wait_line(lambda line: line.startswith("committed"), timeout=LIVE)
+    sent = chain.producer.close()  # type: ignore[union-attr]
+    chain.drain_and_check(sent)
+    chain.terminate_all()
+
+
 def test_a_commit_that_times_out_recreates_the_producer(own_stack, caplog) -> None:
     """The broker paused inside a sink's Kafka commit: the commit waits it out and succeeds, and the producer
     is recreated before the next transaction (a new InitProducerId fences any late request of that

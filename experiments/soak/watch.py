@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -21,6 +23,9 @@ from experiments.chaos.nemesis import FAULT_WEIGHTS
 from experiments.chaos.procs import ROOT, _session_tied_to_parent
 from experiments.chaos.run import A_OUT, B_OUT, F_OUT, IN, Run, Step, retention_removed
 from experiments.soak.probes import CpuMeter, dir_bytes, mntr, process_table, tree
+
+JOB_WORKER = re.compile(r"A\d*-\d+")
+"""The runtime job workers' process names (job A's versions): they print their threads' stacks on SIGUSR1."""
 
 UPSTREAM: dict[str, str | None] = {IN: None, A_OUT: IN, B_OUT: A_OUT, F_OUT: A_OUT}
 """Each subject's input: the outside producer for ``in``, else the subject its job reads."""
@@ -142,6 +147,9 @@ class Soak:
                                 f"fault) while {moved}"}
                 self.stalls.append(stall)
                 run.say(f"  [red]stall: {stall['why']}[/]")
+                for name, proc in run.procs.items():  # where each job worker is: its stacks in its .err log
+                    if JOB_WORKER.fullmatch(name):
+                        proc.signal(signal.SIGUSR1)
                 if self.settings.stop_on_stall:
                     raise Stalled(stall["why"])
 

@@ -8,6 +8,7 @@ by the next incarnation); a mistake is one line on stderr with exit 1 (2 for usa
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import logging
 import os
@@ -84,7 +85,9 @@ def load_function(ref: str) -> JobFunction:
 def install_stop_signals(stop: threading.Event, grace: float = 4.5) -> None:
     """SIGTERM / SIGINT set ``stop``; a process still running ``grace`` seconds later exits anyway
     (code 0): every wait checks the flag within a second, so this only cuts off a client call stuck
-    on an unreachable service, and a worker cut off there resumes from its last committed epoch."""
+    on an unreachable service, and a worker cut off there resumes from its last committed epoch.
+    SIGUSR1 prints every thread's stack on stderr (the worker goes on): a worker that waits without
+    saying why can be asked where it is, on any machine, without py-spy."""
 
     def stop_soon(_signum: int, _frame: Any) -> None:
         if stop.is_set():
@@ -96,6 +99,7 @@ def install_stop_signals(stop: threading.Event, grace: float = 4.5) -> None:
 
     signal.signal(signal.SIGTERM, stop_soon)
     signal.signal(signal.SIGINT, stop_soon)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
