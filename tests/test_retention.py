@@ -283,10 +283,37 @@ def test_a_swap_in_flight_and_a_shadow_lane_hold_their_epochs(ledger, subject_na
     assert not ledger.zk.exists(lay.producer(target, old, "0")) and ledger.zk.exists(lay.producer(target, new, "0"))
     again = collect(ledger, policy=tight)  # a second pass over a swapped-out job is uneventful
     assert again["jobs"][old] == {"deleted_nodes": 0, "swapped_out": True}
-    from aligner.coordinator.alignment import Coordinator
-
     row = Coordinator(ledger).status(old)  # status and the exporter still show it (they failed on it)
     assert row["swapped_to"] == new and [s["state"] for s in row["sources"]] == ["swapped out"]
+
+
+def test_a_new_version_that_may_still_inherit_keeps_the_old_versions_worker_records(ledger, subject_name):
+    """A new version's worker takes the old version's state as of the epoch before its first, from the old
+    worker's record of that epoch: retention keeps every record of the old version until each worker of the
+    new one has committed (a slow-starting worker waited forever for a record a pass had removed: the chain
+    stalled in a soak with one epoch kept)."""
+    raw, out = subject_name, f"{subject_name}-out"
+    for name in (raw, out):
+        ledger.register_subject(SubjectNode(name=name, topic=name, partitions=1))
+    old, new = f"{subject_name}-v1", f"{subject_name}-v2"
+    jobs = JobLedger(ledger)
+    jobs.register(JobNode(job=old, inputs=(raw,), output=out, parallelism=1))
+    jobs.register(JobNode(job=new, inputs=(raw,), output=out, parallelism=2, follows=old))
+
+    def record(job: str, worker: int, epoch: int) -> None:
+        jobs.ensure_worker_path(job, worker)
+        ledger.multi(jobs.worker_epoch_op(job, worker, WorkerEpochNode(epoch=epoch, mode="aligned", offsets={},
+                                                                     load_from={raw: 0})))
+
+    for e in range(10):
+        record(old, 0, e)
+    record(new, 0, 9)  # worker 1 of the new version has not committed yet
+    tight = RetentionPolicy(hours=0, min_epochs=1)
+    collect(ledger, policy=tight)
+    assert jobs.worker_epoch_numbers(old, 0) == list(range(10))
+    record(new, 1, 9)
+    collect(ledger, policy=tight)
+    assert jobs.worker_epoch_numbers(old, 0) == [9]
 
 
 def test_batched_deletes_fall_back_one_by_one_when_a_node_changed_meanwhile(ledger, subject_name):

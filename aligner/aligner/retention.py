@@ -129,9 +129,11 @@ class Retention:
 
     # ---- jobs ---------------------------------------------------------------------------------
 
-    def job_garbage(self, job: str, keep: int, swapped_out: bool, keep_from: int | None = None) -> list[str]:
+    def job_garbage(self, job: str, keep: int, swapped_out: bool, keep_from: int | None = None,
+                    workers: bool = True) -> list[str]:
         """The records of ``job`` past retention: its job epochs below ``keep_from`` (None: any) except
-        its last ``keep`` and, per worker, all but its last ``keep`` epoch records; a job swapped out also
+        its last ``keep`` and, per worker, all but its last ``keep`` epoch records (none with ``workers``
+        False: a new version may still inherit the state as of any of them); a job swapped out also
         loses its worker, source and decision state (its job epochs stay for lineage: the new version
         follows them)."""
         lay = self.ledger.layout
@@ -141,7 +143,7 @@ class Retention:
         if swapped_out:
             return victims + [p for p in (lay.workers(job), lay.sources(job), lay.decision(job))
                               if self.ledger.zk.exists(p) is not None]
-        for w in self.jobs.worker_ids(job):
+        for w in self.jobs.worker_ids(job) if workers else ():
             epochs = self.jobs.worker_epoch_numbers(job, w)
             victims += [lay.worker_epoch(job, w, e) for e in epochs[:-keep]]
         return victims

@@ -242,9 +242,17 @@ class WorkerIO:
 
     def _await_old_epoch(self, old: str, worker: int, epoch: int) -> WorkerEpochNode:
         path = self.ledger.layout.worker_epoch(old, worker, epoch)
+        said = False
         while (committed := self.jobs.worker_epoch_or_none(old, worker, epoch)) is None:
             if self.ledger.stopping():
                 raise StoppedError(f"{self.spec.job} worker {self.worker} stopped")
+            later = [e for e in self.jobs.worker_epoch_numbers(old, worker) if e > epoch]
+            if later and not said:  # records are written in epoch order: this one will not come
+                said = True
+                log.warning("%s worker %d: %s worker %d has no record of epoch %d, the state this worker takes "
+                            "over, but has one of %d: it was removed (by `aligner gc` before retention kept "
+                            "a followed version's records?); waiting for it", self.spec.job, self.worker, old,
+                            worker, epoch, later[0])
             self.idle.waiting(f"{old} worker {worker} to commit epoch {epoch} (state hand-off)")
             self.idle.arm(path, lambda cb: self.ledger.watch_node(path, cb))
             self.idle.wake.wait(1.0)

@@ -7,7 +7,8 @@ lowered to what is still needed: every job consumer's position, a swap in flight
 target from S on), a shadow lane and its target (kept together for ``aligner verify``). The floor is
 written before anything is deleted, so reading a collected epoch is a clear out-of-retention error.
 Below it go the epochs, the Spark sinks' lineage records and the producer nodes of swapped-out jobs;
-Spark queries' micro-batch records whose epochs are all gone; worker records but the last N; job
+Spark queries' micro-batch records whose epochs are all gone; worker records but the last N (all of
+them while a new version following the job has a worker without a record: it may still inherit); job
 epochs below the output's floor but the last N; and what a job swapped out leaves (worker, source
 and decision state, once its sink finished; its changelog too, once every version following it committed
 a record for each worker). A job's changelog (``{job}.state``) is collected like a
@@ -70,12 +71,14 @@ class Needs:
         whole into its own with its first epoch), so the old changelog is read by nobody again."""
         if not self.swapped_out(node.job) or not self.finished_sink(self.ledger, node.job, self.swaps[node.job].target):
             return False
-        for n in self.nodes:
-            if n.follows == node.job:
-                workers = self.jobs.worker_ids(n.job)
-                if len(workers) < n.parallelism or not all(self.jobs.worker_epoch_numbers(n.job, w) for w in workers):
-                    return False
-        return True
+        return not any(n.follows == node.job and not self.committed_everywhere(n) for n in self.nodes)
+
+    def committed_everywhere(self, node: JobNode) -> bool:
+        """Every worker of ``node`` has a committed record. Until then a new version's worker may still be
+        starting: it takes the old version's state as of the epoch before its first (the old worker's record
+        of that epoch and the changelog from its base), however long its start takes."""
+        workers = self.jobs.worker_ids(node.job)
+        return len(workers) >= node.parallelism and all(self.jobs.worker_epoch_numbers(node.job, w) for w in workers)
 
     def swapped_out(self, job: str) -> bool:
         swap = self.swaps.get(job)
@@ -202,13 +205,15 @@ def _collect_jobs(ledger: Ledger, retention: Retention, needs: Needs, policy: Re
                   dry_run: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     followed = {n.follows for n in needs.nodes if n.follows and not needs.swapped_out(n.follows)}
+    inherited = {n.follows for n in needs.nodes if n.follows and not needs.committed_everywhere(n)}
     for node in needs.nodes:
         swapped_out = needs.swapped_out(node.job)
         if swapped_out and not needs.finished_sink(ledger, node.job, needs.swaps[node.job].target):
             swapped_out = False  # its sink has not finished yet: its state stays until it has
         keep_from = None if node.job in followed else ledger.first_retained(node.output)
         garbage = retention.job_garbage(node.job, policy.min_epochs, swapped_out,
-                                        keep_from=keep_from if keep_from is not None else -1)
+                                        keep_from=keep_from if keep_from is not None else -1,
+                                        workers=node.job not in inherited)
         deleted = len(garbage) if dry_run else retention.delete(garbage)
         out[node.job] = {"deleted_nodes": deleted, "swapped_out": needs.swapped_out(node.job)}
     return out
