@@ -20,7 +20,7 @@ from aligner.connectors.kafka import admin, admin_config, consumer_config, produ
 from aligner.connectors.marker import EpochMarker
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.sink import SinkProducer
-from aligner.connectors.source import SubjectSource
+from aligner.connectors.source import SubjectSource, source_settings
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import StackInfo
 from aligner.errors import KafkaConfigError
@@ -89,6 +89,16 @@ def test_every_client_reconnects_within_a_second_unless_the_file_says_otherwise(
     assert [build()["reconnect.backoff.max.ms"] for build in builders] == [1000, 1000, 1000]
     kafka_config.write_text("reconnect.backoff.max.ms=5000\n")
     assert [build()["reconnect.backoff.max.ms"] for build in builders] == ["5000", "5000", "5000"]
+
+
+def test_a_source_prefetches_as_readers_do_unless_the_file_says_otherwise(kafka_config: Path) -> None:
+    """librdkafka counts queued.min.messages over the consumer's one queue: a source at 20,000 let one partition's
+    records fetched past its bound keep the others from being fetched, and an aligned job waited at each epoch."""
+    for mode in ("exactly_once", "at_least_once"):
+        settings = consumer_config("b:1", source_settings(mode))
+        assert settings["queued.min.messages"] == consumer_config("b:1")["queued.min.messages"] == 200000
+    kafka_config.write_text("queued.min.messages=50000\n")
+    assert consumer_config("b:1", source_settings("exactly_once"))["queued.min.messages"] == "50000"
 
 
 def test_missing_file_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -112,6 +112,18 @@ STASH_RECORDS = 20_000
 records; the fetch that reaches it is kept whole)."""
 
 
+def source_settings(mode: Mode) -> dict[str, object]:
+    """What a source's consumer sets beyond ``consumer_config``. The prefetch stays the readers' (queued.min.messages
+    200,000, at most 64 MB queued): librdkafka counts it over the consumer's one queue, not per partition, and the
+    embedded broker may answer a fetch with a partition's whole log. At 20,000 (this source's setting until
+    session 34) one partition's records fetched past its bound kept every other partition from being fetched until
+    the source had stashed them, and an aligned job waited on empty consumes at each epoch's start (bench_pipeline,
+    300k records a run: 40-120 empty consumes, 0.26-0.67 s; 0-15 and 0-0.09 s at 200,000)."""
+    return {"fetch.queue.backoff.ms": 5, "fetch.error.backoff.ms": 10, "max.partition.fetch.bytes": 1 << 20,
+            # at-least-once does not wait for any commit (thesis 6.3)
+            **({"isolation.level": "read_uncommitted"} if mode == "at_least_once" else {})}
+
+
 class SubjectSource:
     def __init__(self, ledger: Ledger, bootstrap: str, assignment: Mapping[str, Sequence[int]],
                  mode: Mode = "exactly_once", name: str | None = None) -> None:
@@ -119,14 +131,7 @@ class SubjectSource:
         self.bootstrap = bootstrap
         self.mode = mode
         self.name = name or f"source of {', '.join(assignment)}"
-        self._fetching = FetchingConsumer(
-            # A small prefetch: records past an epoch's end are fetched again after the bound moves.
-            bootstrap, {"fetch.queue.backoff.ms": 5, "fetch.error.backoff.ms": 10,
-                        "queued.min.messages": 20000, "max.partition.fetch.bytes": 1 << 20,
-                        # at-least-once does not wait for any commit (thesis 6.3)
-                        **({"isolation.level": "read_uncommitted"} if mode == "at_least_once" else {})},
-            SOURCE_FETCH_WAIT_MS,
-        )
+        self._fetching = FetchingConsumer(bootstrap, source_settings(mode), SOURCE_FETCH_WAIT_MS)
         self._consumer = self._fetching.consumer
         self._stalls: dict[tuple[str, int], tuple[Stall, int | None]] = {}
         self._watched = self._assigned = time.monotonic()
