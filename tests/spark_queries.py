@@ -13,6 +13,7 @@ from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import wait_for
 from aligner.errors import UnknownJobError
 from aligner.jobs import JobLedger
+from aligner.lineage import flatten, subject_epoch_lineage
 from tests.helpers import Worker
 from tests.streams import assert_exactly_once, read_all
 from tests.swaps import assert_s_before_s_plus_1
@@ -103,6 +104,47 @@ def verify_running(ledger, stack, target: str, sent: int, *swaps: int) -> None:
                 assert value["sum"] == total, f"key {k}: v2 summed {value['sum']} at input {n}, not {total}"
     for s in swaps:
         assert_s_before_s_plus_1(ledger, target, s)
+    assert_lineage_tiles(ledger, stack.kafka, outputs, raw_of(ledger, target), target)
+
+
+def _runs(epochs) -> str:
+    """Epoch numbers as runs: "0..42, 45"."""
+    out: list[list[int]] = []
+    for e in sorted(set(epochs)):
+        if out and e == out[-1][1] + 1:
+            out[-1][1] = e
+        else:
+            out.append([e, e])
+    return ", ".join(f"{a}..{b}" if a != b else str(a) for a, b in out) or "none"
+
+
+def raw_of(ledger, target: str) -> str:
+    """The one input of the queries writing ``target`` (every version reads the same subject)."""
+    jobs = JobLedger(ledger)
+    inputs = {s for name in jobs.job_names() for s in jobs.job(name).inputs if jobs.job(name).output == target}
+    assert len(inputs) == 1, f"the jobs writing {target!r} read {sorted(inputs)}"
+    return inputs.pop()
+
+
+def assert_lineage_tiles(ledger, kafka: str, outputs: list[tuple[int, dict]], raw: str, target: str) -> None:
+    """Every committed target epoch's lineage (what ``aligner lineage`` and a consistent cut answer) holds the
+    input epochs its rows come from, and no input epoch is in the lineage of two target epochs: the lineages
+    tile the input exactly as the rows do."""
+    epoch_of = {value["n"]: epoch for epoch, value in read_all(ledger, kafka, raw)}
+    carried: dict[int, set[int]] = defaultdict(set)
+    for epoch, value in outputs:
+        carried[epoch].add(epoch_of[value["in"]["n"]])
+    owner: dict[int, int] = {}
+    for epoch in ledger.epoch_numbers(target):
+        if not ledger.is_committed(target, epoch):
+            continue
+        named = set(flatten(subject_epoch_lineage(ledger, target, epoch)).get(raw, []))
+        assert carried[epoch] <= named, (f"target epoch {epoch} holds rows of {raw} epochs {_runs(carried[epoch])}, "
+                                         f"its lineage names {_runs(named)}")
+        twice = {e: owner[e] for e in named if e in owner}
+        assert not twice, (f"the lineage of target epoch {epoch} names {raw} epochs {_runs(named)}; {_runs(twice)} "
+                           f"are in the lineage of target epochs {_runs(twice.values())} too")
+        owner.update(dict.fromkeys(named, epoch))
 
 
 class SwapPair:

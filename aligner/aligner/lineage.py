@@ -21,7 +21,7 @@ from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Ledger
 from aligner.lineage_models import SparkSinkEpochNode, SparkSourceBatchNode
-from aligner.models import now_ms, parse
+from aligner.models import JobNode, now_ms, parse
 from aligner.ops import Create
 
 SOURCE_BATCHES_KEPT = 100_000
@@ -108,17 +108,23 @@ def subject_epoch_lineage(ledger: Ledger, subject: str, epoch: int, depth: int =
     for sink in sorted({split_writer(w)[0] for w in ledger.epoch_node(subject, epoch).writers}):
         if depth <= 0:
             break
-        if records.sink_epoch(subject, sink, epoch) is not None:
-            producers.append({"sink": sink, **spark_epoch_lineage(ledger, subject, sink, epoch, depth)})
-            continue
+        # A job's epoch records what it covered before it ran, for every engine: exact even where a Spark
+        # query's micro-batch spans several job epochs (a new version's catch-up) or ran again after a restart.
+        # A micro-batch's record is the lineage of a Spark sink that is no job.
         try:
-            job = jobs.job(sink)
+            job: JobNode | None = jobs.job(sink)
         except UnknownJobError:
-            producers.append({"sink": sink, "job": None})
-            continue
-        if job.output == subject:
+            job = None
+        spark = records.sink_epoch(subject, sink, epoch) is not None
+        if job is not None and job.output == subject and (
+                not spark or jobs.job_epoch(jobs.epoch_line(sink), epoch) is not None):
             producers.append({"sink": sink, **job_epoch_lineage(ledger, sink, epoch, depth)})
+        elif spark:
+            producers.append({"sink": sink, **spark_epoch_lineage(ledger, subject, sink, epoch, depth)})
+        elif job is None:
+            producers.append({"sink": sink, "job": None})
     return {"subject": subject, "epoch": epoch, "producers": producers}
+
 
 
 def epoch_lineage(ledger: Ledger, job: str, epoch: int, subject: str | None = None) -> tuple[str, Tree]:

@@ -15,7 +15,10 @@ Per hop (``in`` -> ``a`` -> ``b`` and ``a`` -> ``f``), against what the upstream
   whose committed ranges do not continue where the previous epoch ended;
 - **lineage**: recorded lineage that does not tile its input: an aligned job epoch not ending where
   its covered subject epochs end, job epochs that skip or repeat subject epochs, Spark batches that
-  do not read each committed epoch exactly once, or a final position short of the input's end.
+  do not read each committed epoch exactly once, or a final position short of the input's end; and, for
+  every hop and engine, an output epoch whose lineage as users get it (``aligner lineage``, a consistent
+  cut: :mod:`aligner.lineage`) misses an input epoch its records come from, or names an input epoch that
+  another output epoch's lineage names too.
 
 After ``aligner gc`` (a soak's retention) the oldest epochs and lineage records are gone: ``retained=True``
 checks the retained window. Per upstream partition the window starts at the oldest upstream record whose
@@ -34,8 +37,10 @@ from typing import Any
 
 from aligner.connectors.reader import EpochReader
 from aligner.epochs import CommittedEpoch
+from aligner.errors import AlignerError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
+from aligner.lineage import flatten, subject_epoch_lineage
 from aligner.models import WorkerEpochNode
 from aligner.stamps import stamp_of
 from experiments.chaos.jobs import KEYS, h
@@ -396,6 +401,8 @@ def check(led: Ledger, kafka: str, produced: dict[str, Any], names: dict[str, st
     subjects = (s_in, s_a, s_b, s_f) if faust else (s_in, s_a, s_b)
     if faust:
         check_faust(ch, s_a, s_f)
+    for out, src in ((s_a, s_in), (s_b, s_a), *([(s_f, s_a)] if faust else [])):
+        check_walked_lineage(ch, out, src)
     return {
         "anomalies": an.as_json(),
         "retained_window": retained,
@@ -407,6 +414,50 @@ def check(led: Ledger, kafka: str, produced: dict[str, Any], names: dict[str, st
         "series": series(subjects, first_of(s_in.records)),
         "swap": {f"v{g}_records": sum(1 for r in s_a.records if r.value.get("v") == g) for g in job_of},
     }
+
+
+def check_walked_lineage(ch: Chain, out: Subject, src: Subject) -> None:
+    """lineage, as users get it, for any engine: each aligned output epoch's lineage holds the input epochs its
+    records come from, and no input epoch is in two output epochs' lineages (they tile the input as the
+    records do). An epoch written unaligned (its lineage is input offsets, judged by the hop's own check) or
+    whose lineage retention removed is not judged."""
+    src_epoch = {n: r.epoch for n, r in first_of(src.records).items()}
+    carried: dict[int, set[int]] = defaultdict(set)
+    for r in out.records:
+        e = src_epoch.get(n_of(r))
+        if e is not None:
+            carried[r.epoch].add(e)
+    owner: dict[int, int] = {}
+    for ce in out.epochs:
+        try:
+            tree = subject_epoch_lineage(ch.led, out.name, ce.epoch, depth=1)
+        except AlignerError as exc:  # retention removed the epoch's lineage meanwhile
+            if not ch.retained:
+                ch.an.add("lineage", out.name, f"epoch {ce.epoch}: no lineage ({exc})")
+            continue
+        if not tree["producers"] or any(p.get("aligned") is not True for p in tree["producers"]):
+            continue
+        named = set(flatten(tree).get(src.name, []))
+        missing = carried[ce.epoch] - named
+        if missing:
+            ch.an.add("lineage", out.name, f"epoch {ce.epoch} holds results of {src.name} epochs {_runs(missing)} its "
+                      f"lineage does not name (it names {_runs(named)})", len(missing))
+        twice = sorted(e for e in named if e in owner)
+        if twice:
+            ch.an.add("lineage", out.name, f"the lineage of epoch {ce.epoch} names {src.name} epochs {_runs(twice)}, "
+                      f"in the lineage of epochs {_runs(owner[e] for e in twice)} too", len(twice))
+        owner.update(dict.fromkeys(named, ce.epoch))
+
+
+def _runs(epochs: Any) -> str:
+    """Epoch numbers as runs: "0..42, 45"."""
+    out: list[list[int]] = []
+    for e in sorted(set(epochs)):
+        if out and e == out[-1][1] + 1:
+            out[-1][1] = e
+        else:
+            out.append([e, e])
+    return ", ".join(f"{a}..{b}" if a != b else str(a) for a, b in out) or "none"
 
 
 def check_faust(ch: Chain, s_a: Subject, s_f: Subject) -> None:

@@ -314,7 +314,7 @@ def commit_job_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any]
         if any(m.attempt is not None and not m.shadow for m in msgs):
             raise AlignerError(f"micro-batch {batch_id} of job {node.job!r} is voided but a task wrote records")
         shadow = _shadow_contributions(ledger, node.shadow, node.job, n, msgs, batch_id, last)
-        epoch = _commit_void(ledger, spec, n, query, batch_id, last, progress_version, shadow)
+        epoch = _commit_void(ledger, spec, n, query, batch_id, (first, last), progress_version, shadow)
     report(ledger, node, job_epoch=last, subject_epoch=read)
     return epoch
 
@@ -334,9 +334,10 @@ def _shadow_contributions(ledger: Ledger, shadow: str | None, sink: str, n: int,
     return slot_contributions(leases, by_slot, batch_id)
 
 
-def _commit_void(ledger: Ledger, spec: SinkSpec, n: int, query: str | None, batch_id: int, last: int,
+def _commit_void(ledger: Ledger, spec: SinkSpec, n: int, query: str | None, batch_id: int, span: tuple[int, int],
                  progress_version: int, shadow: list[Contribution]) -> int | None:
     subject, sink = spec.conn.subject, spec.sink
+    first, last = span
     leases = load_slots(ledger, subject, sink, range(n))
     nxt = min(lease.next_epoch for lease in leases)
     progress = SparkProgressNode(query=query, batch=batch_id, epoch=last if nxt <= last else None, producers=n,
@@ -347,8 +348,10 @@ def _commit_void(ledger: Ledger, spec: SinkSpec, n: int, query: str | None, batc
         ledger.ensure_epoch(subject, last)
         empties = [Contribution(lease, None, {p: Range(start=o, end=o) for p, o in lease.node.next_offsets.items()})
                    for lease in leases]
-    # The target epoch's lineage when this batch (voided) closes it; the progress alone when it closes nothing.
-    lineage = SparkSinkEpochNode(query=query, batch=batch_id, epoch=last) if empties else None
+    # The micro-batch's record as the lineage of target epoch ``last`` only when the batch covers that job epoch
+    # alone: a catch-up batch read the input of every job epoch it covers, not of ``last``'s (the job epoch
+    # nodes hold each epoch's exact lineage). The progress alone when it closes nothing.
+    lineage = SparkSinkEpochNode(query=query, batch=batch_id, epoch=last) if empties and first == last else None
     ledger.commit_sink_batch(subject, sink, batch_id, last, [*empties, *shadow], progress, progress_version, lineage)
     return last if empties or shadow else None
 
