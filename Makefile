@@ -7,9 +7,9 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 SHELL := /bin/bash
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-EXTRAS ?= test,local,plots,spark,connect,faust
+EXTRAS ?= test,local,plots,spark,connect,faust,docs
 
-.PHONY: setup zookeeper test test-unit test-long soak typecheck demo experiments bench bench-spark lint clean chaos peer-venv
+.PHONY: setup zookeeper test test-unit test-long soak typecheck demo experiments bench bench-spark lint clean chaos peer-venv docs docs-serve
 
 setup: $(STAMP) zookeeper
 
@@ -58,7 +58,7 @@ $(PEER_VENV)/.installed:
 	$(PEER_VENV)/bin/pip install -q "quixstreams==3.28.1"
 	touch $@
 
-# The soak of issue 23 (SOAK_MINUTES, default 120): curves and verdict in experiments/results/soak/.
+# The soak (SOAK_MINUTES, default 120): curves and verdict in experiments/results/soak/.
 SOAK_MINUTES ?= 120
 soak: setup
 	SOAK_MINUTES=$(SOAK_MINUTES) $(PY) -m experiments.soak --sample 60 --window 600 \
@@ -86,13 +86,22 @@ bench: setup
 	$(PY) -m experiments.bench_zk_ops
 	$(PY) -m experiments.bench_reader
 
-# The Spark benchmarks of issue 13 (about 10 and 6 minutes).
+# The Spark benchmarks (about 10 and 6 minutes).
 bench-spark: setup
 	$(PY) -m experiments.bench_spark_hop --minutes 10
 	$(PY) -m experiments.bench_spark_swap --swaps 3
+
+# The docs site (MkDocs Material) into site/, strictly: a broken link or reference fails. make test builds it too
+# (tests/test_docs.py). The CLI reference runs the `typer` command of the virtualenv.
+DOCS_ENV := PATH=$(CURDIR)/$(VENV)/bin:$$PATH NO_MKDOCS_2_WARNING=1
+docs: setup
+	$(DOCS_ENV) $(PY) -m mkdocs build --strict
+
+docs-serve: setup
+	$(DOCS_ENV) $(PY) -m mkdocs serve
 
 lint: setup
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) .pytest_cache experiments/results
+	rm -rf $(VENV) .pytest_cache experiments/results site

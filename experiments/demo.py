@@ -175,9 +175,9 @@ class Query:
 
 QUICK_JVM = {f"spark.{side}.extraJavaOptions": "-XX:TieredStopAtLevel=1" for side in ("driver", "executor")}
 """The demo's JVMs compile with C1 only. A one-minute run is all JIT warm-up: C2's compiler threads took 22 s
-of CPU (per-thread /proc times, 2026-11-29), a fifth of two cores the queries share with the Faust worker and
+of CPU (per-thread /proc times), a fifth of two cores the queries share with the Faust worker and
 the stack; with C1 only the median micro-batch fell from 1.2-1.4 s to 0.8-1.0 s (hot-issues) and from 1.1-1.5 s
-to 0.5-0.7 s (the others; three runs, experiments/results/bench-runs/2026-11-29-demo-c1-run*). A query meant to
+to 0.5-0.7 s (the others, three runs). A query meant to
 run for days keeps the default tiered compilation."""
 
 

@@ -1,4 +1,4 @@
-"""ZooKeeper authentication and ACLs (issue 14, item 1), on the real ZooKeeper of the embedded stack.
+"""ZooKeeper authentication and ACLs, on the real ZooKeeper of the embedded stack.
 
 An admin (coordinator) identity grants a sink identity one subject and one job. Then an unauthenticated
 client and a reader identity try to write a command, an epoch, a contribution, a decision and a swap

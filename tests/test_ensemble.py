@@ -1,4 +1,4 @@
-"""A ZooKeeper ensemble of three servers (issue 20, items 1 and 2): the shape users deploy.
+"""A ZooKeeper ensemble of three servers: the shape users deploy.
 
 The chain of ``test_faults`` (an outside producer, the epoch marker, a job of two workers, every one a real
 process) runs against three ZooKeeper servers on loopback with the coordinator's retention loop beside it and

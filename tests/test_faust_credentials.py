@@ -1,4 +1,4 @@
-"""Faust's own Kafka connection gets the SASL/TLS settings of ALIGNER_KAFKA_CONFIG (issue 14.2).
+"""Faust's own Kafka connection gets the SASL/TLS settings of ALIGNER_KAFKA_CONFIG.
 
 The mapping is pure (properties file -> faust credentials -> aiokafka's keyword arguments); one test
 starts a Faust producer with a harmless file against the embedded broker.

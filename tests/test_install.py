@@ -1,7 +1,7 @@
 """Installs without extras work: the CLI and the runtime from a plain `pip install .`, and a Faust-only install.
 
 `make test` installs every extra, so an import of an engine from the coordinator would go unnoticed
-there (issue 18: `aligner status` ended in `No module named 'pyarrow'` for a runtime-only user). These
+there (`aligner status` once ended in `No module named 'pyarrow'` for a runtime-only user). These
 tests build the wheel once, install it into fresh virtualenvs (no extras; only [faust]) and run the
 commands from there against the session's embedded stack. They need the package index (pip's cache
 makes them take about half a minute); ALIGNER_OFFLINE=1 skips the ones that install.

@@ -1,4 +1,4 @@
-"""Kafka client settings (issue 14, item 2): ALIGNER_KAFKA_CONFIG / --kafka-config reach every client.
+"""Kafka client settings: ALIGNER_KAFKA_CONFIG / --kafka-config reach every client.
 
 The embedded broker (Tansu 0.6) speaks SASL/SCRAM when started with ``--authentication``, but with
 its memory storage no user can be created (``tansu user create`` must itself authenticate), so a SASL

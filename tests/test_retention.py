@@ -1,4 +1,4 @@
-"""Retention by policy (issue 23 item 2): the pure policy's properties, a policy pass on the real stack, and
+"""Retention by policy: the pure policy's properties, a policy pass on the real stack, and
 the long-running ``aligner retention run`` collecting a running chain by itself under leader election."""
 
 from __future__ import annotations

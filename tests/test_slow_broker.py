@@ -1,4 +1,4 @@
-"""The chain never stalls on its own polling (issue 23 item 1, issue 21 item 6).
+"""The chain never stalls on its own polling.
 
 On the embedded broker a fetch costs more the more batches its partition holds, and a fetch that
 takes longer than its wait comes back empty (PLATFORM.md, deviation 5). With the 10 ms wait the
@@ -404,7 +404,7 @@ def test_a_source_with_the_ten_ms_wait_reads_a_large_partition(slow_stack: Stack
             return source.consumed(subject) >= epoch
 
         # A liveness bound, not a speed test: how soon the raised wait finds the data on a partition of 60k batches
-        # follows the machine's load (32 s to 152 s in make test runs of 2026-11-28).
+        # follows the machine's load (32 s to 152 s in make test runs).
         wait_for(read, 400.0, f"the source to consume epoch {epoch}", interval=0.0)
         assert source._fetching.wait_ms > 10
     finally:

@@ -3,7 +3,7 @@
 The smoke form runs ``python -m experiments.soak`` as a child process in a session of its own (the fixture
 stops it, and through it every component it started): the chaos chain with faults, a hot-swap and samples
 every 10 s. Growth is not judged in 2 minutes (the JVMs are still warming up) and retention is off: today
-``aligner gc`` under a hot-swap breaks the chain (issue 23, item 2); ``make test-long`` runs the compressed
+``aligner gc`` under a hot-swap breaks the chain; ``make test-long`` runs the compressed
 form with gc that judges both.
 """
 

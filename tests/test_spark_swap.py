@@ -1,4 +1,4 @@
-"""Hot-swap of Spark Structured Streaming queries (issue 13): Q1 -> Q2 exactly once, resumable.
+"""Hot-swap of Spark Structured Streaming queries: Q1 -> Q2 exactly once, resumable.
 
 Q1 keeps a running count per key, Q2 (a new checkpoint, incompatible state) a running sum; each runs
 as an aligned job in its own driver process (tests/workers/spark_swap.py) under continuous input.
@@ -124,10 +124,10 @@ def test_spark_query_hotswap_survives_kills_exactly_once(stack, root, ledger, su
 
 def test_runtime_job_swapped_for_a_spark_query_and_the_query_for_a_faust_job_exactly_once(
         stack, root, ledger, subject_name, spawn, tmp_path):
-    """Cross-engine (issue 13.2), there and back: a runtime job v1 is replaced by a Spark query v2 that
+    """Cross-engine, there and back: a runtime job v1 is replaced by a Spark query v2 that
     rebuilds its own state, and the Spark query (swapped in, then out: a second upgrade) by a job v3
     in a real Faust worker. No version declares output partitions: each takes the target's two partitions
-    over from the one before at its swap (issue 19), across engines. The Spark query runs in shadow mode first
+    over from the one before at its swap, across engines. The Spark query runs in shadow mode first
     (13.3): the swap is refused while its results differ from the runtime job's, and goes ahead once
     the intended differences are named; its shadow then holds exactly what it voided, up to S."""
     started = time.monotonic()

@@ -1,5 +1,4 @@
-"""`aligner stack status` warns about a partition grown past the size where a fetch takes over 100 ms
-(issue 23 item 3).
+"""`aligner stack status` warns about a partition grown past the size where a fetch takes over 100 ms.
 
 The embedded broker answers a fetch in time growing with the record batches of the partition
 (PLATFORM.md deviation 5). A detached stack of its own gets a topic with one partition of 60k one-record

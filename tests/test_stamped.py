@@ -1,6 +1,6 @@
 """One sink writing two subjects in one Kafka transaction and one ZooKeeper multi-op per epoch.
 
-A job's output and its changelog subject (issue 12, state as a subject) are written this way: both
+A job's output and its changelog subject (state as a subject) are written this way: both
 subjects' records of an epoch are committed together or not at all, under the same epoch number.
 Real ZooKeeper and broker; records are read back exactly, by epoch, with the aligned reader.
 """

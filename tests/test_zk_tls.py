@@ -1,4 +1,4 @@
-"""ZooKeeper over TLS (issue 14.4): the embedded stack's secure client port, against the real ZooKeeper.
+"""ZooKeeper over TLS: the embedded stack's secure client port, against the real ZooKeeper.
 
 One stack with ``zk_tls=True`` for the module (its own, stopped on every path); the default stack of
 the other tests stays plaintext. A TLS mismatch is one clear error at once, never a session that

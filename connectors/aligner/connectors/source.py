@@ -60,7 +60,7 @@ _DATA_LOST = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_
 class SourceRecord(NamedTuple):
     """One record handed to a job function, read-only. A named tuple, built in the source's hot path with
     ``tuple.__new__`` from one tuple: 0.31 us per record where a slots dataclass took 0.58 and a frozen one
-    ~1.1 (experiments/results/profiles/s32/micro_record.py)."""
+    ~1.1."""
 
     subject: str
     partition: int
@@ -115,8 +115,8 @@ records; the fetch that reaches it is kept whole)."""
 def source_settings(mode: Mode) -> dict[str, object]:
     """What a source's consumer sets beyond ``consumer_config``. The prefetch stays the readers' (queued.min.messages
     200,000, at most 64 MB queued): librdkafka counts it over the consumer's one queue, not per partition, and the
-    embedded broker may answer a fetch with a partition's whole log. At 20,000 (this source's setting until
-    session 34) one partition's records fetched past its bound kept every other partition from being fetched until
+    embedded broker may answer a fetch with a partition's whole log. At 20,000 (this source's earlier
+    setting) one partition's records fetched past its bound kept every other partition from being fetched until
     the source had stashed them, and an aligned job waited on empty consumes at each epoch's start (bench_pipeline,
     300k records a run: 40-120 empty consumes, 0.26-0.67 s; 0-15 and 0-0.09 s at 200,000)."""
     return {"fetch.queue.backoff.ms": 5, "fetch.error.backoff.ms": 10, "max.partition.fetch.bytes": 1 << 20,
@@ -323,8 +323,7 @@ class SubjectSource:
         at a time: each piece (one epoch's records, those past the bound, those read already) is found by
         bisecting the run on offsets and kept with one comprehension or one list extension. The source's per-
         record hot path: no Python statement runs per record but the comprehension's (1.38 us per record
-        one at a time, 0.96 with a comprehension, experiments/results/profiles/micro_take*; stashing one at a
-        time was 13 % of the source's time, profiles/s32)."""
+        one at a time, 0.96 with a comprehension; stashing one at a time was 13 % of the source's time)."""
         n = len(run)
         if run[-1].offset() - run[0].offset() < n - 1:  # type: ignore[operator]
             for m in run:  # offsets repeat (never seen from librdkafka): bisecting needs them ascending

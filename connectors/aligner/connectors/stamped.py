@@ -213,7 +213,7 @@ class Lane:
         """``send(value, key)`` for each ``(key, value)``; returns how many. The batch form of the hot path:
         the batch's partitions are picked first, so only its last record per partition is held back (``send``
         holds every record until the next one to its partition) and the others are produced in a plain loop
-        (the aligned pipeline went from 0.61 to 0.68 of the raw loop, experiments/results/profiles/s31). An
+        (the aligned pipeline went from 0.61 to 0.68 of the raw loop). An
         unkeyed batch is spread in one contiguous run per partition, starting one partition further each call
         (sticky, as Kafka's own producers spread unkeyed records), not record by record. The records share one
         timestamp."""

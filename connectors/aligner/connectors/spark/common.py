@@ -286,7 +286,7 @@ def plan_partitions(ledger: Ledger, kafka: str, subject: SubjectNode, epochs: Se
 
 TASK_RECORDS = 10_000
 """A good ``minRecordsPerTask`` for small micro-batches. A Python read task costs Spark about 0.1 s before its
-first record (100-130 ms per task of a few hundred records in the demo, 10-30 ms of it reading; 2026-11-28),
+first record (100-130 ms per task of a few hundred records in the demo, 10-30 ms of it reading),
 about what reading 10,000 records costs. Off by default: packing makes a batch's task count depend on its
 size, and the aligned sink refuses more write tasks than producers, so a narrow query into it would pass
 small batches and fail large ones; a query that shuffles before its sink (the demo's) loses nothing."""
