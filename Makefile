@@ -92,7 +92,7 @@ bench-spark: setup
 	$(PY) -m experiments.bench_spark_swap --swaps 3
 
 # The docs site (MkDocs Material) into site/, strictly: a broken link or reference fails. make test builds it too
-# (tests/test_docs.py). The CLI reference runs the `typer` command of the virtualenv.
+# (tests/platform/test_docs.py). The CLI reference runs the `typer` command of the virtualenv.
 DOCS_ENV := PATH=$(CURDIR)/$(VENV)/bin:$$PATH NO_MKDOCS_2_WARNING=1
 docs: setup
 	$(DOCS_ENV) $(PY) -m mkdocs build --strict

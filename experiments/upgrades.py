@@ -14,7 +14,7 @@ largest commit gap of the target around S against its cadence before the request
 
     python -m experiments.upgrades                 # ten swaps (README, Hot-swap)
     python -m experiments.upgrades --swaps 3       # the first three of them
-    python -m experiments.upgrades --plan runtime:2,runtime:4,faust:1,spark:4,runtime:2   # tests/test_upgrades.py
+    python -m experiments.upgrades --plan runtime:2,runtime:4,faust:1,spark:4,runtime:2  # the tests' plan
 
 Exit code 0 when every check passed; the report goes to ``--out`` (JSON).
 """

@@ -62,11 +62,11 @@ def pytest_configure(config: pytest.Config) -> None:
     _watchdog_file = os.fdopen(os.dup(2), "w")
 
 
-PROCESS_TESTS = ("tests/test_chaos.py::test_short_seeded", "tests/test_faults.py", "tests/test_demo_hotness.py",
-                 "tests/test_cli_errors.py::test_a_command_gives_up", "tests/test_stack.py", "tests/test_zk_tls.py",
-                 "tests/test_install.py", "tests/test_latency.py", "tests/test_benchmarks.py", "tests/test_faust.py",
-                 "tests/test_slow_broker.py", "tests/test_soak.py", "tests/test_upgrades.py", "tests/test_ensemble.py",
-                 "tests/test_stack_status_probe.py", "tests/test_chaos.py::test_first_signal")
+PROCESS_TESTS = ("test_chaos.py::test_short_seeded", "test_faults.py", "test_demo_hotness.py",
+                 "test_cli_errors.py::test_a_command_gives_up", "test_stack.py", "test_zk_tls.py",
+                 "test_install.py", "test_latency.py", "test_benchmarks.py", "test_faust.py",
+                 "test_slow_broker.py", "test_soak.py", "test_upgrades.py", "test_ensemble.py",
+                 "test_stack_status_probe.py", "test_chaos.py::test_first_signal")
 """Tests that start processes of their own (a stack, Spark, a Faust worker, a virtualenv) without the ``stack``
 fixture: stack tests too."""
 
@@ -75,7 +75,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that uses the ``stack`` fixture (directly or through another fixture) or starts processes of its
     own is a stack test; the rest are pure (``make test-unit``)."""
     for item in items:
-        if "stack" in getattr(item, "fixturenames", ()) or item.nodeid.startswith(PROCESS_TESTS):
+        if "stack" in getattr(item, "fixturenames", ()) or item.nodeid.rsplit("/", 1)[-1].startswith(PROCESS_TESTS):
             item.add_marker(pytest.mark.stack)
 
 

@@ -1,7 +1,7 @@
 """The single place ZooKeeper paths are built, and the declaration of every node the product writes.
 
 :data:`NODES` names each node (its path pattern under the root, who may write it, what it holds); the
-path methods of :class:`Layout` build exactly those paths (tests/test_acl.py checks that they agree), and
+path methods of :class:`Layout` build exactly those paths (tests/ledger/test_acl.py checks that they agree), and
 the ACL policy (:mod:`aligner.acl_policy`) gives a node the permissions its declaration states.
 
     {root}/subjects/{subject}                         SubjectNode

@@ -20,7 +20,7 @@ class _Op:
     kind: ClassVar[str]
 
     def __getitem__(self, i: int) -> Any:
-        """The old tuple view (``("create", path, data)[i]``), for tests/test_stamped.py until it reads fields."""
+        """The old tuple view (``("create", path, data)[i]``), for tests/runtime/test_stamped.py."""
         return (self.kind, *astuple(self))[i]  # type: ignore[call-overload]
 
 

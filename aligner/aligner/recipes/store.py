@@ -201,7 +201,7 @@ class Store:
                 return
         # Look before creating: a bucket usually exists already, and a create is checked against the parent's
         # ACL before existence, so a client without write rights would be refused on the bucket, not on the
-        # node it writes (tests/test_acl.py names that node).
+        # node it writes (tests/ledger/test_acl.py names that node).
         self._trip("read")
         if self.zk.exists(bucket) is None:
             self._trip("write")
@@ -215,7 +215,7 @@ class Store:
         return self._multi(*ops)
 
     def _multi(self, *ops: Op) -> list[object]:
-        """The executor behind ``multi`` (tests/test_stamped.py wraps it to record a commit's ops)."""
+        """The executor behind ``multi`` (tests/runtime/test_stamped.py wraps it to record a commit's ops)."""
         self._trip("multi")
         return self.zk.transaction(ops).commit()
 

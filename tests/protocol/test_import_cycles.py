@@ -13,7 +13,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PORTIONS = ("aligner", "connectors", "coordinator")
 """Top-level folders, each a portion of the namespace package ``aligner``."""
 

@@ -26,7 +26,7 @@ from aligner.connectors.kafka import QUIET, ensure_topic
 from aligner.coordinator.stack import _alive, wait_for
 from tests.conftest import ROOT, run_cli
 from tests.helpers import detached_stack_down
-from tests.test_slow_broker import BIG, fill_batches
+from tests.runtime.test_slow_broker import BIG, fill_batches
 
 SMALL = 3
 """Batches in the small partition (each its own produce and flush)."""

@@ -100,7 +100,7 @@ def test_task_retries_write_each_result_once(spark, stack, root, ledger, tmp_pat
     finally:
         producer.close()
     # A batch re-run after a crash between the ZooKeeper commit and Spark's commit log, with a real
-    # driver kill: tests/test_spark_kill.py.
+    # driver kill: tests/spark/test_spark_kill.py.
 
 
 def test_rows_become_json_records_and_too_many_tasks_is_a_clear_error(spark, stack, root, ledger, tmp_path,

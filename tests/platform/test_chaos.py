@@ -21,7 +21,7 @@ from tests.helpers import experiment_process
 pytest.importorskip("pyspark")
 pytest.importorskip("faust")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SEED, FAULTS = 11, 10
 
 

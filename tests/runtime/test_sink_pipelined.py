@@ -2,7 +2,7 @@
 next epoch's sends. Readers see what they see with waited-for commits; a ZooKeeper commit that did
 not land aborts the epoch after it too, and the producer resumes from ``next_epoch``. A pipelined
 commit makes the next epoch's node too, where the producer is its only writer: one round trip per epoch.
-Real ZooKeeper and broker; process kills are in tests/test_exactly_once.py."""
+Real ZooKeeper and broker; process kills are in tests/runtime/test_exactly_once.py."""
 
 from __future__ import annotations
 

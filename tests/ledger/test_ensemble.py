@@ -23,7 +23,7 @@ from aligner.coordinator.stack import EmbeddedStack, StackInfo, wait_for
 from aligner.errors import StackError
 from aligner.ledger import Ledger
 from tests.helpers import Worker
-from tests.test_faults import LIVE, Chain, OutsideProducer
+from tests.runtime.test_faults import LIVE, Chain, OutsideProducer
 
 PAUSED = 15.0
 """A follower stopped longer than the 10 s session timeout: its clients must move to another server."""

@@ -22,7 +22,7 @@ import pytest
 
 from tests.helpers import experiment_process
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ["--minutes", "2", "--seed", "7", "--sample", "10", "--poll", "2", "--swap-every", "60", "--window", "60",
          "--retention-every", "15", "--no-check-growth"]
 """The retention loop runs as ``make soak`` runs it: the hot-swaps must get the coordinators' election beside it."""

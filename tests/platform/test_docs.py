@@ -15,7 +15,7 @@ import pytest
 
 from aligner.variables import names as documented_variables
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("aligner", "connectors", "coordinator")
 README_LINES = 400
 
@@ -23,15 +23,17 @@ WORK_LOG = {
     "a numbered work period": re.compile(r"\b(session|sessions|work period) \d+", re.I),
     "a date": re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b"),
     "an issue number": re.compile(r"\bissues? #?\d+\b", re.I),
-    "an evidence path": re.compile(r"experiments/results/\S"),
+    "an evidence path": re.compile(r"experiments/results/\w"),
     "a commit id": re.compile(r"(?<![\w/.-])(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?![\w-])"),
 }
 """What makes a line a work-log entry rather than documentation."""
 
 CITED = re.compile(r"`([A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.*-]+)+/?)`")
-"""A file path cited in backticks: at least one slash, no spaces (``tests/test_docs.py``, ``deploy/``)."""
+"""A file path cited in backticks: at least one slash, no spaces (``tests/platform/test_docs.py``, ``deploy/``)."""
 NOT_PATHS = re.compile(r"^(https?:|/|~|\.\./|[a-z]+://)|\{|<|\*|:")
 """Cited names that are not repository paths: URLs, absolute or home paths, ZooKeeper patterns, globs."""
+GENERATED = ("experiments/results", "site", ".venv")
+"""Folders the tools make (ignored by git): cited as where output goes."""
 
 
 def documents() -> list[Path]:
@@ -40,7 +42,7 @@ def documents() -> list[Path]:
 
 def test_readme_is_short() -> None:
     lines = (ROOT / "README.md").read_text().splitlines()
-    assert len(lines) < README_LINES, f"README.md has {len(lines)} lines; keep it under {README_LINES} (the docs hold the rest)"
+    assert len(lines) < README_LINES, f"README.md has {len(lines)} lines; keep it under {README_LINES}"
 
 
 @pytest.mark.parametrize("doc", documents(), ids=lambda p: p.relative_to(ROOT).as_posix())
@@ -56,8 +58,10 @@ def test_every_cited_path_exists() -> None:
     for doc in [*documents(), ROOT / "mkdocs.yml"]:
         for n, line in enumerate(doc.read_text().splitlines(), 1):
             for path in CITED.findall(line):
-                if NOT_PATHS.search(path) or path.startswith(("aligner.", "s3")):
+                if NOT_PATHS.search(path) or path.rstrip("/").startswith(GENERATED):
                     continue
+                if not (ROOT / path.split("/")[0]).exists() and "." not in path.rsplit("/", 1)[-1]:
+                    continue  # not in the repository's tree and no file name: an image or package name
                 if not (ROOT / path).exists():
                     missing.append(f"{doc.relative_to(ROOT)}:{n}: `{path}`")
     assert not missing, "cited paths that do not exist (write them from the repository root):\n" + "\n".join(missing)

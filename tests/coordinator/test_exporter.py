@@ -118,7 +118,7 @@ def test_dashboard_uses_only_metrics_that_exist(ledger: Ledger, subject_name: st
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
     exported = {family.name + suffix for reg in (registry, REGISTRY) for family in reg.collect()
                 for suffix in suffixes.get(family.type, ("",))}
-    dashboard = json.loads((Path(__file__).parent.parent / "deploy/grafana/aligner-dashboard.json").read_text())
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "deploy/grafana/aligner-dashboard.json").read_text())
     used = {name for panel in dashboard["panels"] for target in panel["targets"]
             for name in re.findall(r"\baligner_[a-z_]+", target["expr"])}
     assert used and used <= exported, sorted(used - exported)
