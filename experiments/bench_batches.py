@@ -1,7 +1,7 @@
 """Batches per partition per epoch that a sink writes (issue 23 item 3): the sink's linger against 5 ms.
 
 The embedded broker (Tansu 0.6, memory storage) answers a fetch in time that grows with the batches a
-partition holds (PLATFORM.md), so what a chain writes per epoch in batches, not records, decides how fast
+partition holds (docs: The embedded stack), so what a chain writes per epoch in batches, not records, decides how fast
 it slows down. This writes ``--epochs`` epochs of ``--rate`` records a second spread over each ``--interval``
 (a chain's trickle, not a bulk load) through a ``SinkProducer`` on 2 partitions, with its output subject's
 changelog-like second lane, once with 5 ms of linger (what the sinks used before) and once with

@@ -1,7 +1,7 @@
 """Fetch latency vs batches per partition on the embedded broker, for candidate consumer fetch waits.
 
 Why: Tansu 0.6 (memory storage) pays for every batch of a partition on each fetch and treats
-``fetch.wait.max.ms`` as a deadline for finding the data (PLATFORM.md, deviation 5). This measures,
+``fetch.wait.max.ms`` as a deadline for finding the data. This measures,
 for each partition size (one record per batch) and each wait, on one partition:
 
 - tail first: time to the first record of a consumer assigned at the last offset;

@@ -167,7 +167,7 @@ def main() -> None:
             pin_threads(os.getpid(), {0})
         led = Ledger.connect(info.zk, "/bench")
         # One subject per sink writer, as each raw loop has its own topic: every topic grows alike (on the
-        # embedded broker a transaction's cost grows with its partitions' size, PLATFORM.md deviation 5).
+        # embedded broker a transaction's cost grows with its partitions' size, docs: The embedded stack).
         for subject in ("s", "s-pipelined", "s-many"):
             create_subject(led, info.kafka, subject, PARTITIONS)
         topics = {name: f"raw-{name}" for name in ("raw", "stamp", "stamp_cb")}

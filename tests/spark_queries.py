@@ -127,7 +127,7 @@ def raw_of(ledger, target: str) -> str:
 
 
 def assert_lineage_tiles(ledger, kafka: str, outputs: list[tuple[int, dict]], raw: str, target: str) -> None:
-    """Every committed target epoch's lineage (what ``aligner lineage`` and a consistent cut answer) holds the
+    """Every aligned target epoch's lineage (what ``aligner lineage`` and a consistent cut answer) holds the
     input epochs its rows come from, and no input epoch is in the lineage of two target epochs: the lineages
     tile the input exactly as the rows do."""
     epoch_of = {value["n"]: epoch for epoch, value in read_all(ledger, kafka, raw)}
@@ -138,7 +138,10 @@ def assert_lineage_tiles(ledger, kafka: str, outputs: list[tuple[int, dict]], ra
     for epoch in ledger.epoch_numbers(target):
         if not ledger.is_committed(target, epoch):
             continue
-        named = set(flatten(subject_epoch_lineage(ledger, target, epoch)).get(raw, []))
+        tree = subject_epoch_lineage(ledger, target, epoch, depth=1)
+        if any(p.get("aligned") is not True for p in tree["producers"]):
+            continue  # written before its writer aligned: its lineage is input offsets, not epochs
+        named = set(flatten(tree).get(raw, []))
         assert carried[epoch] <= named, (f"target epoch {epoch} holds rows of {raw} epochs {_runs(carried[epoch])}, "
                                          f"its lineage names {_runs(named)}")
         twice = {e: owner[e] for e in named if e in owner}

@@ -89,7 +89,7 @@ def main(
     damage_zk: Annotated[bool, typer.Option(
         help="On an ensemble, also damage a stopped follower's disk (damage-zk), then rebuild it from the quorum "
              "as an operator does for any damaged member (ZooKeeper 3.8.0 served an old tree from a garbage "
-             "snapshot once, see README)")] = False,
+             "snapshot once; docs: Reliability)")] = False,
     rescale: Annotated[bool, typer.Option(
         help="Each hot-swap of job A changes its parallelism (2 -> 1 -> 2 -> 4 ...), the new version taking a's "
              "partitions over")] = True,

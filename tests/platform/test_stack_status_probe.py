@@ -1,7 +1,7 @@
 """`aligner stack status` warns about a partition grown past the size where a fetch takes over 100 ms.
 
 The embedded broker answers a fetch in time growing with the record batches of the partition
-(PLATFORM.md deviation 5). A detached stack of its own gets a topic with one partition of 60k one-record
+(measured). A detached stack of its own gets a topic with one partition of 60k one-record
 batches (a fetch from its log start: ~0.5 s idle, more on a busy machine) and one of three batches:
 the warning names the large one only, `--json` carries it, `--no-probe` and a dead broker leave the
 command working. A busy machine only makes fetches slower: the large partition is flagged either way,

@@ -1,7 +1,7 @@
 """The chain never stalls on its own polling.
 
 On the embedded broker a fetch costs more the more batches its partition holds, and a fetch that
-takes longer than its wait comes back empty (PLATFORM.md, deviation 5). With the 10 ms wait the
+takes longer than its wait comes back empty (a measured deviation of the embedded broker). With the 10 ms wait the
 product used to set, a partition past 30k batches returned nothing, ever: the marker failed its
 epochs forever and readers claimed data loss. These tests build such partitions (one record per
 batch), pause the broker under a marker and caught-up consumers, and check that the chain moves

@@ -231,7 +231,7 @@ class CommitRecipes(ClaimRecipes):
                 f"ZooKeeper lost acknowledged writes: producer {lease.writer} of {lease.subject!r} committed epoch "
                 f"{n.committed_epoch} (node version {lease.version}), and {path} is back at epoch "
                 f"{current.committed_epoch} (version {version}); the ensemble lost committed transactions "
-                f"(a ZooKeeper server bug; see README, ZooKeeper ensemble), so this producer stops rather than "
+                f"(a ZooKeeper server bug; docs: Operations, ZooKeeper), so this producer stops rather than "
                 f"write on a ledger that forgot what it acknowledged")
 
     @staticmethod

@@ -1,7 +1,7 @@
 """Time a fetch from the log start of every partition of a broker (``aligner stack status``).
 
 Why: the embedded broker (Tansu 0.6, memory storage) answers a fetch in time growing with the record
-batches of the partition (PLATFORM.md deviation 5; from the log start: 1k batches 0.007 s, 10k 0.06 s,
+batches of the partition (from the log start: 1k batches 0.007 s, 10k 0.06 s,
 30k 0.18 s, 60k 0.48 s, 120k 1.9 s), so readers of old epochs and restores slow down as partitions
 fill. Kafka's API does not tell how many batches a partition holds: the honest probe is to measure.
 

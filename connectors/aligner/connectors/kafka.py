@@ -244,8 +244,8 @@ LINGER_MS = 1000
 commits, and the commit flushes (librdkafka sends at once on flush, whatever the linger), so lingering
 costs no latency; a full batch (``batch.num.messages``) goes at once, so it costs no throughput either.
 What it saves is batches: at 150 records/s and 0.5 s epochs, 37 batches per partition per epoch with
-5 ms, 1 with 1 s (/tmp measurement in README "Always on"), and the embedded broker's fetches cost time
-per batch held in a partition (PLATFORM.md, experiments/bench_fetch.py)."""
+5 ms, 1 with 1 s (measured on the embedded stack), and the embedded broker's fetches cost time
+per batch held in a partition (experiments/bench_fetch.py)."""
 
 
 EAGER_CONNECTIONS: dict[str, Any] = {"enable.sparse.connections": False}
@@ -400,7 +400,7 @@ def stall_cause(answered: bool, wait_ms: int, raised_to: int | None = None) -> s
         return "the broker does not answer (paused, overloaded or unreachable)"
     then = f"; fetch wait raised to {raised_to} ms" if raised_to else ""
     return (f"the broker answers but fetches waiting up to {wait_ms} ms come back empty: a fetch takes longer "
-            f"than its wait (the embedded broker slows with batches per partition, PLATFORM.md deviation 5){then}")
+            f"than its wait (the embedded broker slows with batches per partition; docs: The embedded stack){then}")
 
 
 class _EndWatch:

@@ -114,7 +114,7 @@ def _print_probe(result: ProbeResult) -> None:
         err.print(f"warning: {m.name}: a fetch from its log start answered {took} (over "
                   f"{result.threshold * 1000:.0f} ms; offsets {m.low}..{m.high}): the embedded broker slows with "
                   "batches per partition: readers of old epochs and restores get slow; Apache Kafka has no such "
-                  "curve; see README 'Broker deviation'", markup=False, soft_wrap=True)
+                  "curve; see the docs, The embedded stack", markup=False, soft_wrap=True)
     if result.skipped:
         err.print(f"note: fetch probe: {len(result.skipped)} partition(s) not measured: "
                   + "; ".join(f"{k}: {why}" for k, why in result.skipped.items()), markup=False, soft_wrap=True)
