@@ -80,7 +80,8 @@ class JobSpec:
     inherit_state: bool = False
     """A new version (``follows``) starts from the old version's keyed state and input positions as of
     the epoch before its first, instead of rebuilding its state from the start of its inputs: for a
-    change of logic that keeps the state's format. Both versions need the same parallelism."""
+    change of logic that keeps the state's format. The new version may run another parallelism: each worker
+    takes over the keys of its partitions (:mod:`aligner.keys`)."""
 
     shadow: bool = False
     """A new version (``follows``) writes what it voids to its private subject ``{job}.shadow``, epoch

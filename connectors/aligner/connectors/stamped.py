@@ -439,9 +439,9 @@ class StampedProducer(Lane):
             self._end_epoch()
 
     def _renew(self) -> None:
-        """Kafka's defence against a late write of a finished transaction (KIP-890, server-side since Kafka
-        3.7 for Java clients) needs client support librdkafka lacks. After a commit or abort that timed out,
-        a produce request of that transaction may still be in flight: a new producer with the same
+        """Kafka's defence against a late write of a finished transaction (KIP-890: a new producer epoch per
+        transaction, from Kafka 4.0 with Java clients) needs client support librdkafka lacks. After a commit or
+        abort that timed out, a produce request of that transaction may still be in flight: a new producer with the same
         transactional id (InitProducerId bumps its epoch) makes the broker fence it. Done before the next
         transaction, so the commit that timed out reaches ZooKeeper without waiting for it."""
         topics = {s: lane.topic for s, lane in self.lanes.items()}

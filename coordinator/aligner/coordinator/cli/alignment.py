@@ -18,7 +18,7 @@ def align(
     subject: Annotated[list[str] | None, typer.Option(
         "--subject", callback=check_names, help="Input subject(s) to align (default all)")] = None,
     at_epoch: Annotated[int | None, typer.Option(min=0, help="Align from this subject epoch at the earliest")] = None,
-    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for each phase")] = 300.0,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds the whole command may wait")] = 300.0,
     as_json: JsonFlag = False,
 ) -> None:
     """Align a job's sources on their subjects' epochs: CatchUp -> Ready -> Align(k) -> Aligned."""

@@ -28,7 +28,7 @@ def hotswap(
     ] = None,
     ignore_field: Annotated[list[str] | None, typer.Option(
         help="With --verify-epochs: a JSON field of the values that is meant to differ (repeat)")] = None,
-    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for each phase")] = 300.0,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds the whole command may wait")] = 300.0,
     as_json: JsonFlag = False,
 ) -> None:
     """Swap OLD for NEW on SUBJECT at a future epoch S, exactly once: OLD writes <= S, NEW writes > S."""
