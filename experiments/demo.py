@@ -372,7 +372,7 @@ def pipeline(info: StackInfo, led: Ledger, root: str, tmp: str) -> Run:
         ends = {s: led.frontier(s) or -1 for s in (*STREAMS, HOT_ISSUES)}
         console.print(f"input finished ({dict(gen.sent)}); waiting for the jobs to read every epoch ...")
         # Progress from the job epoch nodes of each job's last committed output epoch (a Spark job's
-        # consumer node forgets a subject its last batch did not read: see the README of the demo).
+        # consumer node forgets a subject its last batch did not read: as the Spark guide says).
         for job, subjects in ((JOB1_V2, (ISSUES, ISSUE_COMMENTS)), (JOB2, (HOT_ISSUES, PR_COMMENTS)),
                               (FAUST, (HOT_ISSUES,))):
             if job == JOB2:

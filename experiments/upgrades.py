@@ -12,7 +12,7 @@ all versions (per-key order and the state handed over exactly), the target never
 from the request to done, S against the jobs' epoch at the request and at the swap's acceptance, and the
 largest commit gap of the target around S against its cadence before the request.
 
-    python -m experiments.upgrades                 # ten swaps (README, Hot-swap)
+    python -m experiments.upgrades                 # ten swaps (docs: Benchmarks)
     python -m experiments.upgrades --swaps 3       # the first three of them
     python -m experiments.upgrades --plan runtime:2,runtime:4,faust:1,spark:4,runtime:2  # the tests' plan
 

@@ -489,7 +489,7 @@ class Run:
                 yield from wait_until(time.time() + f.duration)
                 # The operator's procedure for a member whose disk was damaged, whether ZooKeeper would refuse
                 # the data or not: ZooKeeper 3.8.0 started on a garbage snapshot once and served an old tree
-                # (README, "Do it for any damaged member, even one that starts"). Moved aside, started empty,
+                # (docs: ZooKeeper ensemble guide). Moved aside, started empty,
                 # it takes a snapshot from the leader while the quorum serves the chain.
                 serving = lambda: ensemble.mode(member) in ("follower", "leader")  # noqa: E731
                 ev["target"] += f"; rebuilt (data moved to {ensemble.rebuild(member).name})"

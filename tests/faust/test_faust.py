@@ -39,7 +39,7 @@ from tests.helpers import Worker, faust_env, faust_worker, json_value, raw_count
 RECORDS = 20
 """Input records per input epoch."""
 LIVENESS = 30.0
-"""Generous bound (seconds) on a Faust worker's start and resume in tests; measured figures are in the README."""
+"""Generous bound (seconds) on a Faust worker's start and resume in tests; measured figures are in the docs."""
 STOP_WITHIN = 5.0
 """SIGTERM / SIGINT stop a Faust worker within this many seconds, exit code 0."""
 

@@ -1,4 +1,4 @@
-"""Every benchmark the README cites runs at HEAD: a smoke run of each at tiny sizes (seconds, no timing
+"""Every benchmark the docs cite runs at HEAD: a smoke run of each at tiny sizes (seconds, no timing
 assertion), so a benchmark cannot rot unnoticed. Results go to a temporary folder (ALIGNER_RESULTS). A crash of
 native code (bench_state died of SIGSEGV once in a loaded fresh-clone run, never alone) prints every
 thread's Python stack through faulthandler, into the failure message."""
@@ -34,7 +34,7 @@ SMOKE = {
     "bench_spark_hop": ["--minutes", "0.3"],
     "bench_spark_swap": ["--swaps", "1", "--steady", "5"],
 }
-"""Each benchmark of the README's table with arguments that make it run for seconds, not minutes."""
+"""Each benchmark of the docs' Benchmarks table with arguments that make it run for seconds, not minutes."""
 
 
 @pytest.mark.parametrize("name", sorted(SMOKE))

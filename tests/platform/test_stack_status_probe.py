@@ -75,7 +75,7 @@ def test_a_large_partition_is_warned_about_and_a_small_one_is_not(stack_env: dic
     warnings = [line for line in text.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1, text
     assert warnings[0].startswith(f"warning: {topic}[0]: a fetch from its log start answered "), text
-    assert f"offsets 0..{BIG}" in warnings[0] and "README 'Broker deviation'" in warnings[0], text
+    assert f"offsets 0..{BIG}" in warnings[0] and "see the docs, The embedded stack" in warnings[0], text
     assert f"{topic}[1]" not in text and f"{topic}[2]" not in text, text
     assert "fetch probe: 1 partition(s) timed" in text and "1 over 100 ms" in text, text
 

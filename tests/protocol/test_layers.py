@@ -237,7 +237,7 @@ def test_source_folders_are_not_a_second_import_name(folder: str) -> None:
 
 CRASHING_CALLS = {"list_offsets"}
 """Client calls that crash the process with the pinned librdkafka (2.16: ``AdminClient.list_offsets`` locks a
-NULL mutex in ``rd_kafka_ListOffsets``; README, Soak): offsets come from ``connectors/kafka.py::end_offsets``."""
+NULL mutex in ``rd_kafka_ListOffsets``; the docs, Limits): offsets come from ``connectors/kafka.py::end_offsets``."""
 
 
 def test_no_code_calls_a_client_method_known_to_crash() -> None:
