@@ -48,14 +48,17 @@ def job_epoch_lineage(ledger: Ledger, job: str, epoch: int, depth: int = 16) -> 
                            f"it has no lineage yet")
     covered = jobs.job_epoch(jobs.epoch_line(job), epoch)  # a new version uses the first version's epochs
     entry: Tree = {"job": job, "epoch": epoch, "output": node.output}
-    if covered is None:
+    # What each worker committed with the epoch says how it read: a job epoch record is followed by every
+    # worker that is aligned, but a worker that is not (a split alignment the coordinator is undoing, an
+    # abort) reads on its own in the same epoch, and then the epoch holds no whole input epochs.
+    records = {w: jobs.worker_epoch_or_none(job, w, epoch) for w in range(node.parallelism)}
+    unaligned = [w for w, r in records.items() if r is not None and r.covered is None]
+    if covered is None or unaligned:
         entry["aligned"] = False
-        offsets = {}
-        for worker in range(node.parallelism):
-            recorded = jobs.worker_epoch_or_none(job, worker, epoch)
-            if recorded is not None:  # else pruned by gc, or another version wrote the epoch
-                offsets[worker] = recorded.offsets
-        entry["input_offsets"] = offsets
+        if covered is not None:
+            entry["unaligned_workers"] = unaligned
+        # else pruned by gc, or another version wrote the epoch
+        entry["input_offsets"] = {w: r.offsets for w, r in records.items() if r is not None}
         entry["inputs"] = []
         return entry
     entry["aligned"] = True

@@ -379,3 +379,41 @@ def test_a_subject_registered_between_two_reads_has_its_writers_node(ledger, sub
 
     writers, _ = RegisteredMeanwhile(ledger.zk, ledger.layout).writers(subject_name)
     assert writers.writers == {}
+
+
+def test_lineage_of_an_epoch_a_worker_wrote_unaligned_names_no_input_epochs(ledger, subject_name):
+    """A job epoch record is followed by the workers that are aligned; a worker that is not (a split alignment
+    being undone, an abort) reads on its own within the same epoch. Its part of the output is not the recorded
+    input epochs', so the epoch's lineage must not claim them (the chaos checker met such epochs)."""
+    from aligner.jobs import JobLedger
+    from aligner.lineage import job_epoch_lineage
+    from aligner.models import JobNode, Span, WorkerEpochNode
+
+    src, out = subject_name, f"{subject_name}-out"
+    _subject(ledger, src, 2)
+    _subject(ledger, out, 2)
+    job = f"{subject_name}-j"
+    jobs = JobLedger(ledger)
+    jobs.register(JobNode(job=job, inputs=(src,), output=out, parallelism=2))
+    source = ledger.claim(src, "gen", "0", [0, 1], lambda: {0: 0, 1: 0})
+    for _ in range(3):
+        source = _commit_empty(ledger, source)
+    leases = [ledger.claim(out, job, str(w), [w], lambda w=w: {w: 0}) for w in range(2)]
+    cache: dict = {}
+    for lease in leases:
+        _commit_empty(ledger, lease, cache)
+    epoch = leases[0].next_epoch
+    jobs.fix_job_epoch(job, epoch, {src: Span(first=1, last=1)}, {src: 2})
+
+    def record(worker: int, covered: dict | None) -> None:
+        jobs.ensure_worker_path(job, worker)
+        node = WorkerEpochNode(epoch=epoch, mode="aligned" if covered else "exactly_once",
+                               offsets={src: {worker: 9}}, load_from={src: 2}, covered=covered)
+        ledger.multi(jobs.worker_epoch_op(job, worker, node))
+
+    record(0, {src: Span(first=1, last=1)})
+    assert job_epoch_lineage(ledger, job, epoch)["aligned"] is True  # worker 1's record is not there (gc)
+    record(1, None)
+    tree = job_epoch_lineage(ledger, job, epoch)
+    assert tree["aligned"] is False and tree["unaligned_workers"] == [1] and tree["inputs"] == []
+    assert tree["input_offsets"] == {0: {src: {0: 9}}, 1: {src: {1: 9}}}
