@@ -87,7 +87,7 @@ class Generator(threading.Thread):
         try:
             for stream in STREAMS:
                 subject = self.names[stream]
-                parts = list(range(led.subject(subject).partitions))
+                parts = list(range(led.subjects.subject(subject).partitions))
                 sinks[stream] = SinkProducer(led, self.info.kafka, subject, "generator", 0, parts).open()
             pacers = {s: Pacer(self.workload.rate(s)) for s in STREAMS}
             boundary = time.time()
@@ -264,12 +264,12 @@ def _sleep_until(t: float, gen: Generator) -> None:
 
 
 def _commit_times(led: Ledger, subject: str) -> list[dict[str, Any]]:
-    numbers, last = led.epoch_numbers(subject), led.frontier(subject)
+    numbers, last = led.subjects.epoch_numbers(subject), led.epochs.frontier(subject)
     if not numbers or last is None:
         return []
     return [{"epoch": ce.epoch, "committed_at": ce.committed_at / 1000,
              "offsets": sum(s.end - s.start for s in ce.slices.values())}
-            for ce in led.committed_many(subject, numbers[0], last)]
+            for ce in led.epochs.committed_many(subject, numbers[0], last)]
 
 
 def verify(led: Ledger, kafka: str, names: dict[str, str], workload: Workload, sent: dict[str, int]) -> dict[str, int]:
@@ -317,7 +317,7 @@ def exactly_once_counts(got: Counter[Any], expected: set[Any]) -> dict[str, int]
 
 def read_all(led: Ledger, kafka: str, subject: str) -> list[dict[str, Any]]:
     """Every committed record of a subject: its JSON value, with the epoch it belongs to."""
-    numbers, last = led.epoch_numbers(subject), led.frontier(subject)
+    numbers, last = led.subjects.epoch_numbers(subject), led.epochs.frontier(subject)
     if not numbers or last is None:
         return []
     with EpochReader(led, kafka) as reader:

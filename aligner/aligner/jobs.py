@@ -41,7 +41,7 @@ class JobLedger:
 
     def register(self, node: JobNode) -> JobNode:
         for subject in (*node.inputs, node.output):
-            self.ledger.subject(subject)
+            self.ledger.subjects.subject(subject)
         lay = self.layout
         self.zk.ensure_path(lay.jobs)
         # One multi-op: a visible job node always has its sources, command and consumer nodes.

@@ -86,8 +86,9 @@ class Subject:
 
     def __init__(self, led: Ledger, reader: EpochReader, name: str, anomalies: Anomalies) -> None:
         self.name = name
-        numbers, last = led.epoch_numbers(name), led.frontier(name)
-        self.epochs: list[CommittedEpoch] = led.committed_many(name, numbers[0], last) if numbers and last is not None \
+        numbers, last = led.subjects.epoch_numbers(name), led.epochs.frontier(name)
+        self.epochs: list[CommittedEpoch] = led.epochs.committed_many(name, numbers[0],
+                                                                      last) if numbers and last is not None \
             else []
         self.by_epoch = {ce.epoch: ce for ce in self.epochs}
         self.records: list[Rec] = []

@@ -63,7 +63,7 @@ def test_two_independent_jobs_align_on_identical_epochs(stack, ledger, subject_n
     aligned = threading.Event()
     gen = spawn.generator(raw, epochs=40, pace=0.04, hold=aligned)
     a = spawn.job(JobSpec(job=f"{raw}-a", inputs=(raw,), output=x1, interval=0.15), tag_v1)
-    wait_for(lambda: (ledger.frontier(raw) or 0) >= 5, LIVE, "upstream epochs before the second job starts")
+    wait_for(lambda: (ledger.epochs.frontier(raw) or 0) >= 5, LIVE, "upstream epochs before the second job starts")
     b = spawn.job(JobSpec(job=f"{raw}-b", inputs=(raw,), output=x2, interval=0.35), tag_v1)
     coord = Coordinator(ledger)
     coord.align(f"{raw}-a", timeout=LIVE)
@@ -82,7 +82,7 @@ def test_two_independent_jobs_align_on_identical_epochs(stack, ledger, subject_n
         wa = jobs.worker_epoch(f"{raw}-a", 0, map_a[s])
         wb = jobs.worker_epoch(f"{raw}-b", 0, map_b[s])
         assert wa.offsets == wb.offsets, f"subject epoch {s}: offsets differ"
-        assert wa.offsets[raw] == {p: e for p, (_s, e) in ledger.committed(raw, s).offsets.items()}
+        assert wa.offsets[raw] == {p: e for p, (_s, e) in ledger.epochs.committed(raw, s).offsets.items()}
     for out in (x1, x2):
         assert_exactly_once(read_all(ledger, stack.kafka, out), gen.sent)
 
@@ -245,7 +245,7 @@ def _send(jobs: JobLedger, job: str, subject: str, command: Command) -> None:
 
 
 def _ends(ledger: Ledger, subject: str, epoch: int, partitions: list[int]) -> dict[int, int]:
-    slices = ledger.committed(subject, epoch).slices
+    slices = ledger.epochs.committed(subject, epoch).slices
     return {p: slices[p].end for p in partitions if p in slices}
 
 
@@ -265,7 +265,7 @@ def test_align_arriving_during_the_epoch_before_j_extends_it_to_k(stack, ledger,
     jobs = JobLedger(ledger)
     stop = threading.Event()
     worker = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
-    wait_for(lambda: ledger.frontier(raw) is not None, LIVE, "the input's first epoch")
+    wait_for(lambda: ledger.epochs.frontier(raw) is not None, LIVE, "the input's first epoch")
     _send(jobs, spec.job, raw, Command(kind="catch_up"))
     wait_for(lambda: worker.step(stop) and worker.alignment[raw].state is State.READY, LIVE, "Ready")
     before_j = worker.sink.next_epoch
@@ -280,7 +280,7 @@ def test_align_arriving_during_the_epoch_before_j_extends_it_to_k(stack, ledger,
     stepping.start()
     try:
         wait_for(lambda: worker.records_in > seen, LIVE, "epoch J - 1 to be under way")
-        k = (ledger.frontier(raw) or 0) + 60  # further than one 3 s timer's worth of input epochs (0.1 s each)
+        k = (ledger.epochs.frontier(raw) or 0) + 60  # further than one 3 s timer's worth of input epochs (0.1 s each)
         _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=k, job_epoch=before_j + 1))
         wait_for(done.is_set, LIVE, "epoch J - 1 to end")
     finally:
@@ -305,14 +305,14 @@ def test_worker_restarted_while_aligning_ends_its_first_aligned_epoch_on_k(stack
     jobs = JobLedger(ledger)
     stop = threading.Event()
     worker = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
-    wait_for(lambda: ledger.frontier(raw) is not None, LIVE, "the input's first epoch")
+    wait_for(lambda: ledger.epochs.frontier(raw) is not None, LIVE, "the input's first epoch")
 
     def send(command: Command) -> None:
         _send(jobs, spec.job, raw, command)
 
     send(Command(kind="catch_up"))
     wait_for(lambda: _step_into(worker, stop, raw, State.READY), LIVE, "the consumer to be Ready")
-    k, j = (ledger.frontier(raw) or 0) + 3, worker.sink.next_epoch + 6
+    k, j = (ledger.epochs.frontier(raw) or 0) + 3, worker.sink.next_epoch + 6
     send(Command(kind="align", subject_epoch=k, job_epoch=j))
     wait_for(lambda: _step_into(worker, stop, raw, State.ALIGNING), LIVE, "the consumer to accept Align")
 
@@ -344,7 +344,7 @@ def test_split_alignment_is_aborted_and_aligned_again(stack, ledger, subject_nam
     jobs = JobLedger(ledger)
     stop = threading.Event()
     w0, w1 = (spawn(JobWorker(ledger, stack.kafka, spec, i, tag_v1)).open() for i in range(2))
-    wait_for(lambda: ledger.frontier(raw) is not None, LIVE, "the input's first epoch")
+    wait_for(lambda: ledger.epochs.frontier(raw) is not None, LIVE, "the input's first epoch")
 
     def state(w: JobWorker) -> State:
         return w.alignment[raw].state
@@ -356,11 +356,12 @@ def test_split_alignment_is_aborted_and_aligned_again(stack, ledger, subject_nam
     j = w0.sink.next_epoch + 1
     # k well in the future (AHEAD input epochs, ~2 s of input): w0 takes the Align whenever its watch
     # delivers it within that time, rather than racing the generator to k (w1 rejects it for J alone).
-    _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.frontier(raw) or 0) + AHEAD, job_epoch=j))
+    _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.epochs.frontier(raw) or 0) + AHEAD,
+                                       job_epoch=j))
     wait_for(lambda: (w0.step(stop), w1.step(stop)) and state(w0) is State.ALIGNED, LIVE, "w0 to start J")
     assert state(w1) is State.READY  # rejected: too late
     later = max(w0.sink.next_epoch, w1.sink.next_epoch) + 3
-    _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.frontier(raw) or 0) + AHEAD,
+    _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.epochs.frontier(raw) or 0) + AHEAD,
                                        job_epoch=later))
     wait_for(lambda: w1.step(stop) and state(w1) is State.ALIGNING, LIVE, "w1 to take the later Align")
     with pytest.raises(AlignmentSplitError):
@@ -410,7 +411,8 @@ def test_sources_aligned_at_different_job_epochs_are_aborted_and_aligned_again(s
     jobs = JobLedger(ledger)
     stop = threading.Event()
     w = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
-    wait_for(lambda: ledger.frontier(left) is not None and ledger.frontier(right) is not None, LIVE, "input")
+    wait_for(lambda: ledger.epochs.frontier(left) is not None and ledger.epochs.frontier(right) is not None, LIVE,
+             "input")
 
     def state(s: str) -> State:
         return w.alignment[s].state
@@ -419,12 +421,13 @@ def test_sources_aligned_at_different_job_epochs_are_aborted_and_aligned_again(s
         _send(jobs, spec.job, s, Command(kind="catch_up"))
     wait_for(lambda: w.step(stop) and state(left) is state(right) is State.READY, LIVE, "Ready")
     j = w.sink.next_epoch + 1
-    _send(jobs, spec.job, left, Command(kind="align", subject_epoch=(ledger.frontier(left) or 0) + AHEAD, job_epoch=j))
+    _send(jobs, spec.job, left, Command(kind="align", subject_epoch=(ledger.epochs.frontier(left) or 0) + AHEAD,
+                                        job_epoch=j))
     _send(jobs, spec.job, right, Command(kind="align", subject_epoch=0, job_epoch=j))  # k already read: rejected
     wait_for(lambda: w.step(stop) and state(left) is State.ALIGNED, LIVE, "the left source to start J")
     assert state(right) is State.READY
     later = w.sink.next_epoch + 2
-    k = (ledger.frontier(right) or 0) + AHEAD
+    k = (ledger.epochs.frontier(right) or 0) + AHEAD
     _send(jobs, spec.job, right, Command(kind="align", subject_epoch=k, job_epoch=later))
     wait_for(lambda: w.step(stop) and state(right) is State.ALIGNED, LIVE, "the right source to start its J")
     for _ in range(3):
@@ -433,7 +436,8 @@ def test_sources_aligned_at_different_job_epochs_are_aborted_and_aligned_again(s
     _, version = jobs.decision(spec.job)
     jobs.decide(AlignmentDecision(job=spec.job, subjects=(left, right), phase=DecisionPhase.ALIGNING,
                                   seq=jobs.command(spec.job, right)[0].seq, job_epoch=later,
-                                  subject_epochs={left: (ledger.frontier(left) or 0) + AHEAD, right: k}), version)
+                                  subject_epochs={left: (ledger.epochs.frontier(left) or 0) + AHEAD,
+                                                  right: k}), version)
 
     result: list[AlignmentDecision] = []
     coordinator = threading.Thread(target=lambda: result.append(Coordinator(ledger).align(spec.job, timeout=LIVE)),
@@ -510,17 +514,17 @@ def test_a_coverage_record_that_differs_from_the_workers_own_aborts_the_epoch_an
     jobs = JobLedger(ledger)
     stop = threading.Event()
     worker = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
-    wait_for(lambda: ledger.frontier(raw) is not None, LIVE, "the input's first epoch")
+    wait_for(lambda: ledger.epochs.frontier(raw) is not None, LIVE, "the input's first epoch")
 
     _send(jobs, spec.job, raw, Command(kind="catch_up"))
     wait_for(lambda: _step_into(worker, stop, raw, State.READY), LIVE, "the consumer to be Ready")
-    _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.frontier(raw) or 0) + 3,
+    _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.epochs.frontier(raw) or 0) + 3,
                                        job_epoch=worker.sink.next_epoch + 2))
     wait_for(lambda: _step_into(worker, stop, raw, State.ALIGNED), LIVE, "the consumer to be Aligned")
     aligned.set()
     e = worker.sink.next_epoch
     start = _job_epoch(jobs, spec.job, e - 1).next[raw]
-    wait_for(lambda: (ledger.frontier(raw) or 0) >= start + 1, LIVE, "both subject epochs of the next job epoch")
+    wait_for(lambda: (ledger.epochs.frontier(raw) or 0) >= start + 1, LIVE, "both subject epochs of the next job epoch")
     jobs.fix_job_epoch(spec.job, e, {raw: Span(first=start, last=start)}, {raw: start + 1})
 
     attempt = worker.sink.attempt

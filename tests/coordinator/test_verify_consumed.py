@@ -43,7 +43,7 @@ def test_two_aligned_runtime_jobs_consumed_identical_epochs(stack, root, ledger,
         assert coordinator.align(f"{raw}-{job}", timeout=LIVE).job_epoch is not None
     aligned.set()
     gen.finished()
-    last = ledger.frontier(raw)
+    last = ledger.epochs.frontier(raw)
     assert last is not None
     jobs = JobLedger(ledger)
     for job in ("a", "b"):

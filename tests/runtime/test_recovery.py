@@ -76,7 +76,7 @@ def test_state_bases_let_retention_collect_the_changelog_and_kills_restore_exact
             w.wait_line(lambda line: line.startswith("committed"), timeout=LIVE)
         collect(ledger, policy=tight, subjects=[changelog])  # the output stays whole, to be counted
         w.kill()
-    assert ledger.first_retained(changelog) > 0, "retention never collected the changelog"
+    assert ledger.subjects.first_retained(changelog) > 0, "retention never collected the changelog"
     kills_done.set()
     gen.finished()
     spawn.worker("aligner.connectors.worker", *args).finish(timeout=LIVE)

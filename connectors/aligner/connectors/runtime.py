@@ -226,7 +226,7 @@ class JobWorker:
     def _inputs_finished(self) -> bool:
         assert self.source is not None
         for subject in self.spec.inputs:
-            last = self.ledger.finished_watched(subject)  # asked every epoch: kept by a watch, not read
+            last = self.ledger.epochs.finished_watched(subject)  # asked every epoch: kept by a watch, not read
             if last is None or self.source.consumed(subject) < last:
                 return False
         return True

@@ -86,7 +86,7 @@ class SwapGate:
 def await_target(ledger: Ledger, job: str, output: str, epoch: int, stop: threading.Event | None = None) -> None:
     """The new version's S+1 commits only after S is committed at the target (by the old version)."""
     logged = False
-    while not ledger.wait_committed(output, epoch, timeout=1.0, stop=stop):
+    while not ledger.watches.wait_committed(output, epoch, timeout=1.0, stop=stop):
         if ledger.stopping() or (stop is not None and stop.is_set()):
             raise StoppedError(f"job {job!r}: stopped while waiting for epoch {epoch} of {output!r}")
         if not logged:

@@ -52,7 +52,7 @@ class HotSwap:
             handover, _ = self.jobs.swap(o.follows)
             if handover is None or handover.phase != Phase.DONE:
                 problems.append(f"{old} is still the new version of {o.follows}: swap {o.follows} -> {old} first")
-        doc, _ = self.ledger.writers(target)
+        doc, _ = self.ledger.subjects.writers(target)
         others = sorted({split_writer(w)[0] for w, e in doc.writers.items() if e.finished_after is None}
                         - {old, new})
         if others:
@@ -95,7 +95,7 @@ class HotSwap:
             old_aligned=self._aligned(o.job, o.inputs) if "old_aligned" in need else None,
             new_follows=self._follows(n) if "new_follows" in need else None,
             acks=self._acks(o, n, swap) if "acks" in need and swap is not None else None,
-            target_frontier=self.ledger.frontier(o.output) if "target_frontier" in need else None,
+            target_frontier=self.ledger.epochs.frontier(o.output) if "target_frontier" in need else None,
         ), version
 
     def run(self, old: str, new: str, target: str, at_epoch: int | None = None, timeout: float | None = None,
@@ -133,7 +133,7 @@ class HotSwap:
         """The node a step writes: a (new) pre-commit, the commit, or done."""
         if step is machine.Next.PRECOMMIT:
             now = max(self.committed(o.job, o.inputs), self.committed(n.job, n.inputs),
-                      self.ledger.frontier(o.output) or 0)
+                      self.ledger.epochs.frontier(o.output) or 0)
             return machine.precommit(swap, o.job, n.job, o.output, machine.choose(now, self.margin, at_epoch), now)
         assert swap is not None
         return machine.commit(swap) if step is machine.Next.COMMIT else machine.finish(swap)

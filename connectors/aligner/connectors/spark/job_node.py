@@ -44,7 +44,7 @@ def job_of(ledger: Ledger, job: str) -> JobNode:
 
 def output_partitions(ledger: Ledger, node: JobNode) -> tuple[int, ...]:
     """The target partitions the job's sink writes (one producer per partition)."""
-    return node.output_partitions or tuple(range(ledger.subject(node.output).partitions))
+    return node.output_partitions or tuple(range(ledger.subjects.subject(node.output).partitions))
 
 
 def swap_in(ledger: Ledger, node: JobNode) -> SwapNode | None:
