@@ -46,7 +46,6 @@ from aligner.connectors.subjects import create_subject
 from aligner.connectors.worker import WorkerThread
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.stack import EmbeddedStack, StackInfo
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from experiments import ForeignCpu
 from experiments.common import json_value, write_results
@@ -218,7 +217,7 @@ def run_chain(info: StackInfo, root: str, led: Ledger, mode: str, tag: str, args
     raw, x, y = f"raw-{tag}", f"x-{tag}", f"y-{tag}"
     for s in (raw, x, y):
         create_subject(led, info.kafka, s, PARTITIONS)
-    jobs = JobLedger(led)
+    jobs = led.jobs
     ja, jb = f"A-{tag}", f"B-{tag}"
     gen = PacedGenerator(info, root, raw, args.interval, args.rate)
     gen.start()

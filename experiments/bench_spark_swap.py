@@ -221,7 +221,7 @@ def one_swap(i: int, spark: Any, led: Ledger, kafka: str, conn: dict[str, str], 
     x, t, q1_job, q2_job = f"s{i}-x", f"s{i}-t", f"s{i}-q1", f"s{i}-q2"
     create_subject(led, kafka, x, 2)
     create_subject(led, kafka, t, 4)
-    jobs = JobLedger(led)
+    jobs = led.jobs
     started = time.monotonic()
     writer: Writer | None = None
     queries: list[Query] = []

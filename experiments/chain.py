@@ -34,7 +34,6 @@ from aligner.connectors.worker import WorkerThread
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import EmbeddedStack, StackInfo, wait_for
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import Mode
 from experiments.common import json_value
@@ -203,7 +202,7 @@ def _run(led: Ledger, info: StackInfo, root: str, config: ChainConfig, tag: str,
             time.sleep(phase.uniform(0, config.interval))
             for i in range(p):  # one at a time: a failing start leaves the others in the list to close
                 workers.append(Worker(info, root, spec, i, fn, latency, operator, tag))
-        jobs = JobLedger(led)
+        jobs = led.jobs
         coord = Coordinator(led)
         plan: list[tuple[float, str]] = []
         input_until = started + config.duration

@@ -306,7 +306,7 @@ def pipeline(info: StackInfo, led: Ledger, root: str, tmp: str) -> Run:
     create_subject(led, info.kafka, HOT_ISSUES, 4)
     create_subject(led, info.kafka, PR_HOTNESS, 2)
     create_subject(led, info.kafka, HOT_PRS, 2)
-    jobs, coord = JobLedger(led), Coordinator(led)
+    jobs, coord = led.jobs, Coordinator(led)
     conn = {"zk": info.zk, "kafka": info.kafka, "root": root}
     run = Run()
     events: dict[str, float] = {}
@@ -469,7 +469,7 @@ def lineage_check(led: Ledger) -> tuple[tuple[int, int], list[str]]:
     """Job 2's lineage: do its micro-batches tile each input's committed epochs (each read by exactly one
     batch), and how many of its batches read only job epochs of job 1 (whose output epochs each end
     exactly on input epoch boundaries), of how many."""
-    job1_epochs = set(JobLedger(led).job_epoch_numbers(JOB1))  # v2 uses v1's job epochs
+    job1_epochs = set(led.jobs.job_epoch_numbers(JOB1))  # v2 uses v1's job epochs
     spans: dict[str, list[tuple[int, int]]] = {HOT_ISSUES: [], PR_COMMENTS: []}
     ok = total = 0
     for written in sink_lineage(led, PR_HOTNESS, JOB2).values():

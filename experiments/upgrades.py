@@ -39,7 +39,6 @@ from typing import Any
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import StackInfo
-from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Ledger
 from aligner.models import Phase
@@ -141,7 +140,7 @@ class Upgrades:
 
     def run(self) -> dict[str, Any]:
         led = self.led = Ledger.connect(self.info.zk, ROOT)
-        jobs = JobLedger(led)
+        jobs = led.jobs
         rng = random.Random(self.seed)
         create_subject(led, self.info.kafka, IN, PARTITIONS)
         create_subject(led, self.info.kafka, OUT, PARTITIONS)
@@ -187,7 +186,7 @@ class Upgrades:
         """``aligner hotswap`` v-1 -> v with one party SIGKILLed during it and restarted; timings from the ledger."""
         led = self.led
         assert led is not None
-        jobs = JobLedger(led)
+        jobs = led.jobs
         old_job, new_job = job_name(v - 1), job_name(v)
         before = [c for s in (old_job, new_job) for c in jobs.consumers(s, IN).values() if c.job_epoch is not None]
         at_request = max(c.job_epoch for c in before if c.job_epoch is not None)

@@ -120,7 +120,7 @@ def _runs(epochs) -> str:
 
 def raw_of(ledger, target: str) -> str:
     """The one input of the queries writing ``target`` (every version reads the same subject)."""
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     inputs = {s for name in jobs.job_names() for s in jobs.job(name).inputs if jobs.job(name).output == target}
     assert len(inputs) == 1, f"the jobs writing {target!r} read {sorted(inputs)}"
     return inputs.pop()
@@ -170,7 +170,7 @@ class SwapPair:
             q.launch()
         for q in (self.old, self.new):
             q.ready()
-        self.jobs = JobLedger(ledger)
+        self.jobs = ledger.jobs
         wait_for(lambda: (ledger.epochs.frontier(self.target) or -1) >= 1 and any(
             c.job_epoch is not None for c in consumers(self.jobs, self.new.job, raw).values()), LIVE,
             "Q1 writing, Q2 following", on_wait=self.healthy)

@@ -35,6 +35,7 @@ from kazoo.retry import KazooRetry
 
 from aligner.acl_policy import CREATOR_ONLY, AclPolicy
 from aligner.errors import StoppedError, UnreachableError
+from aligner.jobs import JobLedger
 from aligner.layout import Layout, epoch_name
 from aligner.recipes.claims import Claim, ClaimRecipes, Lease
 from aligner.recipes.commits import CommitRecipes, Contribution, PendingCommit, PendingEpoch
@@ -63,6 +64,7 @@ class Ledger(Store):
         self.claims = ClaimRecipes(self, self.subjects)
         self.commits = CommitRecipes(self, self.subjects, self.epochs, self.claims)
         self.watches = WatchRecipes(self, self.epochs)
+        self.jobs = JobLedger(self, self.subjects)
 
     @classmethod
     def connect(cls, hosts: str, root: str = "/aligner", timeout: float | None = 15.0,

@@ -17,7 +17,6 @@ from typing import Any
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from aligner.errors import EpochCollectedError, EpochNotCommittedError, LineageError, UnknownJobError
-from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Ledger
 from aligner.lineage_models import SparkSinkEpochNode, SparkSourceBatchNode
@@ -37,7 +36,7 @@ epoch ({"subject", "epoch", "producers"}), nested; :func:`flatten` turns it into
 
 def job_epoch_lineage(ledger: Ledger, job: str, epoch: int, depth: int = 16) -> Tree:
     """The tree of subject epochs that epoch ``epoch`` of ``job`` derives from (``depth`` levels)."""
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     node = jobs.job(job)
     try:
         committed = ledger.epochs.is_committed(node.output, epoch)
@@ -103,7 +102,7 @@ def subject_epoch_lineage(ledger: Ledger, subject: str, epoch: int, depth: int =
         # An input of a retained epoch that retention removed: part of the cut (a read of it says "out of
         # retention"), the end of the walk.
         return {"subject": subject, "epoch": epoch, "producers": [], "collected": True}
-    records, jobs = SparkLineageLedger(ledger), JobLedger(ledger)
+    records, jobs = SparkLineageLedger(ledger), ledger.jobs
     producers: list[Tree] = []
     for sink in sorted({split_writer(w)[0] for w in ledger.epochs.epoch_node(subject, epoch).writers}):
         if depth <= 0:
@@ -132,7 +131,7 @@ def epoch_lineage(ledger: Ledger, job: str, epoch: int, subject: str | None = No
     Spark query running as a job) or a Spark sink id (``subject`` picks the target when the same sink id
     writes several subjects)."""
     try:
-        node = JobLedger(ledger).job(job)
+        node = ledger.jobs.job(job)
     except UnknownJobError:
         targets = spark_sink_subjects(ledger, job)
         if not targets:

@@ -16,7 +16,6 @@ from collections.abc import Collection, Mapping
 
 from kazoo.exceptions import NoNodeError, NotEmptyError
 
-from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Ledger
 from aligner.lineage_models import SparkSourceBatchNode
@@ -32,7 +31,7 @@ _IN_FLIGHT = 4000
 class Retention:
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
-        self.jobs = JobLedger(ledger)
+        self.jobs = ledger.jobs
 
     # ---- subjects -----------------------------------------------------------------------------
 

@@ -38,7 +38,6 @@ from typing import Any
 from aligner.connectors.reader import EpochReader
 from aligner.epochs import CommittedEpoch
 from aligner.errors import AlignerError
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.lineage import flatten, subject_epoch_lineage
 from aligner.models import WorkerEpochNode
@@ -164,7 +163,7 @@ def monotonic(an: Anomalies, subject: str, pairs: list[tuple[tuple[int, int], in
 
 
 def worker_epochs(led: Ledger, job: str, worker: int) -> dict[int, WorkerEpochNode]:
-    return JobLedger(led).worker_epochs(job, worker)
+    return led.jobs.worker_epochs(job, worker)
 
 
 class Positions:
@@ -226,7 +225,7 @@ class Positions:
 
 def contiguous(an: Anomalies, label: str, led: Ledger, job: str, source: str) -> None:
     """Consecutive aligned job epochs cover consecutive subject epochs."""
-    jobs = JobLedger(led)
+    jobs = led.jobs
     spans = []
     for e in jobs.job_epoch_numbers(job):
         node = jobs.job_epoch(job, e)

@@ -73,7 +73,7 @@ def test_two_independent_jobs_align_on_identical_epochs(stack, ledger, subject_n
     a.join()
     b.join()
 
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     map_a, map_b = _aligned_epochs(jobs, f"{raw}-a"), _aligned_epochs(jobs, f"{raw}-b")
     common = sorted(set(map_a) & set(map_b))
     assert len(common) >= 20, f"only {len(common)} subject epochs covered by both aligned jobs"
@@ -102,7 +102,7 @@ def test_chain_lineage_reads_a_consistent_cut(stack, ledger, subject_name, spawn
     a.join()
     b.join()
 
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     outputs = read_all(ledger, stack.kafka, y)
     assert_exactly_once([(e, v["in"]) for e, v in outputs], gen.sent)
     aligned_b = jobs.job_epoch_numbers(f"{raw}-B")
@@ -139,7 +139,7 @@ def test_abort_in_every_state_loses_and_duplicates_nothing(stack, ledger, subjec
     walked = threading.Event()
     gen = spawn.generator(raw, epochs=10, pace=0.04, hold=walked)
     t = spawn.job(JobSpec(job=job, inputs=(raw,), output=x, interval=0.15), tag_v1)
-    jobs, coord = JobLedger(ledger), Coordinator(ledger)
+    jobs, coord = ledger.jobs, Coordinator(ledger)
 
     def state() -> State:
         return jobs.source_state(job, raw).state
@@ -198,7 +198,7 @@ def test_variable_interval_spans_k_subject_epochs(stack, ledger, subject_name, s
     aligned.set()  # 30 more subject epochs: at least 9 full job epochs of 3
     gen.finished()
     t.join()
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     spans = [_job_epoch(jobs, job, e).covered[raw] for e in jobs.job_epoch_numbers(job)]
     full = [s for s in spans[:-1] if s is not None]
     assert len(full) >= 5 and all(s.last - s.first + 1 == 3 for s in full)
@@ -220,7 +220,7 @@ def test_multi_subject_job_aligns_on_an_epoch_vector(stack, ledger, subject_name
     gl.finished()
     gr.finished()
     t.join()
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     vectors = [_job_epoch(jobs, job, e) for e in jobs.job_epoch_numbers(job)]
     assert len(vectors) >= 10
     nxt = dict(vectors[0].next)
@@ -262,7 +262,7 @@ def test_align_arriving_during_the_epoch_before_j_extends_it_to_k(stack, ledger,
     _subjects(ledger, stack, raw, x)
     spawn.generator(raw, epochs=100_000, per_epoch=5, pace=0.02)
     spec = JobSpec(job=f"{raw}-m", inputs=(raw,), output=x, interval=3.0)  # long: the Align lands within it
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     stop = threading.Event()
     worker = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
     wait_for(lambda: ledger.epochs.frontier(raw) is not None, LIVE, "the input's first epoch")
@@ -302,7 +302,7 @@ def test_worker_restarted_while_aligning_ends_its_first_aligned_epoch_on_k(stack
     _subjects(ledger, stack, raw, x)
     spawn.generator(raw, epochs=100_000, per_epoch=5, pace=0.02)  # epochs commit faster than job epochs
     spec = JobSpec(job=f"{raw}-r", inputs=(raw,), output=x, interval=0.3)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     stop = threading.Event()
     worker = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
     wait_for(lambda: ledger.epochs.frontier(raw) is not None, LIVE, "the input's first epoch")
@@ -341,7 +341,7 @@ def test_split_alignment_is_aborted_and_aligned_again(stack, ledger, subject_nam
     enough = threading.Event()
     gen = spawn.generator(raw, epochs=100_000, per_epoch=5, pace=0.02, until=enough)
     spec = JobSpec(job=f"{raw}-s", inputs=(raw,), output=x, parallelism=2, interval=0.3)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     stop = threading.Event()
     w0, w1 = (spawn(JobWorker(ledger, stack.kafka, spec, i, tag_v1)).open() for i in range(2))
     wait_for(lambda: ledger.epochs.frontier(raw) is not None, LIVE, "the input's first epoch")
@@ -408,7 +408,7 @@ def test_sources_aligned_at_different_job_epochs_are_aborted_and_aligned_again(s
     enough = threading.Event()
     gens = [spawn.generator(s, epochs=100_000, per_epoch=5, pace=0.02, until=enough) for s in (left, right)]
     spec = JobSpec(job=f"{subject_name}-v", inputs=(left, right), output=x, interval=0.3)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     stop = threading.Event()
     w = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
     wait_for(lambda: ledger.epochs.frontier(left) is not None and ledger.epochs.frontier(right) is not None, LIVE,
@@ -471,7 +471,7 @@ def test_align_a_job_aligned_by_construction_records_it_and_returns(stack, ledge
     create_subject(ledger, stack.kafka, raw, 2)
     create_subject(ledger, stack.kafka, out, 2)
     node = register_query(ledger, f"{raw}-q", [raw], out)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     jobs.fix_job_epoch(node.job, 4, {raw: None}, {raw: 9})  # its first batch: nothing new, stands at epoch 9
     report(ledger, node, job_epoch=4)
     done = run_cli(cli_env, "align", node.job, "--json")
@@ -493,7 +493,7 @@ def test_a_query_batch_reading_one_of_two_subjects_keeps_the_others_position(sta
     node = register_query(ledger, f"{a}-q", [a, b], out)
     report(ledger, node, job_epoch=1, subject_epoch={a: 5, b: 7})
     report(ledger, node, job_epoch=2, subject_epoch={a: 6})
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     assert jobs.consumers(node.job, a)[0].subject_epoch == 6
     assert jobs.consumers(node.job, b)[0].subject_epoch == 7
     assert jobs.consumers(node.job, b)[0].job_epoch == 2
@@ -511,7 +511,7 @@ def test_a_coverage_record_that_differs_from_the_workers_own_aborts_the_epoch_an
     aligned = threading.Event()
     gen = spawn.generator(raw, epochs=20, per_epoch=5, pace=0.02, hold=aligned)
     spec = JobSpec(job=f"{raw}-c", inputs=(raw,), output=x, interval=0.3, epochs_per_checkpoint=2)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     stop = threading.Event()
     worker = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
     wait_for(lambda: ledger.epochs.frontier(raw) is not None, LIVE, "the input's first epoch")

@@ -27,7 +27,6 @@ from aligner.connectors.marker import EpochMarker
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack, StackInfo, free_port
 from aligner.errors import StoppedError
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import JobNode, SubjectNode
 from aligner.session import OutageLimit
@@ -76,7 +75,7 @@ def world(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         led.subjects.register_subject(SubjectNode(name=names["nt"], topic=names["nt"],
                                                   partitions=1))  # no topic: as after
         # an embedded broker's restart (topics in memory) under a kept ZooKeeper
-        JobLedger(led).register(JobNode(job=names["jb"], inputs=(js,), output=names["out"], parallelism=1))
+        led.jobs.register(JobNode(job=names["jb"], inputs=(js,), output=names["out"], parallelism=1))
         for subject in ("je", "bad"):
             create_subject(led, stack.kafka, names[subject], 1)
         je = EpochMarker(led, stack.kafka, names["je"]).open()

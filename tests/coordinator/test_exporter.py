@@ -11,7 +11,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from aligner.coordinator.exporter import LedgerCollector
 from aligner.coordinator.stack import wait_for
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import ConsumerNode, JobNode, Range, SubjectNode, SwapNode
 
@@ -40,7 +39,7 @@ def _deployment(ledger: Ledger, subject: str) -> None:
     for name in (subject, f"{subject}-out"):
         ledger.subjects.register_subject(SubjectNode(name=name, topic=name, partitions=1))
     _commit_marker_epochs(ledger, subject, 3)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     jobs.register(JobNode(job="j", inputs=(subject,), output=f"{subject}-out", parallelism=1))
     jobs.report("j", subject, 0, ConsumerNode(job_epoch=0, subject_epoch=0))
     jobs.write_swap(SwapNode(old="j", new="j2", target=f"{subject}-out", epoch=7, phase="precommit"), -1)

@@ -28,7 +28,7 @@ def jobs(ledger: Ledger, subject_name: str, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(waiting, "TICK", 60.0)
     for name in (subject_name, f"{subject_name}-out"):
         ledger.subjects.register_subject(SubjectNode(name=name, topic=name, partitions=1))
-    led = JobLedger(ledger)
+    led = ledger.jobs
     led.register(JobNode(job="j", inputs=(subject_name,), output=f"{subject_name}-out", parallelism=2))
     return led
 

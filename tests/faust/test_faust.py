@@ -32,7 +32,6 @@ from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import free_port, wait_for
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from tests.helpers import Worker, faust_env, faust_worker, json_value, raw_count
 
@@ -252,7 +251,7 @@ def test_faust_worker_stops_on_sigterm_and_sigint_within_5s_and_resumes_exactly_
     input both stop the worker within 5 s with exit code 0; the open epoch is aborted and the next
     start resumes from the last committed epoch; nothing is lost or repeated."""
     home, src, out, job, feeder = _fed_job(stack, root, ledger, subject_name, tmp_path, spawn, "plain")
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
 
     # 1. SIGTERM while input flows: the open epoch is aborted.
     worker = _start_plain(spawn, root, home, job, src, out)
@@ -410,7 +409,7 @@ def test_faust_worker_killed_restarted_and_aligned_exactly_once(stack, root, led
     worker.wait_line(_is("finished"), timeout=60)
     _stop(worker, signal.SIGTERM)
 
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     in_epochs = ledger.subjects.epoch_numbers(src)
     out_epochs = ledger.subjects.epoch_numbers(out)
     # Every input's result exactly once, across three kills, with keyed state consistent with the last
@@ -461,7 +460,7 @@ def test_faust_workers_hot_swapped_v1_to_v2_exactly_once(stack, root, ledger, su
     assert "aligned=True" in line, line
 
     fed_before, frontier_before = feeder.last, ledger.epochs.frontier(target)
-    accepted = max(c.job_epoch or 0 for j in (v1, v2) for c in JobLedger(ledger).consumers(j, src).values())
+    accepted = max(c.job_epoch or 0 for j in (v1, v2) for c in ledger.jobs.consumers(j, src).values())
     swap = HotSwap(ledger).run(v1, v2, target, timeout=60)
     fed_after = feeder.last
     assert swap.phase == "done" and swap.old == v1 and swap.new == v2

@@ -21,7 +21,6 @@ from aligner.acl import AclLedger, Grants, acl_for, digest_id, rule
 from aligner.alignment import Command
 from aligner.coordinator.stack import StackInfo
 from aligner.errors import AccessDeniedError, AlignerError
-from aligner.jobs import JobLedger
 from aligner.layout import Layout, writer_id
 from aligner.ledger import Lease, Ledger
 from aligner.models import (
@@ -173,7 +172,7 @@ def secured(stack: StackInfo, root: str) -> Iterator[Secured]:
     try:
         for s in ("in-a", "in-b"):
             admin.subjects.register_subject(SubjectNode(name=s, topic=s, partitions=2))
-        JobLedger(admin).register(JobNode(job="job-a", inputs=("in-b",), output="in-a", parallelism=1))
+        admin.jobs.register(JobNode(job="job-a", inputs=("in-b",), output="in-a", parallelism=1))
         AclLedger(admin).grant(parse_zk_auth(ADMIN), SINK.removeprefix("digest:"), subjects=["in-a"],
                                jobs=["job-a"])
         with Ledger.connect(stack.zk, root, auth=SINK) as sink:
@@ -186,7 +185,7 @@ def secured(stack: StackInfo, root: str) -> Iterator[Secured]:
 
 def _attempts(led: Ledger, s: Secured) -> dict[str, tuple[str, object]]:
     """Write attempts an unauthorized client makes: name -> (path it must name, thunk)."""
-    lay, jobs = led.layout, JobLedger(led)
+    lay, jobs = led.layout, led.jobs
     command_path = lay.command(s.job, s.other)
     version = s.admin.zk.get(command_path)[1].version
     contribution = ContributionNode(sink="k", producer="0", attempt=1, ranges={0: Range(start=0, end=0)})
@@ -243,14 +242,14 @@ def test_granted_sink_commits_its_subject_only(stack: StackInfo, secured: Secure
         assert not secured.admin.epochs.is_committed(secured.other, other_lease.next_epoch)
 
         # its job: it reports consumer states but cannot write its own command
-        jobs = JobLedger(sink)
+        jobs = sink.jobs
         jobs.report(secured.job, secured.other, 0, ConsumerNode())
         with pytest.raises(AccessDeniedError):
             jobs.send(secured.job, secured.other, Command(kind="abort", seq=1), -1)
 
 
 def test_admin_writes_commands_and_nodes_created_later_get_acls(stack: StackInfo, secured: Secured) -> None:
-    jobs = JobLedger(secured.admin)
+    jobs = secured.admin.jobs
     _, version = jobs.command(secured.job, secured.other)
     jobs.send(secured.job, secured.other, Command(kind="abort", seq=1), version)
     assert jobs.command(secured.job, secured.other)[0].kind == "abort"

@@ -342,8 +342,8 @@ def test_claim_producers_starts_a_sink_on_one_epoch(ledger, subject_name):
     assert set(ledger.epochs.epoch_node(subject_name, 7).writers) == {"other:0", "spark:0", "spark:1"}
     assert ledger.claims.claim_producers(subject_name, "spark", {"0": [0], "1": [1]}, lambda parts: {}) == []
     with pytest.raises(PartitionClaimedError):
-        ledger.claims.claim_producers(subject_name, "third", {"0": [2], "1": [3]}, lambda parts: dict.fromkeys(parts,
-                                                                                                               0))
+        ledger.claims.claim_producers(subject_name, "third", {"0": [2], "1": [3]},
+                                      lambda parts: dict.fromkeys(parts, 0))
     assert "third:0" not in ledger.subjects.writers(subject_name)[0].writers
 
 
@@ -360,13 +360,13 @@ def test_a_job_registered_between_two_reads_is_read_whole_not_called_a_stranger(
 
     class RegisteredMeanwhile(JobLedger):
         def job(self, job: str) -> JobNode:
-            JobLedger(self.ledger).register(node)
+            ledger.jobs.register(node)
             return super().job(job)
 
     assert RegisteredMeanwhile(ledger).consumers(node.job, subject_name) == {}
     ledger.zk.delete(ledger.layout.job(node.job), recursive=True)
     assert RegisteredMeanwhile(ledger).command(node.job, subject_name)[0] is not None
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     with pytest.raises(AlignerError, match="does not read subject"):
         jobs.consumers(node.job, f"{subject_name}-out")
     with pytest.raises(UnknownSubjectError):

@@ -17,7 +17,6 @@ from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.gc import collect
 from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack, StackInfo, free_port, wait_for
-from aligner.jobs import JobLedger
 from aligner.ledger import Lease, Ledger
 from aligner.lineage import SparkLineageLedger
 from aligner.lineage_models import SparkSinkEpochNode, SparkSourceBatchNode
@@ -133,7 +132,7 @@ def test_policy_pass_keeps_min_epochs_and_what_a_consumer_needs(stack, ledger, c
     ledger.commits.finish(early)  # a writer that finished long ago (not a swapped-out job: a restart re-opens it)
     _write_epochs(ledger, raw, "gen", 1, 2400)
     assert ledger.epochs.frontier(raw) == 2499
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     jobs.register(JobNode(job=f"{raw}-j", inputs=(raw,), output=out, parallelism=1))
     jobs.report(f"{raw}-j", raw, 0, ConsumerNode(subject_epoch=700))  # a consumer holding an old floor
     lineage = SparkLineageLedger(ledger)
@@ -205,7 +204,7 @@ def test_a_job_whose_workers_have_not_reported_holds_retention(ledger, subject_n
     for name in (subject_name, out):
         ledger.subjects.register_subject(SubjectNode(name=name, topic=name, partitions=1))
     _write_epochs(ledger, subject_name, "gen", 0, 30)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     jobs.register(JobNode(job=f"{subject_name}-j", inputs=(subject_name,), output=out, parallelism=2))
     tight = RetentionPolicy(hours=0, min_epochs=5)
     assert collect(ledger, policy=tight)["subjects"][subject_name]["deleted_epochs"] == 0
@@ -224,7 +223,7 @@ def test_status_of_a_consumer_that_read_nothing_after_retention_took_the_first_e
     for name in (subject_name, out):
         ledger.subjects.register_subject(SubjectNode(name=name, topic=name, partitions=1))
     _write_epochs(ledger, subject_name, "gen", 0, 30)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     jobs.register(JobNode(job=f"{subject_name}-j", inputs=(subject_name,), output=out, parallelism=1))
     jobs.report(f"{subject_name}-j", subject_name, 0, ConsumerNode(subject_epoch=25))
     assert collect(ledger, policy=RetentionPolicy(hours=0, min_epochs=5))["subjects"][subject_name][
@@ -242,7 +241,7 @@ def test_a_workers_restart_point_holds_its_epochs(ledger, subject_name):
     for name in (subject_name, out):
         ledger.subjects.register_subject(SubjectNode(name=name, topic=name, partitions=1))
     _write_epochs(ledger, subject_name, "gen", 0, 30)
-    jobs, job = JobLedger(ledger), f"{subject_name}-j"
+    jobs, job = ledger.jobs, f"{subject_name}-j"
     jobs.register(JobNode(job=job, inputs=(subject_name,), output=out, parallelism=1))
     jobs.report(job, subject_name, 0, ConsumerNode(subject_epoch=25))
     jobs.ensure_worker_path(job, 0)
@@ -263,7 +262,7 @@ def test_a_swap_in_flight_and_a_shadow_lane_hold_their_epochs(ledger, subject_na
     ledger.subjects.register_subject(SubjectNode(name=target, topic=target, partitions=2))
     ledger.commits.finish(_write_epochs(ledger, target, old, 0, 15))  # v1 wrote 0..14 and finished
     _write_epochs(ledger, target, new, 1, 15)  # v2 writes on from 15, on partitions of its own
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     jobs.register(JobNode(job=old, inputs=(raw,), output=target, parallelism=1))
     jobs.register(JobNode(job=new, inputs=(raw,), output=target, parallelism=1, follows=old, shadow=shadow))
     for job in (old, new):
@@ -296,7 +295,7 @@ def test_a_new_version_that_may_still_inherit_keeps_the_old_versions_worker_reco
     for name in (raw, out):
         ledger.subjects.register_subject(SubjectNode(name=name, topic=name, partitions=1))
     old, new = f"{subject_name}-v1", f"{subject_name}-v2"
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     jobs.register(JobNode(job=old, inputs=(raw,), output=out, parallelism=1))
     jobs.register(JobNode(job=new, inputs=(raw,), output=out, parallelism=2, follows=old))
 
@@ -344,7 +343,7 @@ def test_a_changelog_goes_only_below_every_workers_state_base(ledger, subject_na
     for name, parts in ((inp, 1), (out, 1), (changelog, 2)):
         ledger.subjects.register_subject(SubjectNode(name=name, topic=name, partitions=parts))
     _write_epochs(ledger, changelog, "job", 0, 30)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     jobs.register(JobNode(job=job, inputs=(inp,), output=out, parallelism=2))
     tight = RetentionPolicy(hours=0, min_epochs=2)
 
@@ -378,7 +377,7 @@ def test_a_swapped_out_versions_changelog_goes_once_the_new_version_has_its_own_
         ledger.subjects.register_subject(SubjectNode(name=name, topic=name, partitions=parts))
     _write_epochs(ledger, changelog, old, 0, 30)
     ledger.commits.finish(_write_epochs(ledger, target, old, 0, 15))
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     jobs.register(JobNode(job=old, inputs=(raw,), output=target, parallelism=1))
     jobs.register(JobNode(job=new, inputs=(raw,), output=target, parallelism=1, follows=old))
     jobs.write_swap(SwapNode(old=old, new=new, target=target, epoch=14, phase=Phase.DONE), -1)
@@ -450,7 +449,7 @@ def test_retention_run_collects_a_running_chain_and_stops_on_sigterm(stack, ledg
     wait_for(lambda: (ledger.epochs.frontier(out) or 0) >= moved_from + 10
              and ledger.subjects.first_retained(out) > moved_from - 20,
              LIVE, "the chain to go on and retention to follow it", interval=0.2)
-    consumed = JobLedger(ledger).consumers(f"{raw}-a", raw)[0].subject_epoch or 0
+    consumed = ledger.jobs.consumers(f"{raw}-a", raw)[0].subject_epoch or 0
     assert ledger.subjects.first_retained(raw) <= consumed + 1, "an epoch the job had not consumed was collected"
     assert "retention pass: removed" in keeper.stderr
     metrics = _metrics(port)

@@ -19,7 +19,6 @@ import pytest
 
 from aligner.connectors.job_spec import JobSpec
 from aligner.connectors.subjects import create_subject
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import JobNode
 
@@ -110,7 +109,7 @@ def test_wait_committed_rearms_every_second_without_piling_up(ledger: Ledger, su
 def test_followers_of_one_node_share_one_recipe_and_see_every_change_in_order(ledger: Ledger, root: str) -> None:
     path = f"{root}/followed"
     ledger.zk.ensure_path(root)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     seen: dict[str, list[bytes | None]] = {"a": [], "b": []}
     followers = {name: (lambda data, _stat, name=name: seen[name].append(data)) for name in seen}
     for _ in range(5):  # e.g. a coordinator's waiter and a worker's swap follower on one session, subscribing again
@@ -134,7 +133,7 @@ def quiet_job(stack, ledger: Ledger, subject_name: str) -> tuple[str, str, str]:
     create_subject(ledger, stack.kafka, subject_name, 1)
     create_subject(ledger, stack.kafka, out, 1)
     job = f"{subject_name}-job"
-    JobLedger(ledger).register(JobNode(job=job, inputs=(subject_name,), output=out, parallelism=1, mode="aligned"))
+    ledger.jobs.register(JobNode(job=job, inputs=(subject_name,), output=out, parallelism=1, mode="aligned"))
     return job, subject_name, out
 
 
@@ -246,7 +245,7 @@ def test_pipelined_reports_arrive_in_order_and_recreate_a_removed_node(stack, le
     from aligner.jobs import PipelinedReports
     from aligner.models import ConsumerNode
 
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     reports = PipelinedReports(jobs, "job", 0)
     path = ledger.layout.consumer("job", "s", 0)
     for epoch in range(5):

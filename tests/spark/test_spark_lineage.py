@@ -19,7 +19,6 @@ import pytest
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import wait_for
-from aligner.jobs import JobLedger
 from tests.spark_queries import LIVE, Query, consumers, verify_running
 from tests.swaps import committed, precommit_acked
 
@@ -66,7 +65,7 @@ def test_lineage_of_every_target_epoch_is_what_its_rows_read(stack, root, ledger
     kill_in_a_batch()
     wait_for(lambda: (ledger.epochs.frontier(target) or -1) >= 6, LIVE, "Q1 writing after its restart", on_wait=healthy)
 
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     new.launch().ready()  # late: its first batch covers every job epoch Q1 fixed so far
     wait_for(lambda: any(c.job_epoch is not None for c in consumers(jobs, new.job, raw).values()), LIVE,
              "Q2 following", on_wait=healthy)

@@ -24,7 +24,6 @@ from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import wait_for
 from aligner.coordinator.verify import shadow_span, verify_before_swap, verify_outputs
 from aligner.errors import HotSwapRefused
-from aligner.jobs import JobLedger
 from tests.helpers import faust_worker
 from tests.jobs import tag_v1
 from tests.spark_queries import LIVE, Query, consumers, verify_running
@@ -75,7 +74,7 @@ def test_spark_query_hotswap_survives_kills_exactly_once(stack, root, ledger, su
         for q in queries.values():
             q.healthy()
 
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     wait_for(lambda: (ledger.epochs.frontier(target) or -1) >= 1 and any(
         c.job_epoch is not None for c in jobs.consumers(new.job, raw).values()), LIVE, "Q1 writing, Q2 following",
         on_wait=healthy)
@@ -148,7 +147,7 @@ def test_runtime_job_swapped_for_a_spark_query_and_the_query_for_a_faust_job_exa
                   follows=spec.job, shadow=True).launch()
     Coordinator(ledger).align(spec.job, timeout=LIVE)
     spark.ready()
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     wait_for(lambda: any(c.job_epoch is not None for c in jobs.consumers(spark.job, raw).values()), LIVE,
              "the Spark query following", on_wait=spark.healthy)
     mark("Spark following")

@@ -96,14 +96,14 @@ class ClaimRecipes:
             new = [i for i, e in enumerate(entries) if e is None]
             if not new:
                 return entries, {}, 0
-            known = [Lease(c.subject, *self.store.read(ProducerNode, self.store.layout.producer(c.subject, sink,
-                                                                                                producer)),
+            lay = self.store.layout
+            known = [Lease(c.subject, *self.store.read(ProducerNode, lay.producer(c.subject, sink, producer)),
                            e.first_epoch).next_epoch
                      for c, e in zip(claims, entries, strict=True) if e is not None]
             first = max(not_before, *known[:1], *(self.subjects._last_epoch(claims[i].subject) + 1 for i in new))
             nodes = {i: _new_producer(sink, producer, wanted[i], claims[i].start_offsets()) for i in new}
-            self.store.multi_cas(*(op for i in new for op in self._join(claims[i].subject, *docs[i], [nodes[i]],
-                                                                        first)))
+            joins = (self._join(claims[i].subject, *docs[i], [nodes[i]], first) for i in new)
+            self.store.multi_cas(*(op for ops in joins for op in ops))
             return entries, nodes, first
 
         entries, nodes, first = self.store.zk.retry_conflicts(attempt)

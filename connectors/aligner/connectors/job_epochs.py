@@ -17,7 +17,7 @@ from aligner.alignment import ConsumerAlignment
 from aligner.connectors.idle import Idle
 from aligner.coverage import Coverage, Next
 from aligner.errors import AlignerError, ContestedCoverageError
-from aligner.jobs import JobLedger, PendingJobEpoch
+from aligner.jobs import PendingJobEpoch
 from aligner.ledger import Ledger
 from aligner.models import JobEpochNode, Span
 
@@ -27,7 +27,7 @@ log = logging.getLogger("aligner.runtime")
 class JobEpochs:
     def __init__(self, ledger: Ledger, line: str, per: int, follows: bool, idle: Idle) -> None:
         self.ledger = ledger
-        self.jobs = JobLedger(ledger)
+        self.jobs = ledger.jobs
         self.line = line
         """Whose job epoch nodes are used: the first version's, so every version covers the same input."""
         self.per = per
@@ -154,8 +154,8 @@ class JobEpochs:
         return why
 
     def watch_epoch(self, subject: str, epoch: int) -> None:
-        self.idle.arm(self.ledger.layout.epoch(subject, epoch), lambda cb: self.ledger.watches.arm_watch(subject,
-                                                                                                         epoch, cb))
+        watches = self.ledger.watches
+        self.idle.arm(self.ledger.layout.epoch(subject, epoch), lambda cb: watches.arm_watch(subject, epoch, cb))
 
     def _committed_prefix(self, subject: str, start: int, per: int) -> int:
         n = 0

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from aligner import epoch_step
 from aligner.connectors.idle import Idle
 from aligner.epoch_step import Act, EpochStep
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import Phase, SwapNode
 from aligner.zk import StoppedError
@@ -38,7 +37,7 @@ class SwapGate:
         """The acknowledgement reported so far (in memory: a restarted worker acknowledges again)."""
 
     def follow(self) -> None:
-        jobs = JobLedger(self.ledger)
+        jobs = self.ledger.jobs
         if self.follows is not None:
             jobs.follow_swap(self.follows, self._on_incoming)
         jobs.follow_swap(self.job, self._on_outgoing)

@@ -24,7 +24,6 @@ from aligner.connectors.source import SubjectSource
 from aligner.connectors.state import MemoryStore, StateStore, create_changelog, open_store, take_keys
 from aligner.connectors.subjects import ensure_shadow
 from aligner.errors import AlignerError, UnknownSubjectError
-from aligner.jobs import JobLedger
 from aligner.keys import sources, worker_of
 from aligner.layout import writer_id
 from aligner.ledger import Ledger
@@ -40,7 +39,7 @@ class WorkerIO:
     def __init__(self, ledger: Ledger, bootstrap: str, spec: JobSpec, worker: int, fault: FaultHook,
                  idle: Idle) -> None:
         self.ledger = ledger
-        self.jobs = JobLedger(ledger)
+        self.jobs = ledger.jobs
         self.bootstrap = bootstrap
         self.spec = spec
         self.worker = worker

@@ -19,7 +19,6 @@ from aligner.alignment import Command, ConsumerAlignment, State, aligned_togethe
 from aligner.coordinator.waiting import Waiter
 from aligner.decision import Next, Settled
 from aligner.errors import AlignerError, AlignmentSplitError, EpochCollectedError
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import AlignmentDecision, DecisionPhase, now_ms
 
@@ -36,7 +35,7 @@ def leadership(ledger: Ledger, timeout: float | None = None, identifier: str | N
     from kazoo.exceptions import LockTimeout
 
     me = identifier or uuid.uuid4().hex
-    election = JobLedger(ledger).election(me)
+    election = ledger.jobs.election(me)
     try:
         acquired = election.lock.acquire(timeout=timeout)
     except LockTimeout:
@@ -55,7 +54,7 @@ def leadership(ledger: Ledger, timeout: float | None = None, identifier: str | N
 class Coordinator:
     def __init__(self, ledger: Ledger, margin: int = 3, stop: threading.Event | None = None) -> None:
         self.ledger = ledger
-        self.jobs = JobLedger(ledger)
+        self.jobs = ledger.jobs
         self.margin = margin
         self.waiter = Waiter(ledger, stop)
 

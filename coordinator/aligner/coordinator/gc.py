@@ -24,7 +24,6 @@ from functools import partial
 from typing import Any
 
 from aligner.errors import AlignerError
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import JobNode, SwapNode
 from aligner.retention import Retention
@@ -46,7 +45,7 @@ class Needs:
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
-        self.jobs = JobLedger(ledger)
+        self.jobs = ledger.jobs
         self.nodes: list[JobNode] = [self.jobs.job(j) for j in self.jobs.job_names()]
         self.swaps: dict[str, SwapNode] = {}
         for node in self.nodes:
@@ -160,8 +159,8 @@ def subject_floors(ledger: Ledger, policy: RetentionPolicy, needs: Needs,
         if subject in needs.dropped:  # a swapped-out version's changelog: nothing reads it again
             floors[subject] = max(numbers[-1] + 1 if numbers else 0, ledger.subjects.first_retained(subject)), numbers
             continue
-        floor = retention_floor(numbers, ledger.epochs.frontier(subject, numbers), partial(ledger.epochs.epoch_time,
-                                                                                           subject),
+        epoch_time = partial(ledger.epochs.epoch_time, subject)
+        floor = retention_floor(numbers, ledger.epochs.frontier(subject, numbers), epoch_time,
                                 now_ms, policy, needs.of(subject), ledger.subjects.first_retained(subject))
         floors[subject] = floor, numbers
     for shadow, target in needs.pairs():

@@ -18,7 +18,6 @@ from aligner import swap as machine
 from aligner.alignment import State, aligned_together
 from aligner.coordinator.alignment import Coordinator
 from aligner.errors import AlignerError, AlignmentSplitError, HotSwapRefused
-from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Ledger
 from aligner.models import JobNode, Phase, SwapNode
@@ -29,7 +28,7 @@ Progress = Callable[[str, dict[str, Any]], None]
 class HotSwap:
     def __init__(self, ledger: Ledger, margin: int = 2, stop: threading.Event | None = None) -> None:
         self.ledger = ledger
-        self.jobs = JobLedger(ledger)
+        self.jobs = ledger.jobs
         self.coordinator = Coordinator(ledger, stop=stop)
         self.waiter = self.coordinator.waiter
         self.margin = margin

@@ -59,7 +59,7 @@ def shadow_span(ledger: Ledger, old: str, new: str) -> tuple[int, int] | None:
 
     A new version's first epoch also covers its catch-up from the start of its inputs, so the span
     starts after every one of its workers' first epochs."""
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     o, n = jobs.job(old), jobs.job(new)
     if n.shadow is None:
         return None
@@ -76,7 +76,7 @@ def shadow_span(ledger: Ledger, old: str, new: str) -> tuple[int, int] | None:
 
 def verify_outputs(ledger: Ledger, bootstrap: str, names: list[str], first: int, last: int,
                    by_job: bool, ignore: Sequence[str] = ()) -> dict[str, Any]:
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     sources = []
     per_key = False
     if by_job:
@@ -116,7 +116,7 @@ def verify_before_swap(ledger: Ledger, bootstrap: str, old: str, new: str, epoch
     from aligner.coordinator.alignment import Coordinator
     from aligner.errors import HotSwapRefused
 
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     swap, _ = jobs.swap(old)
     if swap is not None and swap.phase != "aborted":
         return None  # S is chosen: the comparison was made before it
@@ -202,7 +202,7 @@ def job_consumption(ledger: Ledger, job: str, subject: str) -> dict[str, Any]:
     query's checkpoint is the job epoch node itself (its offsets are epoch vectors)."""
     from aligner.errors import AlignerError
 
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     node = jobs.job(job)  # UnknownJobError: one clear line
     if subject not in node.inputs:
         raise AlignerError(f"job {job!r} does not read {subject!r} (it reads {', '.join(node.inputs)})")

@@ -56,7 +56,6 @@ from aligner.connectors.subjects import ensure_shadow
 from aligner.coverage import Next
 from aligner.epoch_step import Act, Seen
 from aligner.errors import AlignedOptionError, AlignerError
-from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Lease, Ledger
 from aligner.models import JobEpochNode, JobNode, SwapNode
@@ -105,7 +104,7 @@ class JobPlanner:
     def __init__(self, ledger: Ledger, kafka: str, job: str, subjects: Sequence[str]) -> None:
         self.ledger = ledger
         self.kafka = kafka
-        self.jobs = JobLedger(ledger)
+        self.jobs = ledger.jobs
         self.node = job_of(ledger, job)
         if set(subjects) != set(self.node.inputs):
             raise AlignedOptionError(f"job {job!r} is registered reading {list(self.node.inputs)}, but the query "

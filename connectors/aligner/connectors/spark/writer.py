@@ -213,8 +213,8 @@ def take_over_slots(ledger: Ledger, kafka: str, node: JobNode, swap: SwapNode | 
     def starts(parts: Sequence[int]) -> Mapping[int, int]:
         return end_offsets(kafka, meta.topic, parts, committed_only=False)
 
-    taken = [ledger.claims.take_over(lease, partitions_for(i, len(leases), meta.partitions), node.follows, swap.epoch,
-                                     starts)
+    taken = [ledger.claims.take_over(lease, partitions_for(i, len(leases), meta.partitions), node.follows,
+                                     swap.epoch, starts)
              for i, lease in enumerate(leases)]
     log.info("job %s: took partitions of %r over from %s after epoch %d", node.job, node.output, node.follows,
              swap.epoch)
