@@ -74,7 +74,7 @@ def run_parallelism(info: Any, parallelism: int, epochs: int, records: int) -> d
         wall = time.perf_counter() - t0
         per_producer = [(led.round_trips - b) / epochs for led, b in zip(ledgers, before, strict=True)]
         last = [p.next_epoch - 1 for p in producers]
-        frontier = setup.epochs.frontier(subject)
+        frontier = setup.frontier(subject)
     finally:
         for p in producers:
             p.close()

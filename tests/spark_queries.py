@@ -120,7 +120,7 @@ def _runs(epochs) -> str:
 
 def raw_of(ledger, target: str) -> str:
     """The one input of the queries writing ``target`` (every version reads the same subject)."""
-    jobs = ledger.jobs
+    jobs = JobLedger(ledger)
     inputs = {s for name in jobs.job_names() for s in jobs.job(name).inputs if jobs.job(name).output == target}
     assert len(inputs) == 1, f"the jobs writing {target!r} read {sorted(inputs)}"
     return inputs.pop()
@@ -135,8 +135,8 @@ def assert_lineage_tiles(ledger, kafka: str, outputs: list[tuple[int, dict]], ra
     for epoch, value in outputs:
         carried[epoch].add(epoch_of[value["in"]["n"]])
     owner: dict[int, int] = {}
-    for epoch in ledger.subjects.epoch_numbers(target):
-        if not ledger.epochs.is_committed(target, epoch):
+    for epoch in ledger.epoch_numbers(target):
+        if not ledger.is_committed(target, epoch):
             continue
         tree = subject_epoch_lineage(ledger, target, epoch, depth=1)
         if any(p.get("aligned") is not True for p in tree["producers"]):
@@ -170,8 +170,8 @@ class SwapPair:
             q.launch()
         for q in (self.old, self.new):
             q.ready()
-        self.jobs = ledger.jobs
-        wait_for(lambda: (ledger.epochs.frontier(self.target) or -1) >= 1 and any(
+        self.jobs = JobLedger(ledger)
+        wait_for(lambda: (ledger.frontier(self.target) or -1) >= 1 and any(
             c.job_epoch is not None for c in consumers(self.jobs, self.new.job, raw).values()), LIVE,
             "Q1 writing, Q2 following", on_wait=self.healthy)
 
@@ -185,11 +185,11 @@ class SwapPair:
         assert self.old.worker is not None
         self.old.worker.wait_line(lambda line: line == "swapped out", LIVE)
         assert self.old.worker.wait(LIVE) == 0, self.old.worker.stderr
-        wait_for(lambda: (self.ledger.epochs.frontier(self.target) or 0) >= swap_epoch + 3, LIVE,
+        wait_for(lambda: (self.ledger.frontier(self.target) or 0) >= swap_epoch + 3, LIVE,
                  "Q2 output after the swap", on_wait=self.healthy)
         self.more.set()
         sent = self.gen.finished()
-        last = self.ledger.epochs.frontier(self.raw)
+        last = self.ledger.frontier(self.raw)
         wait_for(lambda: (self.jobs.consumers(self.new.job, self.raw)[0].subject_epoch or -1) >= last, LIVE,
                  "Q2 to read the whole input", on_wait=self.healthy)
         verify_running(self.ledger, self.stack, self.target, sent, swap_epoch)

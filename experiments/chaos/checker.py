@@ -38,6 +38,7 @@ from typing import Any
 from aligner.connectors.reader import EpochReader
 from aligner.epochs import CommittedEpoch
 from aligner.errors import AlignerError
+from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.lineage import flatten, subject_epoch_lineage
 from aligner.models import WorkerEpochNode
@@ -85,9 +86,8 @@ class Subject:
 
     def __init__(self, led: Ledger, reader: EpochReader, name: str, anomalies: Anomalies) -> None:
         self.name = name
-        numbers, last = led.subjects.epoch_numbers(name), led.epochs.frontier(name)
-        self.epochs: list[CommittedEpoch] = led.epochs.committed_many(name, numbers[0],
-                                                                      last) if numbers and last is not None \
+        numbers, last = led.epoch_numbers(name), led.frontier(name)
+        self.epochs: list[CommittedEpoch] = led.committed_many(name, numbers[0], last) if numbers and last is not None \
             else []
         self.by_epoch = {ce.epoch: ce for ce in self.epochs}
         self.records: list[Rec] = []
@@ -163,7 +163,7 @@ def monotonic(an: Anomalies, subject: str, pairs: list[tuple[tuple[int, int], in
 
 
 def worker_epochs(led: Ledger, job: str, worker: int) -> dict[int, WorkerEpochNode]:
-    return led.jobs.worker_epochs(job, worker)
+    return JobLedger(led).worker_epochs(job, worker)
 
 
 class Positions:
@@ -225,7 +225,7 @@ class Positions:
 
 def contiguous(an: Anomalies, label: str, led: Ledger, job: str, source: str) -> None:
     """Consecutive aligned job epochs cover consecutive subject epochs."""
-    jobs = led.jobs
+    jobs = JobLedger(led)
     spans = []
     for e in jobs.job_epoch_numbers(job):
         node = jobs.job_epoch(job, e)

@@ -27,6 +27,7 @@ from aligner.coordinator.ensemble import ZkEnsemble
 from aligner.coordinator.spark_cluster import SparkCluster
 from aligner.coordinator.stack import EmbeddedStack, StackInfo
 from aligner.errors import StackError
+from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from experiments.chaos.nemesis import KILLS, Fault
 from experiments.chaos.procs import Proc, python, signal_group
@@ -358,7 +359,7 @@ class Run:
 
         assert self.led is not None
         led = self.led
-        return bool((yield from self.ask(lambda: led.jobs.source_state(job, subject).state is State.ALIGNED)))
+        return bool((yield from self.ask(lambda: JobLedger(led).source_state(job, subject).state is State.ALIGNED)))
 
     def lane(self, ops: list[Fault], until_all: bool = True) -> Step:
         """The coordinator: each operation at its time (at once when late), one at a time."""
@@ -402,7 +403,7 @@ class Run:
         workers = workers_of(self.generation + 1, self.rescale)
 
         def follows() -> bool:
-            c = led.jobs.consumers(new, IN)
+            c = JobLedger(led).consumers(new, IN)
             return len(c) == workers and all(n.job_epoch is not None for n in c.values())
 
         deadline = time.time() + 180

@@ -16,6 +16,7 @@ from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.stack import wait_for
+from aligner.jobs import JobLedger
 from aligner.models import JobNode, Span
 from tests.conftest import run_cli
 from tests.jobs import tag_v1
@@ -42,9 +43,9 @@ def test_two_aligned_runtime_jobs_consumed_identical_epochs(stack, root, ledger,
         assert coordinator.align(f"{raw}-{job}", timeout=LIVE).job_epoch is not None
     aligned.set()
     gen.finished()
-    last = ledger.epochs.frontier(raw)
+    last = ledger.frontier(raw)
     assert last is not None
-    jobs = ledger.jobs
+    jobs = JobLedger(ledger)
     for job in ("a", "b"):
         def consumed_all(job: str = job) -> bool:
             return (jobs.consumers(f"{raw}-{job}", raw)[0].subject_epoch or -1) >= last
@@ -67,10 +68,10 @@ def _job_with_epochs(ledger, kafka: str, raw: str, job: str, spans: list[tuple[i
     """A registered aligned job whose job epochs cover ``spans`` of ``raw``, its output committed for each."""
     out = f"{job}-out"
     create_subject(ledger, kafka, out, 1)
-    ledger.jobs.register(JobNode(job=job, inputs=(raw,), output=out, parallelism=1, mode="aligned"))
+    JobLedger(ledger).register(JobNode(job=job, inputs=(raw,), output=out, parallelism=1, mode="aligned"))
     with SinkProducer(ledger, kafka, out, job, 0, [0]) as producer:
         for e, (first, last) in enumerate(spans):
-            ledger.jobs.fix_job_epoch(job, e, {raw: Span(first=first, last=last)}, {raw: last + 1})
+            JobLedger(ledger).fix_job_epoch(job, e, {raw: Span(first=first, last=last)}, {raw: last + 1})
             producer.begin()
             producer.commit()
 
