@@ -13,7 +13,7 @@ from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import wait_for
 from aligner.errors import UnknownJobError
 from aligner.jobs import JobLedger
-from aligner.lineage import flatten, subject_epoch_lineage
+from experiments.chaos.checker import lineage_tiling
 from tests.helpers import Worker
 from tests.streams import assert_exactly_once, read_all
 from tests.swaps import assert_s_before_s_plus_1
@@ -107,17 +107,6 @@ def verify_running(ledger, stack, target: str, sent: int, *swaps: int) -> None:
     assert_lineage_tiles(ledger, stack.kafka, outputs, raw_of(ledger, target), target)
 
 
-def _runs(epochs) -> str:
-    """Epoch numbers as runs: "0..42, 45"."""
-    out: list[list[int]] = []
-    for e in sorted(set(epochs)):
-        if out and e == out[-1][1] + 1:
-            out[-1][1] = e
-        else:
-            out.append([e, e])
-    return ", ".join(f"{a}..{b}" if a != b else str(a) for a, b in out) or "none"
-
-
 def raw_of(ledger, target: str) -> str:
     """The one input of the queries writing ``target`` (every version reads the same subject)."""
     jobs = JobLedger(ledger)
@@ -129,25 +118,14 @@ def raw_of(ledger, target: str) -> str:
 def assert_lineage_tiles(ledger, kafka: str, outputs: list[tuple[int, dict]], raw: str, target: str) -> None:
     """Every aligned target epoch's lineage (what ``aligner lineage`` and a consistent cut answer) holds the
     input epochs its rows come from, and no input epoch is in the lineage of two target epochs: the lineages
-    tile the input exactly as the rows do."""
+    tile the input exactly as the rows do (the chaos checker's rule, :func:`lineage_tiling`)."""
     epoch_of = {value["n"]: epoch for epoch, value in read_all(ledger, kafka, raw)}
     carried: dict[int, set[int]] = defaultdict(set)
     for epoch, value in outputs:
         carried[epoch].add(epoch_of[value["in"]["n"]])
-    owner: dict[int, int] = {}
-    for epoch in ledger.epoch_numbers(target):
-        if not ledger.is_committed(target, epoch):
-            continue
-        tree = subject_epoch_lineage(ledger, target, epoch, depth=1)
-        if any(p.get("aligned") is not True for p in tree["producers"]):
-            continue  # written before its writer aligned: its lineage is input offsets, not epochs
-        named = set(flatten(tree).get(raw, []))
-        assert carried[epoch] <= named, (f"target epoch {epoch} holds rows of {raw} epochs {_runs(carried[epoch])}, "
-                                         f"its lineage names {_runs(named)}")
-        twice = {e: owner[e] for e in named if e in owner}
-        assert not twice, (f"the lineage of target epoch {epoch} names {raw} epochs {_runs(named)}; {_runs(twice)} "
-                           f"are in the lineage of target epochs {_runs(twice.values())} too")
-        owner.update(dict.fromkeys(named, epoch))
+    committed = [e for e in ledger.epoch_numbers(target) if ledger.is_committed(target, e)]
+    problems = lineage_tiling(ledger, target, committed, carried, raw)
+    assert not problems, f"lineage of {target!r}:\n" + "\n".join(what for what, _ in problems)
 
 
 class SwapPair:

@@ -30,7 +30,7 @@ judged. A loss right at a window's start goes unseen: the price of a bounded led
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -417,39 +417,49 @@ def check(led: Ledger, kafka: str, produced: dict[str, Any], names: dict[str, st
 
 
 def check_walked_lineage(ch: Chain, out: Subject, src: Subject) -> None:
-    """lineage, as users get it, for any engine: each aligned output epoch's lineage holds the input epochs its
-    records come from, and no input epoch is in two output epochs' lineages (they tile the input as the
-    records do). An epoch written unaligned (its lineage is input offsets, judged by the hop's own check) or
-    whose lineage retention removed is not judged."""
+    """lineage, as users get it, for any engine (:func:`lineage_tiling`), on every committed epoch of a hop."""
     src_epoch = {n: r.epoch for n, r in first_of(src.records).items()}
     carried: dict[int, set[int]] = defaultdict(set)
     for r in out.records:
         e = src_epoch.get(n_of(r))
         if e is not None:
             carried[r.epoch].add(e)
+    for what, n in lineage_tiling(ch.led, out.name, [ce.epoch for ce in out.epochs], carried, src.name, ch.retained):
+        ch.an.add("lineage", out.name, what, n)
+
+
+def lineage_tiling(led: Ledger, out: str, epochs: Iterable[int], carried: Mapping[int, set[int]], src: str,
+                   retained: bool = False) -> list[tuple[str, int]]:
+    """What is wrong, and how many epochs of ``src`` it concerns, with the lineage of ``out``'s ``epochs`` as users
+    get it (``aligner lineage``, a consistent cut): each aligned epoch's lineage must hold the input epochs its
+    records carry (``carried``) and no input epoch may be in two epochs' lineages (they tile the input as the
+    records do). An epoch written unaligned (its lineage is input offsets, judged by the hop's own check) is not
+    judged, nor, with ``retained``, one whose lineage retention removed."""
+    problems: list[tuple[str, int]] = []
     owner: dict[int, int] = {}
-    for ce in out.epochs:
+    for epoch in epochs:
         try:
-            tree = subject_epoch_lineage(ch.led, out.name, ce.epoch, depth=1)
+            tree = subject_epoch_lineage(led, out, epoch, depth=1)
         except AlignerError as exc:  # retention removed the epoch's lineage meanwhile
-            if not ch.retained:
-                ch.an.add("lineage", out.name, f"epoch {ce.epoch}: no lineage ({exc})")
+            if not retained:
+                problems.append((f"epoch {epoch}: no lineage ({exc})", 1))
             continue
         if not tree["producers"] or any(p.get("aligned") is not True for p in tree["producers"]):
             continue
-        named = set(flatten(tree).get(src.name, []))
-        missing = carried[ce.epoch] - named
+        named = set(flatten(tree).get(src, []))
+        missing = carried.get(epoch, set()) - named
         if missing:
-            ch.an.add("lineage", out.name, f"epoch {ce.epoch} holds results of {src.name} epochs {_runs(missing)} its "
-                      f"lineage does not name (it names {_runs(named)})", len(missing))
+            problems.append((f"epoch {epoch} holds results of {src} epochs {epoch_runs(missing)} its lineage does not "
+                             f"name (it names {epoch_runs(named)})", len(missing)))
         twice = sorted(e for e in named if e in owner)
         if twice:
-            ch.an.add("lineage", out.name, f"the lineage of epoch {ce.epoch} names {src.name} epochs {_runs(twice)}, "
-                      f"in the lineage of epochs {_runs(owner[e] for e in twice)} too", len(twice))
-        owner.update(dict.fromkeys(named, ce.epoch))
+            problems.append((f"the lineage of epoch {epoch} names {src} epochs {epoch_runs(twice)}, in the lineage of "
+                             f"epochs {epoch_runs(owner[e] for e in twice)} too", len(twice)))
+        owner.update(dict.fromkeys(named, epoch))
+    return problems
 
 
-def _runs(epochs: Any) -> str:
+def epoch_runs(epochs: Iterable[int]) -> str:
     """Epoch numbers as runs: "0..42, 45"."""
     out: list[list[int]] = []
     for e in sorted(set(epochs)):
