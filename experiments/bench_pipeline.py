@@ -220,9 +220,11 @@ class TunedLoop:
                 continue
             if t_first is None:
                 t_first = time.perf_counter()
+            kept = len(msgs)
             for m in msgs:
                 if m.error() is not None:
                     if m.error().code() == KafkaError._PARTITION_EOF:  # type: ignore[union-attr]
+                        kept -= 1
                         continue
                     raise RuntimeError(str(m.error()))
                 try:
@@ -230,8 +232,8 @@ class TunedLoop:
                 except BufferError:
                     kp.poll(0.05)
                     produce(out_topic, m.value(), None, m.partition(), None, None, 0, headers)  # type: ignore[arg-type]
-                n += 1
-                in_tx += 1
+            n += kept
+            in_tx += kept
             if in_tx >= EPOCH or n >= records:
                 kp.send_offsets_to_transaction(consumer.position(parts), metadata, 60)
                 kp.commit_transaction(60)
