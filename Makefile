@@ -9,7 +9,7 @@ SHELL := /bin/bash
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 EXTRAS ?= test,local,plots,spark,connect,faust,docs
 
-.PHONY: setup zookeeper test test-unit test-long soak typecheck demo experiments bench bench-spark lint clean chaos peer-venv docs docs-serve
+.PHONY: setup zookeeper chromium test test-unit test-long soak typecheck demo experiments bench bench-spark lint clean chaos peer-venv docs docs-serve
 
 setup: $(STAMP) zookeeper
 
@@ -25,11 +25,17 @@ zookeeper:
 	   ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq zookeeper))
 	@command -v java >/dev/null || $(SUDO) apt-get install -y -qq default-jre-headless
 
+# The real browser of the console's tests: Debian's Chromium, driven by Playwright (never its own browser download).
+chromium:
+	@test -x /usr/bin/chromium || \
+	  ($(SUDO) apt-get install -y -qq chromium || \
+	   ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium))
+
 # The whole suite but its long forms: ruff, mypy, then every test against the real embedded stack (about 35 minutes
 # on 2 cores; the slowest forms, which repeat what it covers, are in test-long).
 # A crash in a C extension prints every thread's stack; the crashing thread's is printed again at the end,
 # where a log cut in the middle still shows it.
-test: setup typecheck
+test: setup chromium typecheck
 	$(VENV)/bin/ruff check .
 	@set -o pipefail; $(PY) -m pytest -q -ra --durations=40 -m "not long" 2>&1 | tee .pytest-last.log || \
 	  { rc=$$?; [ $$rc -lt 128 ] || { echo "pytest died of signal $$((rc - 128)); the thread it died in:"; \

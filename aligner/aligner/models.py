@@ -203,6 +203,7 @@ class ContributionNode(Node):
 # ---- jobs -----------------------------------------------------------------------------------------
 
 Mode = Literal["at_least_once", "exactly_once", "aligned"]
+Engine = Literal["runtime", "spark", "faust"]
 
 
 class JobNode(Node):
@@ -224,6 +225,8 @@ class JobNode(Node):
     shadow: Ident | None = None
     """A new version's private subject: what it would have written, epoch for epoch, while its output
     is voided, so ``aligner verify`` can compare it with the old version's before the swap."""
+    engine: Engine = "runtime"
+    """What runs the job, for operators (``aligner console``, ``status``); the protocol is the same for all."""
     created_at: int = Field(default_factory=now_ms)
 
     @property

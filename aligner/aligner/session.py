@@ -9,10 +9,12 @@ with :class:`~aligner.errors.StoppedError`; ``gave_up`` tells the caller why.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from kazoo.client import KazooState
 
 from aligner.ledger import Ledger
+from aligner.models import now_ms
 
 
 class OutageLimit:
@@ -51,3 +53,27 @@ class OutageLimit:
                 timer.daemon = True
                 self._timers.append(timer)
                 timer.start()
+
+
+class Reachability:
+    """Whether the ledger's session is connected, and since when it is not (epoch ms): for a component that
+    keeps serving what it read last during an outage and says since when it has been cut off.
+
+    ``on_change`` is called from kazoo's event thread on every change; it must not block."""
+
+    def __init__(self, ledger: Ledger, on_change: Callable[[], object] | None = None) -> None:
+        self.down_since: int | None = None if ledger.zk.connected else now_ms()
+        self._on_change = on_change
+        ledger.zk.add_listener(self._on_state)
+
+    @property
+    def connected(self) -> bool:
+        return self.down_since is None
+
+    def _on_state(self, state: str) -> None:
+        if state == KazooState.CONNECTED:
+            self.down_since = None
+        elif self.down_since is None:
+            self.down_since = now_ms()
+        if self._on_change is not None:
+            self._on_change()

@@ -8,7 +8,7 @@ from typing import Any, Literal, TypeVar
 
 from aligner.connectors.source import SourceRecord
 from aligner.connectors.state import StateStore
-from aligner.models import JobNode, Mode
+from aligner.models import Engine, JobNode, Mode
 
 KeyedState = StateStore
 """A job's keyed state: JSON values by string key (see :mod:`aligner.connectors.state`)."""
@@ -83,6 +83,8 @@ class JobSpec:
     change of logic that keeps the state's format. The new version may run another parallelism: each worker
     takes over the keys of its partitions (:mod:`aligner.keys`)."""
 
+    engine: Engine = "runtime"
+    """What runs the job, recorded for operators (the Faust adapter says "faust")."""
     shadow: bool = False
     """A new version (``follows``) writes what it voids to its private subject ``{job}.shadow``, epoch
     for epoch, so it can be compared with the old version before the swap (``aligner verify``)."""
@@ -100,4 +102,4 @@ class JobSpec:
         return JobNode(job=self.job, version=self.version, inputs=self.inputs, output=self.output,
                        parallelism=self.parallelism, deterministic=self.deterministic,
                        per_key_order=self.per_key_order, mode=self.mode, follows=self.follows,
-                       output_partitions=self.output_partitions, shadow=self.shadow_subject)
+                       output_partitions=self.output_partitions, shadow=self.shadow_subject, engine=self.engine)

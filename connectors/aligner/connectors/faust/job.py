@@ -376,7 +376,8 @@ def job(app: faust.App, *, job_id: str, inputs: Sequence[str], output: str, para
     spec = JobSpec(job=job_id, inputs=tuple(inputs), output=output, parallelism=parallelism, version=version,
                    interval=interval, mode=mode, epochs_per_checkpoint=epochs_per_checkpoint,
                    deterministic=deterministic, follows=follows, inherit_state=inherit_state,
-                   output_partitions=tuple(output_partitions) if output_partitions is not None else None)
+                   output_partitions=tuple(output_partitions) if output_partitions is not None else None,
+                   engine="faust")
 
     def decorate(fn: Callable[..., Any]) -> AlignedJob:
         return AlignedJob(app, fn, spec, worker=worker, settings=settings, fault=fault, report=report,

@@ -30,7 +30,7 @@ def register_query(ledger: Ledger, job: str, inputs: Sequence[str], output: str,
         raise AlignedOptionError(f"job {job!r}: only a new version (follows=OLD) writes a shadow subject")
     node = JobNode(job=job, version=version, inputs=tuple(inputs), output=output, parallelism=1, mode="aligned",
                    follows=follows, output_partitions=tuple(output_partitions) if output_partitions else None,
-                   shadow=f"{job}.shadow" if shadow else None)
+                   shadow=f"{job}.shadow" if shadow else None, engine="spark")
     return JobLedger(ledger).register(node)
 
 

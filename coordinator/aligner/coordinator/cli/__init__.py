@@ -1,7 +1,7 @@
 """The ``aligner`` command line: one CLI for the stack, the ledger, reads and the coordinator.
 
 A root app with one typer sub-app per command group (stack, subjects, status/epochs/read, markers,
-exporter, align/abort, lineage/verify, hotswap, gc, acl); :mod:`.connect` holds the settings and the
+exporter, console, align/abort, lineage/verify, hotswap, gc, acl); :mod:`.connect` holds the settings and the
 ZooKeeper and Kafka probes they share, :mod:`.render` the tables, :mod:`.errors` the error mapper.
 
 Every user mistake and every unreachable service ends in one line on stderr and exit code 1
@@ -22,6 +22,7 @@ from typer._click import exceptions as click_errors  # typer vendors click: its 
 from aligner.coordinator.cli import (
     acl,
     alignment,
+    console,
     epochs,
     exporter,
     gc,
@@ -37,7 +38,7 @@ from aligner.coordinator.cli.errors import describe, one_line
 
 app = typer.Typer(help="Epoch alignment for chained Kafka streaming jobs.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
-for commands in (epochs, markers, exporter, alignment, lineage, hotswap, gc):
+for commands in (epochs, markers, exporter, console, alignment, lineage, hotswap, gc):
     app.add_typer(commands.app)  # no name: its commands are top-level commands
 app.add_typer(stack.app, name="stack")
 app.add_typer(subjects.app, name="subjects")

@@ -1,0 +1,142 @@
+"""The console's web application: the page, its assets, a JSON API and a stream of changes.
+
+Routes: ``/`` the page; ``/api/state`` the shared state (the picture, ZooKeeper's reachability, the last
+action) as JSON for scripts; ``/api/events`` the same state pushed as server-sent events at every change;
+``/api/lineage/{subject}/{epoch}`` what an epoch derives from (a committed epoch's lineage never changes, so
+each is read from ZooKeeper once and kept); ``/api/actions`` (POST) an action, when the console allows them.
+No request reads ZooKeeper for the picture: the hub's one reader does (see :mod:`.hub`)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from importlib import resources
+from typing import Any
+
+from cachetools import LRUCache
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from aligner.coordinator.console import actions
+from aligner.coordinator.console.hub import Hub
+from aligner.errors import AlignerError
+
+STATIC = resources.files("aligner.coordinator.console") / "static"
+KEEPALIVE = 15
+"""Seconds between comments on an idle event stream, so proxies keep it open."""
+
+
+class Guard:
+    """Whether actions are allowed from the pages, and why not when they are not."""
+
+    def __init__(self, allowed: bool, identity: str | None) -> None:
+        self.allowed = allowed
+        self.identity = identity
+        """The user of the console's ZooKeeper identity (``ALIGNER_ZK_AUTH``), if any."""
+
+    def refusal(self, hub: Hub) -> str | None:
+        if not self.allowed:
+            return "actions are off: start the console with --allow-actions to align, abort, swap and collect here"
+        acl = hub.picture.acl if hub.picture is not None else {}
+        if acl.get("mode") == "policy" and self.identity != acl.get("admin"):
+            who = f"as {self.identity!r}" if self.identity else "without an identity"
+            return (f"actions need the admin identity {acl.get('admin')!r} (ZooKeeper ACLs are in force); this "
+                    f"console connects {who}")
+        return None
+
+
+def create_app(hub: Hub, runner: actions.Runner, guard: Guard, stop: threading.Event) -> Starlette:
+    lineages: LRUCache[tuple[str, int], dict[str, Any]] = LRUCache(maxsize=1024)
+    lock = threading.Lock()
+
+    async def page(_request: Request) -> Response:
+        return FileResponse(str(STATIC / "index.html"))
+
+    async def state(_request: Request) -> Response:
+        return Response(hub.state_json(), media_type="application/json")
+
+    async def events(request: Request) -> Response:
+        async def stream() -> AsyncIterator[dict[str, str]]:
+            changed = hub.listen()
+            try:
+                sent = -1
+                while not stop.is_set():
+                    if hub.version != sent:
+                        sent = hub.version
+                        yield {"event": "state", "data": hub.state_json()}
+                    try:
+                        await asyncio.wait_for(changed.wait(), timeout=1.0)
+                    except TimeoutError:
+                        continue
+                    changed.clear()
+            finally:
+                hub.unlisten(changed)
+
+        return EventSourceResponse(stream(), ping=KEEPALIVE)
+
+    async def lineage(request: Request) -> Response:
+        subject = request.path_params["subject"]
+        epoch = request.path_params["epoch"]
+        key = (subject, epoch)
+        with lock:
+            cached = lineages.get(key)
+        if cached is None:
+            if hub.ledger is None:
+                return JSONResponse({"error": "not connected to ZooKeeper yet"}, status_code=503)
+            try:
+                cached = await run_in_threadpool(_lineage, hub, subject, epoch)
+            except AlignerError as exc:
+                return JSONResponse({"error": str(exc)}, status_code=404)
+            with lock:
+                lineages[key] = cached
+        return JSONResponse(cached)
+
+    async def act(request: Request) -> Response:
+        refused = guard.refusal(hub)
+        if refused is not None:
+            return JSONResponse({"error": refused}, status_code=403)
+        try:
+            body = await request.json()
+            action = actions.parse(body if isinstance(body, dict) else {})
+            row = runner.start(action)
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse(row, status_code=202)
+
+    async def describe(request: Request) -> Response:
+        """What an action would do, for the page's confirmation, or why it cannot run."""
+        try:
+            action = actions.parse(await request.json())
+            action.argv()
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse({"what": action.describe(), "refused": guard.refusal(hub)})
+
+    async def settings(_request: Request) -> Response:
+        return JSONResponse({"actions": guard.allowed, "refused": guard.refusal(hub)})
+
+    routes = [
+        Route("/", page),
+        Route("/api/state", state),
+        Route("/api/events", events),
+        Route("/api/lineage/{subject}/{epoch:int}", lineage),
+        Route("/api/actions", act, methods=["POST"]),
+        Route("/api/actions/describe", describe, methods=["POST"]),
+        Route("/api/settings", settings),
+        Mount("/static", app=StaticFiles(directory=str(STATIC)), name="static"),
+    ]
+    return Starlette(routes=routes)
+
+
+def _lineage(hub: Hub, subject: str, epoch: int) -> dict[str, Any]:
+    from aligner.lineage import flatten, subject_epoch_lineage
+
+    assert hub.ledger is not None
+    tree = subject_epoch_lineage(hub.ledger, subject, epoch)
+    return {"lineage": tree, "cut": flatten(tree)}

@@ -1,0 +1,165 @@
+"""One reader of the ledger for every viewer: ZooKeeper watches wake it, it takes a picture, and every open
+page gets the same picture. Twenty pages cost ZooKeeper what one does.
+
+A watch firing marks the picture stale; the reader takes a new one at most every ``min_gap`` seconds (an
+epoch a second on a hundred subjects is one read pass a second, not a hundred), and every ``interval``
+seconds anyway, since lag in seconds grows without any node changing. During an outage the reader waits on
+ZooKeeper while the last picture stays up, marked with the time the connection was lost."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from aligner.acl import AclLedger
+from aligner.coordinator.console.picture import Picture, take
+from aligner.errors import AccessDeniedError, AlignerError, StoppedError
+from aligner.jobs import JobLedger
+from aligner.ledger import Ledger
+from aligner.models import SwapNode, now_ms
+from aligner.session import Reachability
+
+log = logging.getLogger(__name__)
+
+
+class Hub:
+    """The console's shared state: the newest picture, its JSON, and the pages waiting for the next one."""
+
+    def __init__(self, min_gap: float = 1.0, interval: float = 5.0) -> None:
+        self.min_gap = min_gap
+        self.interval = interval
+        self.picture: Picture | None = None
+        self.version = 0
+        self.pictures = 0
+        """Pictures taken: with the ledger's request count, what the console costs ZooKeeper (per picture, not
+        per viewer)."""
+        self.error: str | None = None
+        """Why the last read failed (a malformed node, ...), shown on the page until a read succeeds."""
+        self.action: dict[str, Any] | None = None
+        """The last action started from a page, as :mod:`.actions` reports it."""
+        self.history: dict[tuple[str, str], list[tuple[str, int]]] = {}
+        """(old, new) -> the phases of its hot-swap as the watches saw them."""
+        self.ledger: Ledger | None = None
+        """The reader's session, once connected (lineage lookups share it)."""
+        self._reach: Reachability | None = None
+        self._stale = threading.Event()
+        self._lock = threading.Lock()
+        self._json = "{}"
+        self._listeners: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self._watched: set[str] = set()
+
+    # ---- what pages read -------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        down = self._reach.down_since if self._reach is not None else now_ms()
+        requests = self.ledger.round_trips if self.ledger is not None else 0
+        return {"version": self.version, "pictures": self.pictures,
+                "zookeeper": {"connected": down is None, "down_since": down, "requests": requests},
+                "error": self.error, "action": self.action,
+                "picture": self.picture.model_dump() if self.picture is not None else None}
+
+    def state_json(self) -> str:
+        """The state as one JSON text, made once per change whatever the number of pages."""
+        with self._lock:
+            return self._json
+
+    def listen(self) -> asyncio.Event:
+        """An event set (on the caller's loop) at every change: one per open page's stream."""
+        event = asyncio.Event()
+        with self._lock:
+            self._listeners.add((asyncio.get_running_loop(), event))
+        return event
+
+    def unlisten(self, event: asyncio.Event) -> None:
+        with self._lock:
+            self._listeners = {(loop, e) for loop, e in self._listeners if e is not event}
+
+    def publish(self) -> None:
+        """Tell every page: a new picture, a connection change or an action's progress."""
+        with self._lock:
+            self.version += 1
+            self._json = json.dumps(self.state(), default=str)
+            listeners = list(self._listeners)
+        for loop, event in listeners:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(event.set)
+
+    # ---- the reader ------------------------------------------------------------------------------------
+
+    def run(self, connect: Callable[[], Ledger], stop: threading.Event) -> None:
+        """Connect (waiting for ZooKeeper as long as it takes), then read whenever something changed."""
+        self.publish()  # pages opened before the first session see "connecting"
+        try:
+            ledger = connect()
+        except StoppedError:
+            return
+        self.ledger = ledger
+        self._reach = Reachability(ledger, self.publish)
+        self.publish()
+        try:
+            self._read_loop(ledger, stop)
+        except StoppedError:
+            pass
+        finally:
+            ledger.close()
+
+    def _read_loop(self, ledger: Ledger, stop: threading.Event) -> None:
+        jobs = JobLedger(ledger)
+        acl = AclLedger(ledger)
+        jobs.on_children_change(ledger.layout.subjects, self._wake)
+        jobs.on_children_change(ledger.layout.jobs, self._wake)
+        while not stop.is_set():
+            self._stale.clear()
+            try:
+                picture = take(ledger, _acl_state(acl))
+                self._watch(ledger, jobs, picture)
+                self.picture, self.error = picture, None
+                self.pictures += 1
+            except StoppedError:
+                raise
+            except Exception as exc:  # a malformed node, a node gone mid-read: keep the last picture, say why
+                text = str(exc) if isinstance(exc, AlignerError) else f"{type(exc).__name__}: {exc}"
+                if self.error != text:
+                    log.warning("console: the ledger could not be read: %s", text, exc_info=not isinstance(
+                        exc, AlignerError))
+                self.error = text
+            self.publish()
+            stop.wait(self.min_gap)
+            self._stale.wait(self.interval)
+
+    def _wake(self, *_args: object) -> None:
+        self._stale.set()
+
+    def _watch(self, ledger: Ledger, jobs: JobLedger, picture: Picture) -> None:
+        """Watches on what the picture shows: each subject's next epoch (one-shot, re-armed every pass), each
+        job's consumers, decision and swap (kazoo's recipes, armed once)."""
+        for s in picture.subjects:
+            ledger.arm_watch(s.name, (s.frontier if s.frontier is not None else -1) + 1, self._wake)
+        for job in picture.jobs:
+            if job.job in self._watched:
+                continue
+            self._watched.add(job.job)
+            jobs.watch_consumers(job.job, job.inputs, self._wake)
+            jobs.on_data_change(ledger.layout.decision(job.job), self._wake)
+            jobs.follow_swap(job.job, self._on_swap)
+        for swap in picture.swaps:
+            swap.history = list(self.history.get((swap.old, swap.new), []))
+
+    def _on_swap(self, swap: SwapNode | None) -> None:
+        if swap is not None:
+            seen = self.history.setdefault((swap.old, swap.new), [])
+            if not seen or seen[-1][0] != swap.phase:
+                seen.append((swap.phase, swap.updated_at))
+        self._stale.set()
+
+
+def _acl_state(acl: AclLedger) -> dict[str, Any]:
+    try:
+        return acl.state()
+    except AccessDeniedError:  # the grants are the admin's to read: ACLs are in force, and we are not the admin
+        return {"in_force": True, "mode": "policy", "admin": None,
+                "line": "in force (the grants are readable by the admin identity only)"}

@@ -1,0 +1,248 @@
+"""`aligner console` in a real browser (Debian's Chromium driven by Playwright), on the embedded stack: the chain
+as a graph, a hot-swap seen live, lineage by clicks, an alignment started from the page, actions refused to an
+identity that is not the admin, a ZooKeeper restart ridden out, and one reader for any number of viewers."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from aligner.acl import AclLedger
+from aligner.connectors.runtime import JobSpec
+from aligner.connectors.subjects import create_subject
+from aligner.coordinator.alignment import Coordinator
+from aligner.coordinator.hotswap import HotSwap
+from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack, StackInfo, wait_for
+from aligner.jobs import JobLedger
+from aligner.ledger import Ledger
+from aligner.lineage import flatten, subject_epoch_lineage
+from aligner.models import JobNode, SubjectNode
+from aligner.settings import parse_zk_auth
+from tests.browser import chromium, free_port, get_json, post_json
+from tests.helpers import Worker
+from tests.jobs import tag_v1, tag_v2
+
+LIVE = 180.0
+"""Liveness bound (seconds) on waits for progress: generous, for a busy machine; never a speed check."""
+STOP_WITHIN = 5.0
+ADMIN = "digest:console-admin:secret"
+OTHER = "digest:console-viewer:secret"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    page.set_default_timeout(LIVE * 1000)
+    try:
+        yield page
+    finally:
+        context.close()
+
+
+@dataclass
+class Console:
+    url: str
+    worker: Worker
+
+    def state(self) -> dict[str, Any]:
+        state = get_json(self.url + "/api/state")
+        assert state is not None, f"the console does not answer: {self.worker.stderr}"
+        return state
+
+
+def start_console(spawn: Any, info: StackInfo, root: str, *extra: str, env: dict[str, str] | None = None) -> Console:
+    port = free_port()
+    worker = spawn.worker("aligner.coordinator", "--zk", info.zk, "--kafka", info.kafka, "--root", root, "console",
+                          "--port", str(port), "--refresh", "0.2", "--interval", "1", *extra, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: (s := get_json(url + "/api/state")) is not None and s["picture"] is not None, LIVE,
+                 "the console's first picture")
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}; the console said: {worker.stderr}; state: {get_json(url + '/api/state')}") from None
+    return Console(url, worker)
+
+
+def by_id(page: Any, element_id: str) -> Any:
+    """An element by id: names may hold dots, which a CSS ``#id`` would read as a class."""
+    return page.locator(f'[id="{element_id}"]')
+
+
+def test_the_chain_and_a_hotswap_started_from_the_cli_show_live(stack, ledger, root, subject_name, spawn, page):
+    raw, target = subject_name, f"{subject_name}-t"
+    create_subject(ledger, stack.kafka, raw, 2)
+    create_subject(ledger, stack.kafka, target, 4)
+    more = threading.Event()
+    gen = spawn.generator(raw, epochs=5000, pace=0.04, until=more)
+    old = JobSpec(job=f"{raw}-v1", inputs=(raw,), output=target, interval=0.2, output_partitions=(0, 1))
+    new = JobSpec(job=f"{raw}-v2", inputs=(raw,), output=target, interval=0.2, output_partitions=(2, 3),
+                  version="2", follows=old.job)
+    v1 = spawn.job(old, tag_v1)
+    console = start_console(spawn, stack, root)
+    page.goto(console.url)
+    page.evaluate("window.__sameDocument = true")
+    for node in (f"s:{raw}", f"j:{old.job}", f"s:{target}"):
+        page.locator(f'#graph [data-id="{node}"]').wait_for()
+    assert page.locator("#graph path.edge").count() == 2
+
+    Coordinator(ledger).align(old.job, timeout=LIVE)
+    state_cell = by_id(page, f"job-{old.job}").locator("[data-field=state]")
+    state_cell.filter(has_text=re.compile(r"^aligned")).wait_for()
+    v2 = spawn.job(new, tag_v2)
+    page.locator(f'#graph [data-id="j:{new.job}"]').wait_for()
+    swapper = HotSwap(ledger)
+    wait_for(lambda: swapper.committed(new.job, new.inputs) >= 0, LIVE, "v2 following")
+    cli = spawn.worker("aligner.coordinator", "--zk", stack.zk, "--kafka", stack.kafka, "--root", root, "hotswap",
+                       "--old", old.job, "--new", new.job, "--subject", target, "--timeout", str(LIVE), "--json")
+    by_id(page, f"swap-{old.job}").locator('.timeline li[data-phase="done"]').wait_for()
+    phases = by_id(page, f"swap-{old.job}").locator(".timeline li").evaluate_all(
+        "items => items.map(i => i.dataset.phase)")
+    assert phases == ["precommit", "commit", "done"], "the page missed or reordered the swap's phases"
+    assert cli.proc.wait(LIVE) == 0, cli.stderr
+    assert page.evaluate("window.__sameDocument") is True, "the page was reloaded"
+
+    # Lineage by clicks: the target's newest epoch, then one of its inputs.
+    wait_for(lambda: (ledger.frontier(target) or 0) > swapper.jobs.swap(old.job)[0].epoch, LIVE, "v2 output")
+    by_id(page, f"subject-{target}").locator("button.link").click()
+    tree = page.locator("[data-testid=lineage-tree]")
+    tree.wait_for()
+    epoch = int(page.locator("#lineage-epoch").input_value())
+    expected = flatten(subject_epoch_lineage(ledger, target, epoch))
+    links = tree.locator(f'button.lineage-link[data-subject="{raw}"]')
+    shown = sorted(int(e) for e in links.evaluate_all("items => items.map(i => i.dataset.epoch)"))
+    assert shown == expected[raw] and shown, f"page shows {shown}, the ledger says {expected}"
+    links.first.click()
+    page.locator("#lineage p").filter(has_text=f"{raw} epoch {shown[0]}").wait_for()
+
+    # Actions are off unless asked for: no buttons, and the API refuses with one line.
+    assert page.locator("button[data-action]").count() == 0
+    status, body = post_json(console.url + "/api/actions", {"kind": "align", "job": old.job})
+    assert status == 403 and "--allow-actions" in body["error"]
+    more.set()
+    gen.finished()
+    v1.join()
+    v2.join()
+
+
+def test_an_alignment_started_from_the_page_completes(stack, ledger, root, subject_name, spawn, page):
+    raw, out = subject_name, f"{subject_name}-out"
+    create_subject(ledger, stack.kafka, raw, 2)
+    create_subject(ledger, stack.kafka, out, 2)
+    more = threading.Event()
+    gen = spawn.generator(raw, epochs=5000, pace=0.04, until=more)
+    spec = JobSpec(job=f"{raw}-a", inputs=(raw,), output=out, interval=0.2)
+    job = spawn.job(spec, tag_v1)
+    console = start_console(spawn, stack, root, "--allow-actions")
+    page.goto(console.url)
+    row = by_id(page, f"job-{spec.job}")
+    row.locator("button[data-action=align]").click()
+    dialog = page.locator("#confirm")
+    dialog.filter(has_text=f"align {spec.job}").wait_for()
+    page.locator("#confirm-ok").click()
+    page.locator('#action [data-state="done"]').wait_for()
+    row.locator("[data-field=state]").filter(has_text=re.compile(r"^aligned")).wait_for()
+    decision, _ = JobLedger(ledger).decision(spec.job)
+    assert decision is not None and decision.phase == "aligned"
+    more.set()
+    gen.finished()
+    job.join()
+
+
+def test_actions_are_refused_to_an_identity_that_is_not_the_admin(stack, root, spawn, page):
+    admin = Ledger.connect(stack.zk, root, auth=ADMIN)
+    try:
+        for s in ("in-a", "in-b"):
+            admin.register_subject(SubjectNode(name=s, topic=s, partitions=2))
+        JobLedger(admin).register(JobNode(job="job-a", inputs=("in-b",), output="in-a", parallelism=1))
+        AclLedger(admin).grant(parse_zk_auth(ADMIN), OTHER.removeprefix("digest:"), subjects=["in-a"], jobs=["job-a"])
+    finally:
+        admin.close()
+    console = start_console(spawn, stack, root, "--allow-actions", env={"ALIGNER_ZK_AUTH": OTHER})
+    page.goto(console.url)
+    by_id(page, "job-job-a").locator("button[data-action=align]").click()
+    refused = page.locator("#confirm-refused")
+    refused.filter(has_text="actions need the admin identity").wait_for()
+    assert page.locator("#confirm-ok").is_disabled()
+    status, body = post_json(console.url + "/api/actions", {"kind": "align", "job": "job-a"})
+    assert status == 403 and "console-viewer" in body["error"] and "\n" not in body["error"]
+
+
+def test_the_page_rides_out_a_zookeeper_restart(spawn, page):
+    own = EmbeddedStack()
+    info = own.start()
+    try:
+        root = "/console-restart"
+        with Ledger.connect(info.zk, root) as led:
+            led.register_subject(SubjectNode(name="before", topic="before", partitions=1))
+        console = start_console(spawn, info, root)
+        page.goto(console.url)
+        by_id(page, "subject-before").wait_for()
+        pid = own.pid(ZOOKEEPER)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        page.locator("#zk-status").filter(has_text="ZooKeeper unreachable since").wait_for()
+        assert by_id(page, "subject-before").is_visible(), "the last picture went away in the outage"
+        own.restart(ZOOKEEPER)
+        with Ledger.connect(info.zk, root) as led:
+            led.register_subject(SubjectNode(name="after", topic="after", partitions=1))
+        by_id(page, "subject-after").wait_for()
+        page.locator("#zk-status").filter(has_text="ZooKeeper connected").wait_for()
+    finally:
+        own.stop()
+
+
+def test_twenty_viewers_cost_zookeeper_what_one_does(stack, ledger, root, subject_name, spawn, browser):
+    """The same ZooKeeper requests per picture with 1 and with 20 open pages (each also asking for the JSON):
+    pages read the shared picture, never ZooKeeper. Counts, not timings."""
+    for name in (subject_name, f"{subject_name}-2"):
+        ledger.register_subject(SubjectNode(name=name, topic=name, partitions=2))
+    console = start_console(spawn, stack, root)
+
+    def per_picture(viewers: int) -> float:
+        context = browser.new_context()
+        try:
+            for _ in range(viewers):
+                context.new_page().goto(console.url)
+            first = console.state()
+            wait_for(lambda: console.state()["pictures"] >= first["pictures"] + 4, LIVE, "four more pictures")
+            for _ in range(viewers * 5):
+                urllib.request.urlopen(console.url + "/api/state", timeout=5).read()
+            last = console.state()
+            return ((last["zookeeper"]["requests"] - first["zookeeper"]["requests"])
+                    / (last["pictures"] - first["pictures"]))
+        finally:
+            context.close()
+
+    one, twenty = per_picture(1), per_picture(20)
+    assert one > 0 and twenty == one, f"ZooKeeper requests per picture: {one} with 1 page, {twenty} with 20"
+
+
+def test_console_says_a_port_in_use_and_stops_on_sigterm_with_pages_open(stack, root, spawn, page):
+    console = start_console(spawn, stack, root)
+    port = console.url.rsplit(":", 1)[1]
+    taken = spawn.worker("aligner.coordinator", "--zk", stack.zk, "--root", root, "console", "--port", port)
+    assert taken.proc.wait(60) == 1
+    lines = [ln for ln in taken.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "Traceback" not in taken.stderr, taken.stderr
+    page.goto(console.url)
+    page.locator("#zk-status").filter(has_text="ZooKeeper connected").wait_for()
+    console.worker.proc.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    assert console.worker.proc.wait(STOP_WITHIN + 5) == 0, console.worker.stderr
+    assert time.monotonic() - started < STOP_WITHIN
