@@ -76,8 +76,10 @@ typecheck: setup
 	$(VENV)/bin/mypy -p aligner -p aligner.connectors -p aligner.coordinator
 	$(VENV)/bin/mypy experiments tests
 
+# CONSOLE: the port of `aligner console` while the demo runs (0: none).
+CONSOLE ?= 8080
 demo: setup
-	$(PY) -m experiments.demo
+	$(PY) -m experiments.demo --console-port $(CONSOLE)
 
 experiments: setup
 	$(PY) -m experiments.suite all

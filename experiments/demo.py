@@ -248,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spark-workers", type=int, default=0,
                     help="start a Spark standalone cluster of this many workers (one core each) on loopback "
                          "and run the Spark jobs there")
+    ap.add_argument("--console-port", type=int, default=8080,
+                    help="serve `aligner console` on this port while the demo runs (another free port when it is "
+                         "taken; 0: no console)")
     args = ap.parse_args(argv)
     if args.spark_master:
         os.environ["ALIGNER_SPARK_MASTER"] = args.spark_master
@@ -268,14 +271,44 @@ def _main(args: argparse.Namespace) -> int:
     with open_stack(args.external, args.zk_servers) as info, tempfile.TemporaryDirectory(dir=checkpoints) as tmp:
         console.print(f"[bold]stack[/] ZooKeeper {info.zk}, Kafka {info.kafka}, root {root}")
         led = Ledger.connect(info.zk, root)
+        web = _start_console(info, root, args.console_port)
         try:
             run = pipeline(info, led, root, tmp)
         except Exception as exc:  # one line, not a traceback: everything the demo started is stopped by now
             console.print(f"[bold red]demo failed: {type(exc).__name__}: {exc}")
             return 1
         finally:
+            _stop_console(web)
             led.close()
     return verify(run, time.monotonic() - t0)
+
+
+def _start_console(info: StackInfo, root: str, port: int) -> subprocess.Popen[bytes] | None:
+    """``aligner console`` on the demo's chain, for watching it live (stopped with the demo)."""
+    if port == 0:
+        return None
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "aligner.coordinator", "--zk", info.zk, "--kafka", info.kafka,
+                             "--root", root, "console", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    console.print(f"[bold]console[/] http://localhost:{port}/ (the chain live while the demo runs)")
+    return proc
+
+
+def _stop_console(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _consumer(jobs: JobLedger, job: str, subject: str, field_name: str = "subject_epoch") -> int:

@@ -243,7 +243,7 @@ async function showLineage(subject, epoch) {
   const r = await fetch(`/api/lineage/${encodeURIComponent(subject)}/${epoch}`);
   const body = await r.json();
   if (!r.ok) { box.replaceChildren(h("p", { class: "bad" }, body.error)); return; }
-  const cut = Object.entries(body.cut).map(([s, es]) => `${s}: ${span(es)}`).join("; ");
+  const cut = Object.entries(body.cut).filter(([s]) => s !== subject).map(([s, es]) => `${s}: ${span(es)}`).join("; ");
   box.replaceChildren(
     h("p", {}, h("strong", {}, `${subject} epoch ${epoch}`), " derives from ", cut || "no upstream epochs (written by a plain producer)"),
     h("ul", { "data-testid": "lineage-tree" }, subjectItem(body.lineage, true)));
