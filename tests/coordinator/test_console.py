@@ -27,7 +27,7 @@ from aligner.ledger import Ledger
 from aligner.lineage import flatten, subject_epoch_lineage
 from aligner.models import JobNode, SubjectNode
 from aligner.settings import parse_zk_auth
-from tests.browser import chromium, free_port, get_json, post_json
+from experiments.browser import chromium, free_port, get_json, post_json
 from tests.helpers import Worker
 from tests.jobs import tag_v1, tag_v2
 
@@ -118,7 +118,9 @@ def test_the_chain_and_a_hotswap_started_from_the_cli_show_live(stack, ledger, r
     assert page.evaluate("window.__sameDocument") is True, "the page was reloaded"
 
     # Lineage by clicks: the target's newest epoch, then one of its inputs.
-    wait_for(lambda: (ledger.frontier(target) or 0) > swapper.jobs.swap(old.job)[0].epoch, LIVE, "v2 output")
+    swap, _ = swapper.jobs.swap(old.job)
+    assert swap is not None and swap.phase == "done"
+    wait_for(lambda: (ledger.frontier(target) or 0) > swap.epoch, LIVE, "v2 output")
     by_id(page, f"subject-{target}").locator("button.link").click()
     tree = page.locator("[data-testid=lineage-tree]")
     tree.wait_for()

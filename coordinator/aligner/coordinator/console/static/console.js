@@ -72,6 +72,7 @@ function render(state) {
   error.hidden = !state.error;
   error.textContent = state.error ? `The ledger could not be read: ${state.error}` : "";
   renderAction(state.action);
+  $("#retention").hidden = !actionsAllowed;
   const p = state.picture;
   if (!p) return;
   $("#updated").textContent = `as of ${fmtTime(p.taken_at)}`;
@@ -272,7 +273,12 @@ function subjectItem(tree, top = false) {
 
 // ---- actions -----------------------------------------------------------------------------------------
 
+$("#retention").addEventListener("click", () => confirmAction({ kind: "gc" }));
+
 async function confirmAction(action) {
+  const verify = $("#confirm-verify");
+  verify.hidden = action.kind !== "hotswap";
+  $("#confirm-verify-epochs").value = "";
   const r = await fetch("/api/actions/describe", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(action) });
   const body = await r.json();
   const dialog = $("#confirm");
@@ -284,6 +290,8 @@ async function confirmAction(action) {
   dialog.returnValue = "";
   dialog.onclose = async () => {
     if (dialog.returnValue !== "ok") return;
+    const epochs = Number($("#confirm-verify-epochs").value);
+    if (action.kind === "hotswap" && epochs > 0) action = { ...action, verify_epochs: epochs };
     const started = await fetch("/api/actions", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(action) });
     if (!started.ok) renderAction({ state: "refused", what: action.kind, line: (await started.json()).error });
   };

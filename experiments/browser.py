@@ -1,5 +1,5 @@
-"""A real browser for the console's tests: Debian's Chromium driven by Playwright (``make setup`` installs both;
-Playwright's own browser download is never used)."""
+"""A real browser for the console's tests and benchmark: Debian's Chromium driven by Playwright (``make test``
+installs both; Playwright's own browser download is never used)."""
 
 from __future__ import annotations
 
