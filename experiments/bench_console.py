@@ -151,7 +151,8 @@ def measure(url: str, zk_port: int, args: argparse.Namespace, nodes: int) -> dic
                 last, seconds = get_json(url + "/api/state"), time.perf_counter() - t
                 rates[viewers].append((zk_packets(zk_port) - before) / seconds)
                 requests = last["zookeeper"]["requests"] - first["zookeeper"]["requests"]
-                per_picture[viewers].append(requests / max(1, last["pictures"] - first["pictures"]))
+                if last["pictures"] > first["pictures"]:  # a window with no picture says nothing per picture
+                    per_picture[viewers].append(requests / (last["pictures"] - first["pictures"]))
                 console_rates[viewers].append(requests / seconds)
                 context.close()
     return {"paints": paints, "rates": rates, "per_picture": per_picture, "console_rates": console_rates}
@@ -159,16 +160,17 @@ def measure(url: str, zk_port: int, args: argparse.Namespace, nodes: int) -> dic
 
 def show(first_picture: float, r: dict[str, Any]) -> None:
     paint = statistics.median(r["paints"])
-    med = {k: {v: statistics.median(r[k][v]) for v in (1, 20)} for k in ("rates", "per_picture", "console_rates")}
-    ratios = [b / a for a, b in zip(r["per_picture"][1], r["per_picture"][20], strict=True) if a]
+    med = {k: {v: statistics.median(r[k][v]) if r[k][v] else float("nan") for v in (1, 20)}
+           for k in ("rates", "per_picture", "console_rates")}
+    ratios = [b / a for a, b in zip(r["per_picture"][1], r["per_picture"][20], strict=False) if a]
     console.print(f"first picture {first_picture:.2f}s (the reader's first pass over the ledger)")
     rounds = ", ".join(f"{p:.2f}" for p in r["paints"])
     console.print(f"first paint, every node drawn: median {paint:.2f}s (rounds {rounds})")
     for v in (1, 20):
         console.print(f"{v:2d} page(s): {med['per_picture'][v]:.0f} console requests per picture, "
                       f"{med['console_rates'][v]:.0f} console requests/s, {med['rates'][v]:.0f} server packets/s")
-    console.print(f"requests per picture, 20 pages / 1 page: {statistics.median(ratios):.2f} "
-                  f"(rounds {', '.join(f'{x:.2f}' for x in ratios)})")
+    ratio = f"{statistics.median(ratios):.2f}" if ratios else "n/a (no picture in a window: raise --window)"
+    console.print(f"requests per picture, 20 pages / 1 page: {ratio} (rounds {', '.join(f'{x:.2f}' for x in ratios)})")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ SMOKE = {
     "bench_producer_start": ["--starts", "3"],
     "bench_workers": ["--records", "20000", "--rounds", "1"],
     "bench_latency": ["--epochs", "20", "--rounds", "1", "--warmup", "1", "--rate", "200"],
-    "bench_console": ["--subjects", "4", "--jobs", "2", "--epochs", "200", "--rounds", "1", "--window", "1"],
+    "bench_console": ["--subjects", "4", "--jobs", "2", "--epochs", "200", "--rounds", "1", "--window", "6"],
     "bench_status": ["--epochs", "3000", "--rounds", "1", "--keep", "100"],
     "bench_spark_read": ["--records", "20000", "--rounds", "1"],
     "bench_spark_hop": ["--minutes", "0.3"],
