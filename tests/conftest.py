@@ -343,3 +343,26 @@ def spawn(stack: StackInfo, root: str) -> Iterator[Spawn]:
     finally:
         owned.close()
 
+
+# ---- a real browser (the console's tests) ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium (Debian's, through Playwright), one per module."""
+    from experiments.browser import chromium
+
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh page at 1280x800, closed with its context on every path."""
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    page.set_default_timeout(180_000)
+    try:
+        yield page
+    finally:
+        context.close()

@@ -10,25 +10,20 @@ import signal
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
-
-import pytest
 
 from aligner.acl import AclLedger
 from aligner.connectors.runtime import JobSpec
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
-from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack, StackInfo, wait_for
+from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack, wait_for
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.lineage import flatten, subject_epoch_lineage
 from aligner.models import JobNode, SubjectNode
 from aligner.settings import parse_zk_auth
-from experiments.browser import chromium, free_port, get_json, post_json
-from tests.helpers import Worker
+from experiments.browser import post_json
+from tests.console import by_id, start_console
 from tests.jobs import tag_v1, tag_v2
 
 LIVE = 180.0
@@ -36,52 +31,6 @@ LIVE = 180.0
 STOP_WITHIN = 5.0
 ADMIN = "digest:console-admin:secret"
 OTHER = "digest:console-viewer:secret"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with chromium() as b:
-        yield b
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
-    page = context.new_page()
-    page.set_default_timeout(LIVE * 1000)
-    try:
-        yield page
-    finally:
-        context.close()
-
-
-@dataclass
-class Console:
-    url: str
-    worker: Worker
-
-    def state(self) -> dict[str, Any]:
-        state = get_json(self.url + "/api/state")
-        assert state is not None, f"the console does not answer: {self.worker.stderr}"
-        return state
-
-
-def start_console(spawn: Any, info: StackInfo, root: str, *extra: str, env: dict[str, str] | None = None) -> Console:
-    port = free_port()
-    worker = spawn.worker("aligner.coordinator", "--zk", info.zk, "--kafka", info.kafka, "--root", root, "console",
-                          "--port", str(port), "--refresh", "0.2", "--interval", "1", *extra, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: (s := get_json(url + "/api/state")) is not None and s["picture"] is not None, LIVE,
-                 "the console's first picture")
-    except TimeoutError as exc:
-        raise TimeoutError(f"{exc}; the console said: {worker.stderr}; state: {get_json(url + '/api/state')}") from None
-    return Console(url, worker)
-
-
-def by_id(page: Any, element_id: str) -> Any:
-    """An element by id: names may hold dots, which a CSS ``#id`` would read as a class."""
-    return page.locator(f'[id="{element_id}"]')
 
 
 def test_the_chain_and_a_hotswap_started_from_the_cli_show_live(stack, ledger, root, subject_name, spawn, page):

@@ -46,6 +46,8 @@ class Hub:
         self.ledger: Ledger | None = None
         """The reader's session, once connected (lineage lookups share it)."""
         self._reach: Reachability | None = None
+        self._started = now_ms()
+        """Before the first session, ZooKeeper has been unreachable since the console started."""
         self._stale = threading.Event()
         self._lock = threading.Lock()
         self._json = "{}"
@@ -55,7 +57,7 @@ class Hub:
     # ---- what pages read -------------------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
-        down = self._reach.down_since if self._reach is not None else now_ms()
+        down = self._reach.down_since if self._reach is not None else self._started
         requests = self.ledger.round_trips if self.ledger is not None else 0
         return {"version": self.version, "pictures": self.pictures,
                 "zookeeper": {"connected": down is None, "down_since": down, "requests": requests},
