@@ -224,10 +224,12 @@ def warnings(picture: Picture) -> list[str]:
     """What an operator should look at first, one line each, most specific cause named."""
     out: list[str] = []
     for job in picture.jobs:
+        if job.swapped_to is not None:
+            continue  # swapped out: it stopped reading on purpose
         for s in job.sources:
             if s.lag_seconds > LAG_WARN_SECONDS:
                 out.append(f"job {job.job} is {s.lag_epochs} epochs ({s.lag_seconds:.0f}s) behind {s.subject}")
-            if s.consumers < job.parallelism and job.swapped_to is None:
+            if s.consumers < job.parallelism:
                 out.append(f"job {job.job}: {s.consumers} of {job.parallelism} workers report on {s.subject}")
     for swap in picture.swaps:
         age = (picture.taken_at - swap.updated_at) / 1000
