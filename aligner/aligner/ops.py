@@ -10,18 +10,14 @@ comes back as its exception, every other op as ``RolledBackError`` (or ``Runtime
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import ClassVar
 
 from kazoo.exceptions import RolledBackError, RuntimeInconsistency
 
 
 class _Op:
     kind: ClassVar[str]
-
-    def __getitem__(self, i: int) -> Any:
-        """The old tuple view (``("create", path, data)[i]``), for tests/runtime/test_stamped.py."""
-        return (self.kind, *astuple(self))[i]  # type: ignore[call-overload]
 
 
 @dataclass(frozen=True)

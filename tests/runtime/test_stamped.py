@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from aligner.connectors.reader import EpochReader
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
 from aligner.errors import AlignerError, SubjectConflictError
+from aligner.ops import Create, Op
 from tests.helpers import raw_records, record_stamp
 
 RECORDS = 30
@@ -59,7 +61,7 @@ def two_subjects(stack, ledger, subject_name) -> tuple[str, str]:
     return output, second
 
 
-def test_two_subjects_commit_the_same_epochs_in_one_multi_op(stack, ledger, two_subjects) -> None:
+def test_two_subjects_commit_the_same_epochs_in_one_multi_op(stack, ledger, two_subjects, monkeypatch) -> None:
     output, second = two_subjects
     outs: dict[int, list[dict]] = {}
     sides: dict[int, list[dict]] = {}
@@ -71,22 +73,20 @@ def test_two_subjects_commit_the_same_epochs_in_one_multi_op(stack, ledger, two_
 
     with SinkProducer(ledger, stack.kafka, output, "job", 0, [0, 1], also={second: [0, 1]}) as p:
         assert p.next_epoch == 2 and p.leases[second].next_epoch == 2  # the second subject starts at 2, not 0
-        multis: list[tuple] = []
-        multi = ledger._multi
+        multis: list[list[Op]] = []
+        transaction = ledger.zk.transaction
 
-        def counted(*ops: tuple) -> list:  # records the ZooKeeper multi-ops a commit sends (and sends them)
-            multis.append(ops)
-            return multi(*ops)
+        def counted(ops: Iterable[Op] = ()) -> Any:  # records the ZooKeeper multi-ops a commit sends (and sends them)
+            multis.append(list(ops))
+            return transaction(multis[-1])
 
         for _ in range(3):
             epoch, outs[epoch], sides[epoch] = _write_epoch(p, second, "together")
-            ledger._multi = counted
-            try:
+            with monkeypatch.context() as patch:
+                patch.setattr(ledger.zk, "transaction", counted)
                 commit = p.commit()
-            finally:
-                del ledger._multi
             assert commit.epoch == epoch and set(commit.also) == {second}
-            created = {op[1] for op in multis[-1] if op[0] == "create"}
+            created = {op.path for op in multis[-1] if isinstance(op, Create)}
             assert {ledger.layout.contribution(output, epoch, "job:0"),
                     ledger.layout.contribution(second, epoch, "job:0")} <= created
         assert len(multis) == 3, "one multi-op per epoch for both subjects"

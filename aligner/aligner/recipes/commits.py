@@ -131,7 +131,7 @@ class CommitRecipes(ClaimRecipes):
         Returns the new leases, in the order of ``contributions``.
         """
         ops, nodes = self._commit_ops(epoch, contributions)
-        return self._commit_outcome(epoch, contributions, nodes, self._multi(*ops, *extra))
+        return self._commit_outcome(epoch, contributions, nodes, self.multi(*ops, *extra))
 
     def commit_epoch_async(self, epoch: int, contributions: Sequence[Contribution], extra: Sequence[Op] = (),
                            writers: Mapping[str, tuple[WritersNode, int]] | None = None) -> PendingCommit:

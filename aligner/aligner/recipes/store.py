@@ -212,10 +212,6 @@ class Store:
 
     def multi(self, *ops: Op) -> list[object]:
         """One multi-op round trip; a failed op comes back as its exception (read with aligner.ops)."""
-        return self._multi(*ops)
-
-    def _multi(self, *ops: Op) -> list[object]:
-        """The executor behind ``multi`` (tests/runtime/test_stamped.py wraps it to record a commit's ops)."""
         self._trip("multi")
         return self.zk.transaction(ops).commit()
 
@@ -223,7 +219,7 @@ class Store:
         """A multi-op inside ``RetryingClient.retry_conflicts``: when one of its version checks or
         create-if-absent ops lost to another writer (or to our own retried write whose reply was lost),
         ask for a fresh read; any other failure is raised."""
-        results = self._multi(*ops)
+        results = self.multi(*ops)
         if failed_with(results, BadVersionError, NodeExistsError):
             raise ForceRetryError()
         raise_failure(results)
