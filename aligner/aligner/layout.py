@@ -152,9 +152,13 @@ def declared(root: str, path: str) -> tuple[Node, Mapping[str, str]] | None:
     return None
 
 
+DEFAULT_ROOT = "/aligner"
+"""The ZooKeeper root of all aligner state when none is given (``ALIGNER_ROOT``, ``--root``, option ``root``)."""
+
+
 @dataclass(frozen=True)
 class Layout:
-    root: str = "/aligner"
+    root: str = DEFAULT_ROOT
 
     @property
     def subjects(self) -> str:

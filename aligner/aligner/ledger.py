@@ -34,7 +34,7 @@ from kazoo.retry import KazooRetry
 
 from aligner.acl_policy import CREATOR_ONLY, AclPolicy
 from aligner.errors import StoppedError, UnreachableError
-from aligner.layout import Layout, epoch_name
+from aligner.layout import DEFAULT_ROOT, Layout, epoch_name
 from aligner.recipes.claims import Claim, Lease
 from aligner.recipes.commits import Contribution, PendingCommit, PendingEpoch
 from aligner.recipes.spark import SparkBatchRecipes
@@ -52,7 +52,7 @@ class Ledger(SparkBatchRecipes):
     """The subject epoch ledger: every recipe, on one session (see the module docstring)."""
 
     @classmethod
-    def connect(cls, hosts: str, root: str = "/aligner", timeout: float | None = 15.0,
+    def connect(cls, hosts: str, root: str = DEFAULT_ROOT, timeout: float | None = 15.0,
                 stop: threading.Event | None = None, auth: str | None = None) -> Ledger:
         """Open a session; ``stop`` (when given) ends any later wait for ZooKeeper with StoppedError.
 

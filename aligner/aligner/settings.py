@@ -18,6 +18,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from aligner.errors import AlignerError, KafkaConfigError
+from aligner.layout import DEFAULT_ROOT
 
 _USER = re.compile(r"^[A-Za-z0-9._-]{1,120}$")
 
@@ -60,7 +61,7 @@ class Settings(BaseSettings):
 
     zk: str = Field("127.0.0.1:2181", description="ZooKeeper connect string")
     kafka: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers")
-    root: str = Field("/aligner", description="ZooKeeper root path of all aligner state")
+    root: str = Field(DEFAULT_ROOT, description="ZooKeeper root path of all aligner state")
     home: Path = Field(Path.home() / ".aligner", description="Where the embedded stack keeps its state")
     zk_auth: str | None = Field(None, description="ZooKeeper identity, digest:USER:PASSWORD (checked by "
                                 "zk_security, which never echoes it)")

@@ -38,6 +38,7 @@ from aligner.connectors.kafka import end_offsets
 from aligner.connectors.reader import Segment, segments_by_partition
 from aligner.epochs import CommittedEpoch, check_retention, parse_epoch_span
 from aligner.errors import AlignedOptionError, AlignerError, EpochNotCommittedError
+from aligner.layout import DEFAULT_ROOT
 from aligner.ledger import Ledger
 from aligner.models import FieldSpec, SubjectNode
 
@@ -80,7 +81,7 @@ class Connection:
         """Connection options; ``multi`` accepts ``subjects`` (several subjects) instead of ``subject``."""
         zk = opt(options, "zk") or os.environ.get("ALIGNER_ZK")
         kafka = opt(options, "kafka") or os.environ.get("ALIGNER_KAFKA")
-        root = opt(options, "root") or os.environ.get("ALIGNER_ROOT") or "/aligner"
+        root = opt(options, "root") or os.environ.get("ALIGNER_ROOT") or DEFAULT_ROOT
         subject = opt(options, "subject")
         listed = opt(options, "subjects")
         subjects: tuple[str, ...] = ()
