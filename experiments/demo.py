@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -284,7 +285,8 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _start_console(info: StackInfo, root: str, port: int) -> subprocess.Popen[bytes] | None:
-    """``aligner console`` on the demo's chain, for watching it live (stopped with the demo)."""
+    """``aligner console`` on the demo's chain, for watching it live (stopped with the demo); its address is
+    printed once it answers, or why it did not start (the demo goes on without it)."""
     if port == 0:
         return None
     with socket.socket() as s:
@@ -293,11 +295,21 @@ def _start_console(info: StackInfo, root: str, port: int) -> subprocess.Popen[by
         except OSError:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
+    said = tempfile.TemporaryFile()  # noqa: SIM115 (read if the console does not start, closed with the demo)
     proc = subprocess.Popen([sys.executable, "-m", "aligner.coordinator", "--zk", info.zk, "--kafka", info.kafka,
                              "--root", root, "console", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    console.print(f"[bold]console[/] http://localhost:{port}/ (the chain live while the demo runs)")
-    return proc
+                            stdout=subprocess.DEVNULL, stderr=said)
+    deadline = time.monotonic() + 30
+    while proc.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(OSError), urllib.request.urlopen(f"http://127.0.0.1:{port}/api/state", timeout=2):
+            console.print(f"[bold]console[/] http://localhost:{port}/ (the chain live while the demo runs)")
+            return proc
+        time.sleep(0.2)
+    said.seek(0)
+    why = said.read().decode(errors="replace").strip().splitlines()
+    console.print(f"[yellow]console did not start: {why[-1] if why else 'no answer in 30 s'}; the demo goes on")
+    _stop_console(proc)
+    return None
 
 
 def _stop_console(proc: subprocess.Popen[bytes] | None) -> None:

@@ -298,6 +298,10 @@ class JobLedger:
         """Call ``on_swap`` with the hot-swap node of ``old_job`` (None while there is none) now and after
         every change; a malformed node is logged and skipped."""
         self.zk.ensure_path(self.layout.job(old_job))
+        self.on_swap(old_job, on_swap)
+
+    def on_swap(self, old_job: str, on_swap: Callable[[SwapNode | None], object]) -> None:
+        """``follow_swap`` for a reader that writes nothing (``aligner console``): the job node must exist."""
         path = self.layout.swap(old_job)
 
         def fired(data: bytes | None, _stat: object) -> None:

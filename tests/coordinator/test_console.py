@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 import urllib.request
+from typing import Any
 
 from aligner.acl import AclLedger
 from aligner.connectors.runtime import JobSpec
@@ -170,18 +171,31 @@ def test_twenty_viewers_cost_zookeeper_what_one_does(stack, ledger, root, subjec
         try:
             for _ in range(viewers):
                 context.new_page().goto(console.url)
-            first = console.state()
-            wait_for(lambda: console.state()["pictures"] >= first["pictures"] + 4, LIVE, "four more pictures")
+            first = next_picture(console.state()["pictures"])  # measured from a picture's end to another's
+            last = next_picture(first["pictures"] + 3)
             for _ in range(viewers * 5):
                 urllib.request.urlopen(console.url + "/api/state", timeout=5).read()
-            last = console.state()
+            last = next_picture(last["pictures"])
             return ((last["zookeeper"]["requests"] - first["zookeeper"]["requests"])
                     / (last["pictures"] - first["pictures"]))
         finally:
             context.close()
 
+    def next_picture(after: int) -> dict[str, Any]:
+        """The state published with the first picture past ``after`` (its request count is that picture's end)."""
+        seen: list[dict[str, Any]] = [console.state()]
+
+        def past() -> bool:
+            seen[0] = console.state()
+            return bool(seen[0]["pictures"] > after)
+
+        wait_for(past, LIVE, "the next picture")
+        return seen[0]
+
     one, twenty = per_picture(1), per_picture(20)
-    assert one > 0 and twenty == one, f"ZooKeeper requests per picture: {one} with 1 page, {twenty} with 20"
+    # The same reads per picture, give or take a cache refresh falling in one window: twenty viewers reading
+    # ZooKeeper themselves would cost twenty times as much.
+    assert one > 0 and abs(twenty - one) <= 0.05 * one + 1, f"requests per picture: {one} with 1 page, {twenty} with 20"
 
 
 def test_console_says_a_port_in_use_and_stops_on_sigterm_with_pages_open(stack, root, spawn, page):

@@ -52,10 +52,10 @@ def test_warnings_name_the_cause_and_spare_a_swapped_out_job() -> None:
 
 
 @pytest.mark.parametrize(("body", "argv"), [
-    ({"kind": "align", "job": "j"}, ["align", "j", "--timeout", "600", "--json"]),
-    ({"kind": "abort", "job": "j"}, ["abort", "j", "--timeout", "600", "--json"]),
-    ({"kind": "hotswap", "old": "a", "new": "b", "subject": "t", "verify_epochs": 3},
-     ["hotswap", "--old", "a", "--new", "b", "--subject", "t", "--verify-epochs", "3", "--timeout", "600", "--json"]),
+    ({"kind": "align", "job": "j"}, ["align", "--timeout", "600", "--json", "--", "j"]),
+    ({"kind": "abort", "job": "--help"}, ["abort", "--timeout", "600", "--json", "--", "--help"]),
+    ({"kind": "hotswap", "old": "a", "new": "-b", "subject": "t", "verify_epochs": 3},
+     ["hotswap", "--old=a", "--new=-b", "--subject=t", "--verify-epochs", "3", "--timeout", "600", "--json"]),
     ({"kind": "gc"}, ["gc", "--json"]),
 ])
 def test_an_action_is_the_cli_command(body: dict[str, object], argv: list[str]) -> None:
@@ -77,7 +77,9 @@ def test_a_malformed_action_is_one_clear_error(body: dict[str, object], error: s
 def test_only_the_admin_acts_where_acls_are_in_force() -> None:
     hub = Hub()
     assert "--allow-actions" in (Guard(False, "admin").refusal(hub) or "")
-    assert Guard(True, None).refusal(hub) is None  # no picture yet: ZooKeeper itself refuses what it must
+    assert "not connected to ZooKeeper yet" in (Guard(True, "admin").refusal(hub) or "")
+    hub.picture = Picture(acl={"in_force": True, "mode": "policy", "admin": None})
+    assert "only the admin may read" in (Guard(True, None).refusal(hub) or "")
     hub.picture = Picture(acl={"in_force": True, "mode": "policy", "admin": "admin"})
     assert Guard(True, "admin").refusal(hub) is None
     refused = Guard(True, "viewer").refusal(hub) or ""

@@ -38,15 +38,16 @@ class Action(BaseModel):
     keep_epochs: int | None = Field(default=None, ge=1)
 
     def argv(self) -> list[str]:
+        """The command's arguments; names go where no option can be read from them (a name may start with -)."""
         if self.kind in ("align", "abort"):
             if self.job is None:
                 raise ValueError(f"{self.kind} needs a job")
-            return [self.kind, self.job, "--timeout", f"{TIMEOUT:g}", "--json"]
+            return [self.kind, "--timeout", f"{TIMEOUT:g}", "--json", "--", self.job]
         if self.kind == "hotswap":
             if self.old is None or self.new is None or self.subject is None:
                 raise ValueError("hotswap needs old, new and subject")
             verify = ["--verify-epochs", str(self.verify_epochs)] if self.verify_epochs else []
-            return ["hotswap", "--old", self.old, "--new", self.new, "--subject", self.subject, *verify,
+            return ["hotswap", f"--old={self.old}", f"--new={self.new}", f"--subject={self.subject}", *verify,
                     "--timeout", f"{TIMEOUT:g}", "--json"]
         keep = ["--keep-epochs", str(self.keep_epochs)] if self.keep_epochs else []
         return ["gc", *keep, "--json"]

@@ -9,10 +9,13 @@ No request reads ZooKeeper for the picture: the hub's one reader does (see :mod:
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import threading
 from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
+from urllib.parse import urlsplit
 
 from cachetools import LRUCache
 from sse_starlette.sse import EventSourceResponse
@@ -27,6 +30,10 @@ from aligner.coordinator.console import actions
 from aligner.coordinator.console.hub import Hub
 from aligner.errors import AlignerError
 
+log = logging.getLogger(__name__)
+
+NAME = re.compile(r"[A-Za-z0-9._-]{1,120}")
+"""A subject's name (``aligner.models.Ident``): anything else names no node."""
 STATIC = resources.files("aligner.coordinator.console") / "static"
 KEEPALIVE = 15
 """Seconds between comments on an idle event stream, so proxies keep it open."""
@@ -43,12 +50,32 @@ class Guard:
     def refusal(self, hub: Hub) -> str | None:
         if not self.allowed:
             return "actions are off: start the console with --allow-actions to align, abort, swap and collect here"
-        acl = hub.picture.acl if hub.picture is not None else {}
-        if acl.get("mode") == "policy" and self.identity != acl.get("admin"):
-            who = f"as {self.identity!r}" if self.identity else "without an identity"
-            return (f"actions need the admin identity {acl.get('admin')!r} (ZooKeeper ACLs are in force); this "
+        if hub.picture is None:
+            return "not connected to ZooKeeper yet: actions wait for the console's first picture of the ledger"
+        acl = hub.picture.acl
+        if acl.get("mode") != "policy":
+            return None  # open, or creator-only (no grant yet, so no admin): ZooKeeper itself refuses what it must
+        who = f"as {self.identity!r}" if self.identity else "without an identity"
+        if acl.get("admin") is None:
+            return (f"actions need the admin identity (ZooKeeper ACLs are in force and only the admin may read "
+                    f"who that is); this console connects {who}")
+        if self.identity != acl["admin"]:
+            return (f"actions need the admin identity {acl['admin']!r} (ZooKeeper ACLs are in force); this "
                     f"console connects {who}")
         return None
+
+
+def same_origin(request: Request) -> bool:
+    """A POST from the console's own page, not from another site open in the same browser (cross-site request
+    forgery): browsers send ``Sec-Fetch-Site`` or ``Origin`` with it, and a JSON body needs a CORS preflight this
+    server never grants."""
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+        return False
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        return False
+    origin = request.headers.get("origin")
+    return origin is None or urlsplit(origin).netloc == request.headers.get("host")
 
 
 def create_app(hub: Hub, runner: actions.Runner, guard: Guard, stop: threading.Event) -> Starlette:
@@ -83,21 +110,30 @@ def create_app(hub: Hub, runner: actions.Runner, guard: Guard, stop: threading.E
     async def lineage(request: Request) -> Response:
         subject = request.path_params["subject"]
         epoch = request.path_params["epoch"]
+        if not NAME.fullmatch(subject):
+            return JSONResponse({"error": f"{subject!r} is not a subject name"}, status_code=404)
         key = (subject, epoch)
         with lock:
             cached = lineages.get(key)
         if cached is None:
-            if hub.ledger is None:
-                return JSONResponse({"error": "not connected to ZooKeeper yet"}, status_code=503)
+            if not hub.connected:  # a read would wait for ZooKeeper, holding a server thread
+                return JSONResponse({"error": "ZooKeeper is unreachable: lineage is read once it is back"},
+                                    status_code=503)
             try:
                 cached = await run_in_threadpool(_lineage, hub, subject, epoch)
             except AlignerError as exc:
                 return JSONResponse({"error": str(exc)}, status_code=404)
+            except Exception as exc:  # said in one line on the page; the log has the rest
+                log.exception("console: lineage of %s epoch %d", subject, epoch)
+                return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=500)
             with lock:
                 lineages[key] = cached
         return JSONResponse(cached)
 
     async def act(request: Request) -> Response:
+        if not same_origin(request):
+            return JSONResponse({"error": "actions are taken from the console's own page (a JSON POST from its "
+                                          "origin)"}, status_code=403)
         refused = guard.refusal(hub)
         if refused is not None:
             return JSONResponse({"error": refused}, status_code=403)

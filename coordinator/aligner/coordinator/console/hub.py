@@ -9,6 +9,7 @@ ZooKeeper while the last picture stays up, marked with the time the connection w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -53,16 +54,18 @@ class Hub:
         self._json = "{}"
         self._listeners: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
         self._watched: set[str] = set()
+        self._armed: set[str] = set()
+        self._picture_json = "null"
 
     # ---- what pages read -------------------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
+        """The state without the picture (see :meth:`state_json` for the whole)."""
         down = self._reach.down_since if self._reach is not None else self._started
         requests = self.ledger.round_trips if self.ledger is not None else 0
         return {"version": self.version, "pictures": self.pictures,
                 "zookeeper": {"connected": down is None, "down_since": down, "requests": requests},
-                "error": self.error, "action": self.action,
-                "picture": self.picture.model_dump() if self.picture is not None else None}
+                "error": self.error, "action": self.action}
 
     def state_json(self) -> str:
         """The state as one JSON text, made once per change whatever the number of pages."""
@@ -81,73 +84,100 @@ class Hub:
             self._listeners = {(loop, e) for loop, e in self._listeners if e is not event}
 
     def publish(self) -> None:
-        """Tell every page: a new picture, a connection change or an action's progress."""
+        """Tell every page: a new picture, a connection change or an action's progress. Runs on kazoo's
+        connection thread too: the picture's JSON is made once, by the reader, and only spliced in here."""
         with self._lock:
             self.version += 1
-            self._json = json.dumps(self.state(), default=str)
+            head = json.dumps(self.state(), default=str)
+            self._json = f'{head[:-1]}, "picture": {self._picture_json}}}'
             listeners = list(self._listeners)
         for loop, event in listeners:
-            if not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # its loop closed meanwhile: the console is stopping
                 loop.call_soon_threadsafe(event.set)
+
+    @property
+    def connected(self) -> bool:
+        return self._reach is not None and self._reach.connected
+
+    def wake(self, *_event: object) -> None:
+        """Read again now (a watch fired, or the console is stopping)."""
+        self._stale.set()
 
     # ---- the reader ------------------------------------------------------------------------------------
 
     def run(self, connect: Callable[[], Ledger], stop: threading.Event) -> None:
-        """Connect (waiting for ZooKeeper as long as it takes), then read whenever something changed."""
+        """Connect (waiting for ZooKeeper as long as it takes), then read whenever something changed. Whatever
+        fails is said on the page and in one log line, and tried again: the reader never dies of it."""
         self.publish()  # pages opened before the first session see "connecting"
+        while not stop.is_set():
+            try:
+                self._session(connect, stop)
+            except StoppedError:
+                return
+            except Exception as exc:
+                self._failed(exc)
+                self.publish()
+                self._stale.wait(self.interval)
+
+    def _session(self, connect: Callable[[], Ledger], stop: threading.Event) -> None:
+        ledger = connect()
         try:
-            ledger = connect()
-        except StoppedError:
-            return
-        self.ledger = ledger
-        self._reach = Reachability(ledger, self.publish)
-        self.publish()
-        try:
+            self.ledger = ledger
+            self._reach = Reachability(ledger, self.publish)
+            self.publish()
             self._read_loop(ledger, stop)
-        except StoppedError:
-            pass
         finally:
+            self._reach = None
+            self._watched.clear()
+            self._armed.clear()
             ledger.close()
 
     def _read_loop(self, ledger: Ledger, stop: threading.Event) -> None:
         jobs = JobLedger(ledger)
         acl = AclLedger(ledger)
-        jobs.on_children_change(ledger.layout.subjects, self._wake)
-        jobs.on_children_change(ledger.layout.jobs, self._wake)
         while not stop.is_set():
             self._stale.clear()
             try:
+                for path in (ledger.layout.subjects, ledger.layout.jobs):
+                    self._arm_children(ledger, jobs, path)
                 picture = take(ledger, _acl_state(acl))
                 self._watch(ledger, jobs, picture)
                 self.picture, self.error = picture, None
+                self._picture_json = picture.model_dump_json()
                 self.pictures += 1
             except StoppedError:
                 raise
             except Exception as exc:  # a malformed node, a node gone mid-read: keep the last picture, say why
-                text = str(exc) if isinstance(exc, AlignerError) else f"{type(exc).__name__}: {exc}"
-                if self.error != text:
-                    log.warning("console: the ledger could not be read: %s", text, exc_info=not isinstance(
-                        exc, AlignerError))
-                self.error = text
+                self._failed(exc)
             self.publish()
-            stop.wait(self.min_gap)
-            self._stale.wait(self.interval)
+            if not stop.wait(self.min_gap):
+                self._stale.wait(self.interval)
 
-    def _wake(self, *_args: object) -> None:
-        self._stale.set()
+    def _failed(self, exc: Exception) -> None:
+        text = str(exc) if isinstance(exc, AlignerError) else f"{type(exc).__name__}: {exc}"
+        if self.error != text:
+            log.warning("console: the ledger could not be read: %s", text, exc_info=not isinstance(exc, AlignerError))
+        self.error = text
+
+    def _arm_children(self, ledger: Ledger, jobs: JobLedger, path: str) -> None:
+        """A children watch on ``path`` once it exists (kazoo's recipe ends for good on a missing node); until
+        then a one-shot watch wakes the reader when it is created."""
+        if path not in self._armed and ledger.watch_node(path, self.wake):
+            jobs.on_children_change(path, self.wake)
+            self._armed.add(path)
 
     def _watch(self, ledger: Ledger, jobs: JobLedger, picture: Picture) -> None:
         """Watches on what the picture shows: each subject's next epoch (one-shot, re-armed every pass), each
         job's consumers, decision and swap (kazoo's recipes, armed once)."""
         for s in picture.subjects:
-            ledger.arm_watch(s.name, (s.frontier if s.frontier is not None else -1) + 1, self._wake)
+            ledger.arm_watch(s.name, (s.frontier if s.frontier is not None else -1) + 1, self.wake)
         for job in picture.jobs:
             if job.job in self._watched:
                 continue
+            jobs.watch_consumers(job.job, job.inputs, self.wake)
+            jobs.on_data_change(ledger.layout.decision(job.job), self.wake)
+            jobs.on_swap(job.job, self._on_swap)
             self._watched.add(job.job)
-            jobs.watch_consumers(job.job, job.inputs, self._wake)
-            jobs.on_data_change(ledger.layout.decision(job.job), self._wake)
-            jobs.follow_swap(job.job, self._on_swap)
         for swap in picture.swaps:
             swap.history = list(self.history.get((swap.old, swap.new), []))
 
@@ -164,4 +194,4 @@ def _acl_state(acl: AclLedger) -> dict[str, Any]:
         return acl.state()
     except AccessDeniedError:  # the grants are the admin's to read: ACLs are in force, and we are not the admin
         return {"in_force": True, "mode": "policy", "admin": None,
-                "line": "in force (the grants are readable by the admin identity only)"}
+                "line": "in force (the grants, and so the admin's name, are readable by the admin identity only)"}

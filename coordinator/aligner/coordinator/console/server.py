@@ -52,6 +52,7 @@ def serve(sock: socket.socket, connect: Callable[[], Ledger], guard: Guard, runn
 
     def exiting(_sig: int, _frame: object) -> None:
         stop.set()  # first: the event streams end, so the graceful shutdown has nothing to wait for
+        hub.wake()  # and the reader stops waiting for a change
         server.force_exit = server.should_exit  # a second signal: stop now
         server.should_exit = True
 
@@ -73,5 +74,6 @@ def serve(sock: socket.socket, connect: Callable[[], Ledger], guard: Guard, runn
         server.run(sockets=[sock])
     finally:
         stop.set()
-        runner.stop()
+        hub.wake()
+        runner.stop(grace=1.0)
         reader.join(GRACE)

@@ -199,7 +199,19 @@ function renderJobs(p) {
       h("td", {}, src.map((s) => `${s.subject}: ${dash(s.subject_epoch)}`).join(", ")),
       h("td", {}, lag), h("td", {}, workers || "–"), h("td", {}, buttons));
   });
-  $("#jobs tbody").replaceChildren(...rows);
+  keepFocus($("#jobs tbody"), rows);
+}
+
+// Replace a table's rows, keeping the keyboard's place: the focused control of a row is focused again.
+function keepFocus(tbody, rows) {
+  const active = document.activeElement;
+  const row = active && tbody.contains(active) ? active.closest("tr") : null;
+  const key = row ? [row.id, active.dataset.action || active.textContent] : null;
+  tbody.replaceChildren(...rows);
+  if (!key) return;
+  const again = [...tbody.querySelectorAll(`[id="${CSS.escape(key[0])}"] button`)]
+    .find((b) => (b.dataset.action || b.textContent) === key[1]);
+  if (again) again.focus({ preventScroll: true });
 }
 
 function renderSubjects(p) {
@@ -209,7 +221,7 @@ function renderSubjects(p) {
     h("td", {}, dash(s.epochs_per_minute)), h("td", {}, s.last_commit_age === null ? "–" : `${fmtSecs(s.last_commit_age)} ago`),
     h("td", {}, s.first_retained), h("td", {}, s.epochs_held),
     h("td", {}, s.writers.map((w) => w.writer + (w.finished_after !== null ? ` (finished after ${w.finished_after})` : "")).join(", ") || "–")));
-  $("#subjects tbody").replaceChildren(...rows);
+  keepFocus($("#subjects tbody"), rows);
 }
 
 function renderQueries(p) {
@@ -241,8 +253,14 @@ async function showLineage(subject, epoch) {
   $("#lineage-epoch").value = epoch;
   const box = $("#lineage");
   box.replaceChildren(h("p", { class: "muted" }, `Reading the lineage of ${subject} epoch ${epoch}…`));
-  const r = await fetch(`/api/lineage/${encodeURIComponent(subject)}/${epoch}`);
-  const body = await r.json();
+  let r, body;
+  try {
+    r = await fetch(`/api/lineage/${encodeURIComponent(subject)}/${epoch}`);
+    body = await r.json();
+  } catch (e) {
+    box.replaceChildren(h("p", { class: "bad" }, `The lineage could not be read: ${e}`));
+    return;
+  }
   if (!r.ok) { box.replaceChildren(h("p", { class: "bad" }, body.error)); return; }
   const cut = Object.entries(body.cut).filter(([s]) => s !== subject).map(([s, es]) => `${s}: ${span(es)}`).join("; ");
   box.replaceChildren(
