@@ -792,6 +792,8 @@ def run_stack(run: Run) -> Iterator[Run]:
                 run.say(f"Spark standalone cluster {run.spark.start()}, {run.spark_workers} workers")
             yield run
     finally:
+        if run.history is not None:
+            run.history.stop()
         for proc in list(run.procs.values()):
             proc.kill()
         if run.zk_proc is not None:
@@ -816,6 +818,10 @@ def _play(run: Run, drain_timeout: float) -> dict[str, Any]:
     healing = False
     run.started = time.time()
     run.start_chain()
+    from experiments.chaos.history import History
+
+    assert run.info is not None
+    run.history = History(run.info.zk, ROOT, [IN, A_OUT, B_OUT, F_OUT]).start()
     loops: list[Step] = [run.restarter(lambda: healing), run.nemesis(), run.lane(run.ops), *run.watchers]
     done: set[int] = set()
 
@@ -858,14 +864,17 @@ def _play(run: Run, drain_timeout: float) -> dict[str, Any]:
         retention.terminate(30)
         run.retained = run.retained or any(map(retention_removed, retention.stderr_tail(1 << 22).splitlines()))
     drained = run.rel()
-    run.say(f"{drained:7.1f}s  drained; checking every subject by epoch")
+    run.history.stop()
+    run.say(f"{drained:7.1f}s  drained; checking every subject by epoch ({run.history.looks} looks at the ledger "
+            "during the run)")
     from experiments.chaos.checker import check
 
     assert run.led is not None and run.info is not None
     versions = range(1, run.newest_generation() + 1)
     jobs_a = [job_a_name(g) for g in versions]
     result = check(run.led, run.info.kafka, produced, NAMES, faust=run.faust, jobs_a=jobs_a, retained=run.retained,
-                   workers_a=[workers_of(g, run.rescale) for g in versions])
+                   workers_a=[workers_of(g, run.rescale) for g in versions], history=run.history)
+    result["history"] = run.history.as_json()
     return {"check": result, "nemesis_end": nemesis_end, "drained": drained, "checked": run.rel()}
 
 
