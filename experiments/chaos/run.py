@@ -618,8 +618,8 @@ class Run:
                 ev["target"] = f"servers {a + 1} and {b + 1} apart, server {bridge + 1} ({f.target}) bridges"
                 undo = [(ensemble.name(a), [ensemble.name(b)])]
             yield from wait_until(time.time() + f.duration)
-            for host, peers in undo:
-                lab.join(host, peers)
+            for side, peers in undo:
+                lab.join(side, peers)
             yield from wait_for(lambda: self._quorum_serves(), 120)
             yield from wait_until(time.time() + ZK_SETTLE)
             return

@@ -41,8 +41,8 @@ def install(path: Path) -> None:
             _offset[0] = _read(path)
 
     threading.Thread(target=follow, daemon=True, name="chaos-clock").start()
-    time.time = lambda: real() + _offset[0]  # type: ignore[assignment]
-    time.time_ns = lambda: real_ns() + int(_offset[0] * 1e9)  # type: ignore[assignment]
+    time.time = lambda: real() + _offset[0]
+    time.time_ns = lambda: real_ns() + int(_offset[0] * 1e9)
 
 
 def main() -> None:

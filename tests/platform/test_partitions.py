@@ -50,7 +50,8 @@ def test_history_reports_a_changed_and_a_vanished_commit() -> None:
     end is a missing commit (not judged once retention collected epochs)."""
     history = History("unused:2181", "/unused", ["a"])
     for ce in (_epoch(1, 0, 5, 0), _epoch(2, 5, 9, 0), _epoch(3, 9, 12, 0)):
-        history.seen["a"][ce.epoch] = {0: (ce.slices[0].start, ce.slices[0].end, ce.slices[0].stamp.decode())}
+        sl = ce.slices[0]
+        history.seen["a"][ce.epoch] = {0: (sl.start, sl.end, sl.stamp.decode() if sl.stamp else None)}
     final = {"a": [_epoch(1, 0, 5, 0), _epoch(2, 5, 9, 1)]}
     found = history.judge(final, retained=False)
     assert [(cls, subject) for cls, subject, _ in found] == [("fencing", "a"), ("missing_commit", "a")]

@@ -32,7 +32,7 @@ from aligner.errors import StackError
 
 PREFIX = "aln"
 """Namespaces, bridges and veths of every lab start with it, then the owner's pid: ``aln12345-...``."""
-SUBNETS = ipaddress.ip_network("10.213.0.0/16")
+SUBNETS = ipaddress.IPv4Network("10.213.0.0/16")
 """The private range labs draw their /24 from (one not in use on the machine)."""
 _OWNED = re.compile(rf"^{PREFIX}(\d+)(?:-|br$|v\d+$)")
 
