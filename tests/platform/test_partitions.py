@@ -66,6 +66,7 @@ def lab() -> Iterator[NetLab]:
 
 
 @needs_netns
+@pytest.mark.stack
 def test_a_cut_drops_traffic_between_two_namespaces_only(lab: NetLab) -> None:
     """A cut between two namespaces drops their packets (a connect times out) while the owner still reaches
     both; a join restores it; a slow link still delivers."""
