@@ -294,6 +294,16 @@ class RetryingClient:
             self.watches.disarm(dispatch, watch)
             raise
 
+    def sync(self, path: str = "/") -> None:
+        """Bring the server this session reads from up to date with the leader (ZooKeeper's ``sync``), so the
+        reads that follow see every write committed before it, whichever session or process made it.
+
+        ZooKeeper promises a session its own writes, not other sessions': a follower serves what it has
+        applied, and one cut off from its leader serves its old state until it notices (up to syncLimit
+        ticks). A server that cannot reach the leader fails the sync with connection loss; the session moves
+        to another server and the sync is retried there."""
+        self._guarded("read", path, lambda: self.kazoo.sync_async(path))
+
     def get(self, path: str, watch: Callable[..., Any] | None = None) -> Any:
         return self._watched("data", path, watch, lambda w: self.kazoo.get_async(path, watch=w))
 

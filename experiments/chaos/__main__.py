@@ -22,16 +22,16 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
 def one_run(seed: int, faults: int, duration: float, out: Path, rate: float, faust: bool = True,
             zk_servers: int = 1, spark_workers: int = 0, rocksdb: bool = False,
-            damage_zk: bool = False, rescale: bool = True) -> dict[str, Any]:
+            damage_zk: bool = False, rescale: bool = True, netns: bool = False) -> dict[str, Any]:
     """One run: print the schedule, play it, check, and write the JSON report and the PNG timeline."""
     plan, ops = nemesis.schedule(seed, faults, duration, faust=faust, cluster=spark_workers > 0, rocksdb=rocksdb,
-                                 ensemble=zk_servers > 1 and damage_zk)
+                                 ensemble=zk_servers > 1 and damage_zk, netns=netns, quorum=zk_servers > 1)
     console.print(f"[bold]chaos run, seed {seed}[/]: {len(plan)} faults, {len(ops)} coordinator operations")
     for f in sorted(plan + ops, key=lambda f: f.at):
         console.print("  " + f.describe())
     outdir = out / f"seed-{seed}"
     run = Run(seed, plan, ops, outdir, rate=rate, faust=faust, say=console.print, zk_servers=zk_servers,
-              spark_workers=spark_workers, rocksdb=rocksdb, rescale=rescale)
+              spark_workers=spark_workers, rocksdb=rocksdb, rescale=rescale, netns=netns)
     try:
         result = execute(run, drain_timeout=600)
     except (KeyboardInterrupt, Interrupted):
@@ -42,7 +42,7 @@ def one_run(seed: int, faults: int, duration: float, out: Path, rate: float, fau
     done = [e for e in run.events if e["kind"] in nemesis.FAULT_WEIGHTS and "(none" not in e["target"]]
     report = {
         "seed": seed, "faust": faust, "zk_servers": zk_servers, "spark_workers": spark_workers, "rocksdb": rocksdb,
-        "damage_zk": damage_zk, "rescale": rescale,
+        "damage_zk": damage_zk, "rescale": rescale, "netns": netns,
         "faults_requested": faults, "duration": duration,
         "rate": rate,
         "started": run.started, "schedule": nemesis.as_json(plan), "operations": nemesis.as_json(ops),
@@ -93,13 +93,17 @@ def main(
     rescale: Annotated[bool, typer.Option(
         help="Each hot-swap of job A changes its parallelism (2 -> 1 -> 2 -> 4 ...), the new version taking a's "
              "partitions over")] = True,
+    netns: Annotated[bool, typer.Option(
+        help="Every component in a network namespace of its own (root; ip, nft, tc), and the nemesis also cuts "
+             "the network (one component from ZooKeeper, Kafka or both; the ensemble split or bridged; the Spark "
+             "driver from an executor), slows a link and skews a component's clock")] = False,
 ) -> None:
     """Run the chain under a seeded nemesis and check every subject; exit 1 on any anomaly."""
     reports = []
     try:
         for i in range(runs):
             reports.append(one_run(seed + i, faults, duration, out, rate, faust, zk_servers,
-                                   spark_workers, rocksdb, damage_zk, rescale))
+                                   spark_workers, rocksdb, damage_zk, rescale, netns))
     except (KeyboardInterrupt, Interrupted):
         console.print("[red]interrupted[/]: every process of the run was stopped")
         sys.exit(130)
@@ -116,7 +120,9 @@ SHORT = {"kill-worker": "kill worker", "kill-coordinator": "kill coord", "kill-m
          "kill-spark": "kill Spark", "kill-faust": "kill Faust", "pause-zk": "pause ZK", "pause-broker": "pause broker",
          "restart-zk": "restart ZK", "expire-session": "expire session", "kill-executor": "kill executor",
          "restart-spark-worker": "restart Spark worker", "damage-state": "damage state",
-         "damage-zk": "damage ZK disk"}
+         "damage-zk": "damage ZK disk", "cut-zk": "cut from ZK", "cut-kafka": "cut from Kafka",
+         "cut-both": "cut from both", "split-zk": "split ZK", "bridge-zk": "bridge ZK", "slow-link": "slow link",
+         "cut-driver": "cut driver/executor", "skew-clock": "skew clock"}
 
 
 def table(reports: list[dict[str, Any]]) -> str:

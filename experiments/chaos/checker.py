@@ -18,7 +18,11 @@ Per hop (``in`` -> ``a`` -> ``b`` and ``a`` -> ``f``), against what the upstream
   do not read each committed epoch exactly once, or a final position short of the input's end; and, for
   every hop and engine, an output epoch whose lineage as users get it (``aligner lineage``, a consistent
   cut: :mod:`aligner.lineage`) misses an input epoch its records come from, or names an input epoch that
-  another output epoch's lineage names too.
+  another output epoch's lineage names too;
+- **fencing**: a committed epoch whose slices (range, stamped attempt) at the end differ from what the ledger
+  said during the run: two incarnations of a producer committed the same epoch;
+- **missing commit**: an epoch the ledger said was committed during the run and that is gone at the end
+  (a ZooKeeper rollback). Both from :class:`experiments.chaos.history.History`, when the run kept one.
 
 After ``aligner gc`` (a soak's retention) the oldest epochs and lineage records are gone: ``retained=True``
 checks the retained window. Per upstream partition the window starts at the oldest upstream record whose
@@ -43,11 +47,12 @@ from aligner.ledger import Ledger
 from aligner.lineage import flatten, subject_epoch_lineage
 from aligner.models import WorkerEpochNode
 from aligner.stamps import stamp_of
+from experiments.chaos.history import History
 from experiments.chaos.jobs import KEYS, h
 from experiments.common import json_value
 
 CLASSES = ("lost", "duplicated", "unexpected", "aborted_read", "wrong_content", "wrong_epoch", "non_monotonic",
-           "lineage")
+           "lineage", "fencing", "missing_commit")
 EXAMPLES = 5
 
 
@@ -387,7 +392,7 @@ def check_b(ch: Chain, s_a: Subject, s_b: Subject) -> None:
 
 def check(led: Ledger, kafka: str, produced: dict[str, Any], names: dict[str, str],
           faust: bool = True, jobs_a: list[str] | None = None, retained: bool = False,
-          workers_a: list[int] | None = None) -> dict[str, Any]:
+          workers_a: list[int] | None = None, history: History | None = None) -> dict[str, Any]:
     """Classify every anomaly of a drained chain; ``names`` maps in/a/b/f/A/A2/F/B to subjects and jobs,
     ``jobs_a`` names job A's versions in order (default A, A2; a record's ``v`` is its version's place);
     ``retained``: gc ran, check the retained window (module docstring)."""
@@ -403,6 +408,9 @@ def check(led: Ledger, kafka: str, produced: dict[str, Any], names: dict[str, st
         check_faust(ch, s_a, s_f)
     for out, src in ((s_a, s_in), (s_b, s_a), *([(s_f, s_a)] if faust else [])):
         check_walked_lineage(ch, out, src)
+    if history is not None:
+        for cls, subject, example in history.judge({s.name: s.epochs for s in (s_in, s_a, s_b, s_f)}, retained):
+            an.add(cls, subject, example)
     return {
         "anomalies": an.as_json(),
         "retained_window": retained,

@@ -24,12 +24,13 @@ from typing import Any
 
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.ensemble import ZkEnsemble
+from aligner.coordinator.netns import NetLab
 from aligner.coordinator.spark_cluster import SparkCluster
 from aligner.coordinator.stack import EmbeddedStack, StackInfo
 from aligner.errors import StackError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
-from experiments.chaos.nemesis import KILLS, Fault
+from experiments.chaos.nemesis import KILLS, NETWORK, Fault
 from experiments.chaos.procs import Proc, python, signal_group
 
 log = logging.getLogger("experiments.chaos")
@@ -184,13 +185,37 @@ class Run:
     rocksdb: bool = False
     """Job A's workers keep their state in RocksDB (under the run's ``state`` directory); damage-state then
     kills a worker and damages its store (a table file truncated or a byte flipped) before its restart."""
+    netns: bool = False
+    """Every component in a network namespace of its own (:mod:`aligner.coordinator.netns`): the network and
+    clock faults can then cut, slow or skew one component while the others run on."""
+    lab: NetLab | None = None
+    history: Any = None
+    """The committed epochs seen while the run went on (:class:`experiments.chaos.history.History`)."""
 
     # ---- plumbing ----------------------------------------------------------------------------
 
     def rel(self) -> float:
         return round(time.time() - self.started, 2)
 
+    @staticmethod
+    def host_of(name: str) -> str:
+        """The network namespace a component runs in (--netns): its own, one for every coordinator command."""
+        return "coord" if name.startswith("coord-") else name
+
+    def clock(self, host: str) -> Path:
+        """The file a component's skewed clock reads its offset from (:mod:`experiments.chaos.skew`)."""
+        return self.outdir / "clock" / host
+
     def add(self, name: str, argv: list[str], env: dict[str, str] | None = None, supervised: bool = True) -> Proc:
+        if self.lab is not None:  # in its namespace, its wall clock read through a file the nemesis may skew
+            host = self.host_of(name)
+            clock = self.clock(host)
+            clock.parent.mkdir(parents=True, exist_ok=True)
+            if not clock.exists():
+                clock.write_text("0\n")
+            if argv[1:2] == ["-m"]:
+                argv = [argv[0], "-m", "experiments.chaos.skew", str(clock), *argv[2:]]
+            argv = [*self.lab.prefix(host), *argv]
         proc = Proc(name, argv, self.outdir / "logs", env or {}, supervised=supervised)
         self.procs[name] = proc
         proc.start()
@@ -289,7 +314,8 @@ class Run:
         self.add("spark", python("experiments.chaos.spark_job", "--zk", info.zk, "--kafka", info.kafka, "--root",
                                  ROOT, "--source", A_OUT, "--target", B_OUT, "--sink", SINK_B,
                                  "--checkpoint", str(self.outdir / "spark-checkpoint"),
-                                 *(["--master", self.spark.url] if self.spark is not None else [])))
+                                 *(["--master", self.spark.url] if self.spark is not None else []),
+                                 *(["--host", self.lab.ip("spark")] if self.lab is not None else [])))
         if not self.faust:
             return
         self.add("faust", python("experiments.faust_job", "worker", "-l", "warn", "--without-web"),
@@ -442,11 +468,11 @@ class Run:
         ev = self.event(f.kind, f.target, f.duration)
         if f.kind == "kill-coordinator" and (self.coordinator is None or not self.coordinator.alive()):
             # No operation under way: start one (idempotent: align the running version of A) to kill.
-            job = job_a_name(self.newest_generation())
-            self.coordinator = self.add(f"coord-x{len(self.events)}",
-                                        self.cli("align", job, "--subject", IN, "--timeout", "240", "--json"))
-            self.coordinator.long_running = False
+            self.start_idle_op()
             yield from wait_until(time.time() + rng.uniform(0.3, 2.0))
+        if f.kind in NETWORK:
+            yield from self.network_fault(f, ev)
+            return
         if f.kind == "damage-state":
             proc = self.kill_target(Fault(f.at, "kill-worker", f.target), rng)
             if proc is None or not proc.kill():
@@ -536,6 +562,121 @@ class Run:
                 yield from self.pause(target.pid, True, f.duration)
                 target.paused = False
 
+    # ---- network and clock faults (--netns) ----------------------------------------------------
+
+    def zk_hosts(self) -> list[str]:
+        if self.ensemble is not None:
+            return [self.ensemble.name(i) for i in range(self.ensemble.servers)]
+        return ["zookeeper"]
+
+    def net_host(self, target: str) -> str | None:
+        """The namespace of a fault's target component (None: nothing of it runs)."""
+        words = target.split()
+        if words[0] == "worker":
+            live = [p for p in self.workers() if p.alive()]
+            proc = next((p for p in live if p.name.endswith(f"-{words[1]}")), live[0] if live else None)
+            return proc.name if proc is not None else None
+        if words[0] == "executor":
+            return f"spark-w{int(words[1]) + 1}" if self.spark is not None else None
+        if words[0] == "coordinator":
+            return "coord"
+        if words[0] == "broker":
+            return "kafka"
+        if words[:2] == ["zk", "leader"]:
+            if self.ensemble is None:
+                return "zookeeper"
+            with contextlib.suppress(StackError):
+                return self.ensemble.name(self.ensemble.leader())
+            return None
+        return words[0] if words[0] in self.procs else None
+
+    def network_fault(self, f: Fault, ev: dict[str, Any]) -> Step:
+        """Cut, slow or skew one component (or split the ensemble) for ``f.duration``, then heal it."""
+        lab = self.lab
+        assert lab is not None and self.info is not None
+        if f.kind in ("split-zk", "bridge-zk"):
+            ensemble = self.ensemble
+            if ensemble is None:
+                ev["target"] = "(none: one ZooKeeper server)"
+                return
+            try:
+                leader = ensemble.leader()
+            except StackError:
+                ev["target"] = "(none: no leader)"
+                return
+            others = [i for i in range(ensemble.servers) if i != leader]
+            if f.kind == "split-zk":  # a minority of one: the leader itself, or a follower
+                alone = leader if f.target == "leader" else others[0]
+                rest = [ensemble.name(i) for i in range(ensemble.servers) if i != alone]
+                lab.cut(ensemble.name(alone), rest)
+                ev["target"] = f"server {alone + 1} ({f.target}) alone"
+                undo = [(ensemble.name(alone), rest)]
+            else:  # a bridge: two sides that do not see each other, one server (the leader or not) in both
+                bridge = leader if f.target == "leader" else others[0]
+                a, b = [i for i in range(ensemble.servers) if i != bridge][:2]
+                lab.cut(ensemble.name(a), [ensemble.name(b)])
+                ev["target"] = f"servers {a + 1} and {b + 1} apart, server {bridge + 1} ({f.target}) bridges"
+                undo = [(ensemble.name(a), [ensemble.name(b)])]
+            yield from wait_until(time.time() + f.duration)
+            for side, peers in undo:
+                lab.join(side, peers)
+            yield from wait_for(lambda: self._quorum_serves(), 120)
+            yield from wait_until(time.time() + ZK_SETTLE)
+            return
+        if f.kind == "cut-driver":
+            host = self.net_host(f.target)
+            if host is None:
+                ev["target"] = "(none: no cluster)"
+                return
+            peers = ["spark", "spark-master"]
+            lab.cut(host, peers)
+            ev["target"] = f"{host} from the driver and master"
+            yield from wait_until(time.time() + f.duration)
+            lab.join(host, peers)
+            return
+        words = f.target.split()
+        if words[0] == "coordinator" and (self.coordinator is None or not self.coordinator.alive()):
+            self.start_idle_op()
+        host = self.net_host(f.target)
+        if host is None:
+            ev["target"] = f"{f.target} (none alive)"
+            return
+        if f.kind == "skew-clock":
+            offset = float(words[-1].rstrip("s"))
+            self.clock(host).write_text(f"{offset}\n")
+            ev["target"] = f"{host} {offset:+.0f}s"
+            yield from wait_until(time.time() + f.duration)
+            self.clock(host).write_text("0\n")
+            return
+        if f.kind == "slow-link":
+            rng = random.Random(f"{self.seed}/{f.at}/slow")
+            kbit, loss = rng.choice((64, 256, 1024)), rng.choice((0, 20, 50, 100))
+            lab.slow_link(host, kbit, loss)
+            ev["target"] = f"{host} at {kbit} kbit/s, {loss / 10:g}% loss"
+            yield from wait_until(time.time() + f.duration)
+            lab.fast_link(host)
+            return
+        peers = {"cut-zk": self.zk_hosts(), "cut-kafka": ["kafka"], "cut-both": [*self.zk_hosts(), "kafka"]}[f.kind]
+        lab.cut(host, peers)
+        ev["target"] = f"{host} from " + {"cut-zk": "ZooKeeper", "cut-kafka": "Kafka", "cut-both": "both"}[f.kind]
+        yield from wait_until(time.time() + f.duration)
+        lab.join(host, peers)
+
+    def _quorum_serves(self) -> bool:
+        ensemble = self.ensemble
+        if ensemble is None:
+            return True
+        modes = [ensemble.mode(i) for i in range(ensemble.servers)]
+        return "leader" in modes and all(m in ("leader", "follower") for m in modes)
+
+    def start_idle_op(self) -> None:
+        """No coordinator operation under way: start one (idempotent: align the running version of A) for a
+        fault to hit."""
+        job = job_a_name(self.newest_generation())
+        self.coordinator = self.add(f"coord-x{len(self.events)}",
+                                    self.cli("align", job, "--subject", IN, "--timeout", "240", "--json"))
+        self.coordinator.long_running = False
+
     def kill_target(self, f: Fault, rng: random.Random) -> Proc | None:
         if f.kind == "kill-worker":
             live = [p for p in self.workers() if p.alive()]
@@ -557,6 +698,10 @@ class Run:
     # ---- heal and drain ------------------------------------------------------------------------
 
     def heal(self) -> None:
+        if self.lab is not None:
+            self.lab.heal()
+            for clock in (self.outdir / "clock").glob("*"):
+                clock.write_text("0\n")
         for pid in list(self.paused):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGCONT)
@@ -591,6 +736,8 @@ def _hard_stop(run: Run) -> None:
     for pid in (*servers, run.info.zk_pid, run.info.kafka_pid) if run.info is not None else ():
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+    if run.lab is not None:
+        run.lab.close()
     run.say(f"[red]stopped[/]: the run did not unwind within {STOP_GRACE:.0f}s of the signal; everything was killed")
     os._exit(130)
 
@@ -626,7 +773,8 @@ def run_stack(run: Run) -> Iterator[Run]:
     memory), and its workers would find subjects without topics (a soak rerun in its default directory did)."""
     shutil.rmtree(run.outdir, ignore_errors=True)
     run.outdir.mkdir(parents=True, exist_ok=True)
-    stack = EmbeddedStack(workdir=run.outdir / "stack", zk_servers=run.zk_servers)
+    run.lab = NetLab().open() if run.netns else None
+    stack = EmbeddedStack(workdir=run.outdir / "stack", zk_servers=run.zk_servers, netns=run.lab)
     run.ensemble = stack.ensemble
     (run.outdir / "stack").mkdir(parents=True, exist_ok=True)
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)
@@ -634,15 +782,18 @@ def run_stack(run: Run) -> Iterator[Run]:
         with interrupts_unwind(run):
             run.info = stack.start()
             if run.ensemble is None:
-                run.zk_argv = Path(f"/proc/{run.info.zk_pid}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
+                run.zk_argv = [*stack.prefix("zookeeper"), *Path(f"/proc/{run.info.zk_pid}/cmdline").read_bytes()
+                               .rstrip(b"\0").decode().split("\0")]
             run.say(f"stack: ZooKeeper {run.info.zk} (pid {run.info.zk_pid}), Kafka {run.info.kafka} "
                     f"(pid {run.info.kafka_pid}); logs in {run.outdir}")
             run.led = Ledger.connect(run.info.zk, ROOT)
             if run.spark_workers:
-                run.spark = SparkCluster(run.outdir / "spark", workers=run.spark_workers)
+                run.spark = SparkCluster(run.outdir / "spark", workers=run.spark_workers, netns=run.lab)
                 run.say(f"Spark standalone cluster {run.spark.start()}, {run.spark_workers} workers")
             yield run
     finally:
+        if run.history is not None:
+            run.history.stop()
         for proc in list(run.procs.values()):
             proc.kill()
         if run.zk_proc is not None:
@@ -653,6 +804,8 @@ def run_stack(run: Run) -> Iterator[Run]:
         if run.spark is not None:
             run.spark.stop()
         stack.stop()
+        if run.lab is not None:
+            run.lab.close()
 
 
 def execute(run: Run, drain_timeout: float = 600.0) -> dict[str, Any]:
@@ -665,6 +818,10 @@ def _play(run: Run, drain_timeout: float) -> dict[str, Any]:
     healing = False
     run.started = time.time()
     run.start_chain()
+    from experiments.chaos.history import History
+
+    assert run.info is not None
+    run.history = History(run.info.zk, ROOT, [IN, A_OUT, B_OUT, F_OUT]).start()
     loops: list[Step] = [run.restarter(lambda: healing), run.nemesis(), run.lane(run.ops), *run.watchers]
     done: set[int] = set()
 
@@ -707,14 +864,17 @@ def _play(run: Run, drain_timeout: float) -> dict[str, Any]:
         retention.terminate(30)
         run.retained = run.retained or any(map(retention_removed, retention.stderr_tail(1 << 22).splitlines()))
     drained = run.rel()
-    run.say(f"{drained:7.1f}s  drained; checking every subject by epoch")
+    run.history.stop()
+    run.say(f"{drained:7.1f}s  drained; checking every subject by epoch ({run.history.looks} looks at the ledger "
+            "during the run)")
     from experiments.chaos.checker import check
 
     assert run.led is not None and run.info is not None
     versions = range(1, run.newest_generation() + 1)
     jobs_a = [job_a_name(g) for g in versions]
     result = check(run.led, run.info.kafka, produced, NAMES, faust=run.faust, jobs_a=jobs_a, retained=run.retained,
-                   workers_a=[workers_of(g, run.rescale) for g in versions])
+                   workers_a=[workers_of(g, run.rescale) for g in versions], history=run.history)
+    result["history"] = run.history.as_json()
     return {"check": result, "nemesis_end": nemesis_end, "drained": drained, "checked": run.rel()}
 
 

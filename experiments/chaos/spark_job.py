@@ -8,6 +8,7 @@ SIGTERM. Prints ``jvm PID`` when the session is up and ``batch B`` for each comm
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import threading
 
@@ -38,6 +39,7 @@ def main() -> None:
         ap.add_argument(f"--{name}", required=True)
     ap.add_argument("--epochs-per-batch", default=None, help="a cap (default: every committed epoch per batch)")
     ap.add_argument("--master", default="local[2]", help="local[2], or a standalone cluster's spark://...")
+    ap.add_argument("--host", default=None, help="the driver's address (its network namespace's, with --netns)")
     args = ap.parse_args()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -48,7 +50,10 @@ def main() -> None:
     from aligner.connectors.spark.session import local_session
     from experiments.common import SPARK_QUICK_DRIVER
 
-    spark = local_session(args.master, "chaos-b", **SPARK_QUICK_DRIVER)
+    if args.host:  # executors connect back to the driver at this address
+        os.environ["SPARK_LOCAL_IP"] = args.host
+    where = {"spark.driver.host": args.host, "spark.driver.bindAddress": args.host} if args.host else {}
+    spark = local_session(args.master, "chaos-b", **SPARK_QUICK_DRIVER, **where)
     say(f"jvm {spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()}")
     clear_unfinished_writes(args.checkpoint, spark)  # a SIGKILL mid-write must not keep it from starting again
     conn = {"zk": args.zk, "kafka": args.kafka, "root": args.root}

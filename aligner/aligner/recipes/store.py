@@ -65,6 +65,14 @@ class Store:
     def close(self) -> None:
         self.zk.stop_session()
 
+    def sync(self) -> None:
+        """Make the reads that follow see every write committed before this call, by any session
+        (:meth:`aligner.zk.RetryingClient.sync`): for a decision taken in one process from what another one
+        wrote, such as a Spark micro-batch planned in one Python worker after the previous one was
+        committed in another."""
+        self._trip("sync")
+        self.zk.sync(self.layout.root)
+
     def cached(self, subject: str, epoch: int) -> CommittedEpoch | None:
         with self._lock:
             return self._committed.get((subject, epoch))

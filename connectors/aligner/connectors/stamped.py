@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,6 +32,7 @@ from typing import Any
 from confluent_kafka import KafkaException, Producer
 
 from aligner.connectors.kafka import producer_config, requires_abort, retriable
+from aligner.connectors.watchdog import WARN_AFTER
 from aligner.epochs import ranges_for
 from aligner.errors import AlignerError, EpochFailedError, StoppedError
 from aligner.keys import routes
@@ -43,6 +45,32 @@ SLICE = 1.0
 """Seconds a blocking Kafka call waits before the stop flag is checked again."""
 
 _key_of = itemgetter(0)
+
+
+class BrokerWait:
+    """One wait of a producer on the broker (its epoch's records, or the end of its transaction): when it
+    lasts :data:`~aligner.connectors.watchdog.WARN_AFTER` seconds the producer says why it commits nothing
+    (once), and says so again when the broker answers. A component cut off from Kafka but not from
+    ZooKeeper otherwise waits without a word: librdkafka's own log is silenced (:data:`~.kafka.QUIET`) and
+    a silent partition breaks no connection for a minute."""
+
+    def __init__(self, producer: str, what: str, warn_after: float = WARN_AFTER) -> None:
+        self.producer, self.what, self.warn_after = producer, what, warn_after
+        self.since = time.monotonic()
+        self.warned = False
+
+    def still(self, detail: str) -> None:
+        waited = time.monotonic() - self.since
+        if not self.warned and waited >= self.warn_after:
+            self.warned = True
+            log.warning("producer %s: the broker has not answered for %.0fs (%s: %s); nothing is committed until "
+                        "it does; still waiting", self.producer, waited, self.what, detail)
+
+    def answered(self) -> None:
+        if self.warned:
+            log.warning("producer %s: the broker answered again after %.0fs", self.producer,
+                        time.monotonic() - self.since)
+            self.warned = False
 
 
 @dataclass(frozen=True)
@@ -356,14 +384,18 @@ class StampedProducer(Lane):
         """Run a blocking transactional call in slices until it answers: a paused or unreachable
         broker is waited for (retriable timeouts), a stop request ends the wait. A commit or abort
         (``ends_transaction``) that had to be waited for marks the producer stale (see :meth:`_renew`)."""
+        waiting = BrokerWait(self.name, "the end of its transaction" if ends_transaction else "a transactional call")
         while True:
             try:
-                return call(SLICE)
+                answer = call(SLICE)
+                waiting.answered()
+                return answer
             except KafkaException as exc:
                 if not retriable(exc):
                     raise
                 if ends_transaction and self._kp is not None:
                     self._kp.stale = True
+                waiting.still(str(exc.args[0]) if exc.args else type(exc).__name__)
             if self._stopping():
                 raise StoppedError(f"producer {self.name}: stopped waiting for Kafka")
 
@@ -408,9 +440,12 @@ class StampedProducer(Lane):
         except Exception as exc:
             self.error = self.error or exc  # the epoch fails below
         kp = self.kp
-        while kp.flush(SLICE) and self.error is None:  # librdkafka fails a delivery after its own timeout
+        waiting = BrokerWait(self.name, f"epoch {epoch}'s records")
+        while (left := kp.flush(SLICE)) and self.error is None:  # librdkafka fails a delivery after its own timeout
             if self._stopping():
                 raise StoppedError(f"producer {self.name}: stopped during epoch {epoch}")
+            waiting.still(f"{left} not delivered yet")
+        waiting.answered()
         if self.error is not None:
             raise EpochFailedError(f"epoch {epoch} of producer {self.name}: delivery failed ({self.error})")
         return {subject: lane._written(starts[subject], epoch) for subject, lane in self.lanes.items()}

@@ -16,6 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aligner.coordinator.processes import (
     ZK_CLASSPATH,
@@ -26,6 +27,9 @@ from aligner.coordinator.processes import (
     wait_for,
 )
 from aligner.errors import NoQuorumError, StackError
+
+if TYPE_CHECKING:
+    from aligner.coordinator.netns import NetLab
 
 ZK_LOGGING = ("/usr/share/java/maven3-slf4j-provider.jar", "/usr/share/java/maven-shared-utils.jar")
 """An SLF4J binding Debian ships (Maven's simple logger): with it each server's log says what the quorum did
@@ -43,10 +47,10 @@ class ServerPorts:
     election: int
 
 
-def _mode(port: int) -> str | None:
+def _mode(port: int, host: str = "127.0.0.1") -> str | None:
     """``leader``, ``follower`` (or ``standalone``) from ``srvr``; None when the server does not serve."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+        with socket.create_connection((host, port), timeout=0.5) as s:
             s.sendall(b"srvr")
             data = b""
             while chunk := s.recv(4096):
@@ -68,13 +72,15 @@ def _logging() -> tuple[str, ...]:
     return ZK_LOGGING if all(Path(p).exists() for p in ZK_LOGGING) else ()
 
 
-def spawn_server(workdir: Path, i: int, tie_to_parent: bool) -> subprocess.Popen[bytes]:
-    """Start server ``i`` of the ensemble in ``workdir`` on its existing zoo.cfg and data."""
+def spawn_server(workdir: Path, i: int, tie_to_parent: bool,
+                 prefix: list[str] | None = None) -> subprocess.Popen[bytes]:
+    """Start server ``i`` of the ensemble in ``workdir`` on its existing zoo.cfg and data (``prefix``: in its
+    network namespace)."""
     home = server_dir(workdir, i)
     argv = [_java(), f"-Xms{ENSEMBLE_HEAP}", f"-Xmx{ENSEMBLE_HEAP}", "-XX:+AlwaysPreTouch",
             f"-Dzookeeper.log.dir={home}", "-cp", ":".join((*ZK_CLASSPATH, *_logging())),
             "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(home / "zoo.cfg")]
-    return _spawn(argv, home, SERVER_LOG, tie_to_parent)
+    return _spawn([*(prefix or []), *argv], home, SERVER_LOG, tie_to_parent)
 
 
 SERVER_LOG = "zookeeper.log"
@@ -110,9 +116,9 @@ def move_data_aside(workdir: Path, i: int) -> Path:
     return aside
 
 
-def quorum_without(ports: list[int], i: int) -> bool:
+def quorum_without(ports: list[int], i: int, hosts: list[str] | None = None) -> bool:
     """Whether the ensemble's other members serve with a leader among them (client ports, 0-based ``i``)."""
-    modes = [_mode(p) for j, p in enumerate(ports) if j != i]
+    modes = [_mode(p, hosts[j] if hosts else "127.0.0.1") for j, p in enumerate(ports) if j != i]
     return "leader" in modes and sum(m in ("leader", "follower") for m in modes) > len(ports) // 2
 
 
@@ -120,21 +126,33 @@ class ZkEnsemble:
     """``servers`` ZooKeeper servers on loopback forming one ensemble; its children die with the caller
     unless ``tie_to_parent`` is False."""
 
-    def __init__(self, workdir: Path, servers: int = 3, tie_to_parent: bool = True) -> None:
+    def __init__(self, workdir: Path, servers: int = 3, tie_to_parent: bool = True,
+                 netns: NetLab | None = None) -> None:
+        """``netns``: each server in a network namespace of its own (``zk1``, ``zk2``, ...) of that lab."""
         if servers < 3 or servers % 2 == 0:
             raise StackError(f"a ZooKeeper ensemble has an odd number of servers, at least 3 (got {servers})")
         self.workdir = Path(workdir).resolve()  # each server runs in its own directory: paths must be absolute
         self.servers = servers
         self.tie_to_parent = tie_to_parent
+        self.netns = netns
         self.ports = [ServerPorts(free_port(), free_port(), free_port()) for _ in range(servers)]
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._log_at: dict[int, int] = {}
         """Size of each server's log when it was last started."""
 
+    @staticmethod
+    def name(i: int) -> str:
+        """Server ``i``'s namespace name in a lab."""
+        return f"zk{i + 1}"
+
+    def host(self, i: int) -> str:
+        """Server ``i``'s address: loopback, or its own namespace's."""
+        return self.netns.ip(self.name(i)) if self.netns is not None else "127.0.0.1"
+
     @property
     def hosts(self) -> str:
         """The client connect string naming every server."""
-        return ",".join(f"127.0.0.1:{p.client}" for p in self.ports)
+        return ",".join(f"{self.host(i)}:{p.client}" for i, p in enumerate(self.ports))
 
     def _dir(self, i: int) -> Path:
         return server_dir(self.workdir, i)
@@ -144,10 +162,10 @@ class ZkEnsemble:
         data.mkdir(parents=True, exist_ok=True)
         (data / "myid").write_text(f"{i + 1}\n")
         cfg = self._dir(i) / "zoo.cfg"
-        peers = "".join(f"server.{j + 1}=127.0.0.1:{p.quorum}:{p.election}\n" for j, p in enumerate(self.ports))
+        peers = "".join(f"server.{j + 1}={self.host(j)}:{p.quorum}:{p.election}\n" for j, p in enumerate(self.ports))
         cfg.write_text(
             "tickTime=500\ninitLimit=20\nsyncLimit=10\n"
-            f"dataDir={data}\nclientPort={self.ports[i].client}\nclientPortAddress=127.0.0.1\n"
+            f"dataDir={data}\nclientPort={self.ports[i].client}\nclientPortAddress={self.host(i)}\n"
             "admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,mntr,cons\n"
             "autopurge.snapRetainCount=3\nautopurge.purgeInterval=1\n"
             "maxClientCnxns=0\nminSessionTimeout=1000\nforceSync=no\n"
@@ -164,7 +182,8 @@ class ZkEnsemble:
         if not (self._dir(i) / "zoo.cfg").exists():
             self._write_cfg(i)
         self._log_at[i] = log_size(self.workdir, i)
-        self._procs[i] = spawn_server(self.workdir, i, self.tie_to_parent)
+        prefix = self.netns.prefix(self.name(i)) if self.netns is not None else None
+        self._procs[i] = spawn_server(self.workdir, i, self.tie_to_parent, prefix)
 
     def start(self, timeout: float = 120.0) -> str:
         """Start every server; returns once a quorum serves (a leader and every other server following)."""
@@ -187,7 +206,7 @@ class ZkEnsemble:
                     raise StackError(f"ZooKeeper server {i + 1} exited (code {proc.returncode}); "
                                      f"see {self._dir(i) / SERVER_LOG}")
             wanted = servers if servers is not None else [i for i in self._procs if self.pid(i) is not None]
-            modes = {i: _mode(self.ports[i].client) for i in range(self.servers)}
+            modes = {i: self.mode(i) for i in range(self.servers)}
             return "leader" in modes.values() and all(modes[i] in ("leader", "follower") for i in wanted)
 
         wait_for(ready, timeout, f"a ZooKeeper ensemble of {self.servers} to elect a leader", interval=0.2)
@@ -204,7 +223,7 @@ class ZkEnsemble:
         return [p for i in range(self.servers) if (p := self.pid(i)) is not None]
 
     def mode(self, i: int) -> str | None:
-        return _mode(self.ports[i].client)
+        return _mode(self.ports[i].client, self.host(i))
 
     def leader(self) -> int:
         """Index of the serving leader (raises when there is none right now)."""
@@ -241,7 +260,7 @@ class ZkEnsemble:
         except StackError:
             if not self.damaged(i):
                 raise
-            if not quorum_without([p.client for p in self.ports], i):
+            if not quorum_without([p.client for p in self.ports], i, [self.host(j) for j in range(self.servers)]):
                 raise NoQuorumError(f"ZooKeeper server {i + 1} refuses its damaged data and the other servers "
                                     "hold no quorum to rebuild it from; its data is left as it is") from None
             self.rebuild(i)

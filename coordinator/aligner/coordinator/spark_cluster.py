@@ -19,10 +19,13 @@ import subprocess
 import sys
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aligner.coordinator.processes import _alive, _kill_group, _spawn, free_port, wait_for
 from aligner.errors import StackError
+
+if TYPE_CHECKING:
+    from aligner.coordinator.netns import NetLab
 
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -70,17 +73,27 @@ class SparkCluster:
     """A standalone master and ``workers`` workers of ``cores`` cores each, in ``workdir``."""
 
     def __init__(self, workdir: Path, workers: int = 2, cores: int = 1, memory: str = "1g",
-                 tie_to_parent: bool = True) -> None:
+                 tie_to_parent: bool = True, netns: NetLab | None = None) -> None:
+        """``netns``: the master (``spark-master``) and each worker (``spark-w1``, ...) in a network namespace
+        of its own of that lab; executors run in their worker's."""
         self.workdir = Path(workdir).resolve()  # processes run in it: paths handed to them must be absolute
         self.workers, self.cores, self.memory = workers, cores, memory
         self.tie_to_parent = tie_to_parent
+        self.netns = netns
         self.port, self.ui_port = free_port(), free_port()
         self._master: subprocess.Popen[bytes] | None = None
         self._workers: dict[int, subprocess.Popen[bytes]] = {}
 
     @property
+    def master_host(self) -> str:
+        return self.netns.ip("spark-master") if self.netns is not None else "127.0.0.1"
+
+    def _prefix(self, name: str) -> list[str]:
+        return self.netns.prefix(name) if self.netns is not None else []
+
+    @property
     def url(self) -> str:
-        return f"spark://127.0.0.1:{self.port}"
+        return f"spark://{self.master_host}:{self.port}"
 
     def _class(self, cls: str, *args: str) -> list[str]:
         return [str(spark_home() / "bin" / "spark-class"), cls, *args]
@@ -89,9 +102,11 @@ class SparkCluster:
         """Start the master and every worker; returns the master URL once all workers registered."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            self._master = _spawn(self._class("org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                              "--port", str(self.port), "--webui-port", str(self.ui_port)),
-                                  self.workdir, "master.log", self.tie_to_parent, _env())
+            host = self.master_host
+            self._master = _spawn([*self._prefix("spark-master"), *self._class(
+                "org.apache.spark.deploy.master.Master", "--host", host, "--port", str(self.port),
+                "--webui-port", str(self.ui_port))], self.workdir, "master.log", self.tie_to_parent,
+                _env() | {"SPARK_LOCAL_IP": host})
             for i in range(self.workers):
                 self.start_worker(i)
             self.wait_workers(self.workers, timeout)
@@ -106,21 +121,21 @@ class SparkCluster:
         work = self.workdir / f"worker-{i + 1}"
         work.mkdir(exist_ok=True)
         host = self.host(i)
-        self._workers[i] = _spawn(self._class("org.apache.spark.deploy.worker.Worker", "--host", host,
-                                              "--cores", str(self.cores), "--memory", self.memory,
-                                              "--webui-port", str(free_port()), "--work-dir", str(work), self.url),
+        self._workers[i] = _spawn([*self._prefix(f"spark-w{i + 1}"), *self._class(
+                                  "org.apache.spark.deploy.worker.Worker", "--host", host,
+                                  "--cores", str(self.cores), "--memory", self.memory,
+                                  "--webui-port", str(free_port()), "--work-dir", str(work), self.url)],
                                   self.workdir, f"worker-{i + 1}.log", self.tie_to_parent,
                                   _env() | {"SPARK_LOCAL_IP": host})
 
-    @staticmethod
-    def host(i: int) -> str:
-        """Worker ``i``'s own loopback address: Spark treats each as a host of its own (a speculative copy of
-        a task, for one, never runs on a host that already runs the task)."""
-        return f"127.0.0.{i + 2}"
+    def host(self, i: int) -> str:
+        """Worker ``i``'s own address (loopback, or its namespace's): Spark treats each as a host of its own
+        (a speculative copy of a task, for one, never runs on a host that already runs the task)."""
+        return self.netns.ip(f"spark-w{i + 1}") if self.netns is not None else f"127.0.0.{i + 2}"
 
     def state(self) -> dict[str, Any]:
         """The master's own view (its web UI's JSON): workers, their state, applications."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as reply:
+        with urllib.request.urlopen(f"http://{self.master_host}:{self.ui_port}/json/", timeout=5) as reply:
             return dict(json.load(reply))
 
     def alive_workers(self) -> int:

@@ -51,6 +51,7 @@ from aligner.extras import install_hint, missing
 
 if TYPE_CHECKING:
     from aligner.coordinator.ensemble import ZkEnsemble
+    from aligner.coordinator.netns import NetLab
 
 ZK_TLS_CLASSPATH = ("/usr/share/java/netty-codec.jar",)
 """Netty's SslHandler needs netty-codec, which Debian's zookeeper.jar manifest leaves out (libnetty-java,
@@ -232,10 +233,10 @@ class Component:
         return self.state == "up"
 
 
-def _zk_ok(port: int, tls: TlsFiles | None = None) -> bool:
+def _zk_ok(port: int, tls: TlsFiles | None = None, host: str = "127.0.0.1") -> bool:
     """ZooKeeper answers ``ruok`` (over TLS with the stack's client certificate on a secure port)."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as raw:
+        with socket.create_connection((host, port), timeout=0.5) as raw:
             s: socket.socket = raw
             if tls is not None:
                 ctx = ssl.create_default_context(cafile=str(tls.ca))
@@ -247,22 +248,22 @@ def _zk_ok(port: int, tls: TlsFiles | None = None) -> bool:
         return False
 
 
-def _tcp_ok(port: int) -> bool:
+def _tcp_ok(port: int, host: str = "127.0.0.1") -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        with socket.create_connection((host, port), timeout=0.5):
             return True
     except OSError:
         return False
 
 
-def _kafka_ok(port: int) -> bool:
+def _kafka_ok(port: int, host: str = "127.0.0.1") -> bool:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    if not _tcp_ok(port):
+    if not _tcp_ok(port, host):
         return False
     try:
-        AdminClient({"bootstrap.servers": f"127.0.0.1:{port}", "log_level": 0}).list_topics(timeout=2)
+        AdminClient({"bootstrap.servers": f"{host}:{port}", "log_level": 0}).list_topics(timeout=2)
     except KafkaException:
         return False
     return True
@@ -302,12 +303,12 @@ def _paused(pid: int) -> bool:
 
 # ---- starting components ---------------------------------------------------------------------
 
-def _write_zoo_cfg(workdir: Path, port: int, tls: TlsFiles | None = None) -> Path:
+def _write_zoo_cfg(workdir: Path, port: int, tls: TlsFiles | None = None, host: str = "127.0.0.1") -> Path:
     """``tls``: only a secure client port (no plaintext port to bypass it), client certificates required."""
     data = workdir / "zk-data"
     data.mkdir(parents=True, exist_ok=True)
     cfg = workdir / "zoo.cfg"
-    listen = f"clientPort={port}\nclientPortAddress=127.0.0.1\n" if tls is None else (
+    listen = f"clientPort={port}\nclientPortAddress={host}\n" if tls is None else (
         f"secureClientPort={port}\nsecureClientPortAddress=127.0.0.1\n"
         f"serverCnxnFactory={NETTY_FACTORY}\n"
         f"ssl.keyStore.location={tls.server_keystore}\nssl.keyStore.type=PEM\n"
@@ -331,7 +332,9 @@ def _write_zoo_cfg(workdir: Path, port: int, tls: TlsFiles | None = None) -> Pat
 
 
 def _spawn_component(name: str, workdir: Path, port: int, tie_to_parent: bool,
-                     tls: TlsFiles | None = None) -> subprocess.Popen[bytes]:
+                     tls: TlsFiles | None = None, host: str = "127.0.0.1",
+                     prefix: list[str] | None = None) -> subprocess.Popen[bytes]:
+    """``host``/``prefix``: the address it serves on, and what runs it in its network namespace (--netns)."""
     if name == ZOOKEEPER:
         cfg = workdir / "zoo.cfg"
         if not cfg.exists():
@@ -342,10 +345,10 @@ def _spawn_component(name: str, workdir: Path, port: int, tie_to_parent: bool,
         argv = [_java(), "-Xms512m", "-Xmx512m", "-XX:+AlwaysPreTouch", "-Dzookeeper.log.dir=" + str(workdir),
                 "-cp", ":".join(classpath), "org.apache.zookeeper.server.ZooKeeperServerMain", str(cfg)]
     else:
-        url = f"tcp://127.0.0.1:{port}"
+        url = f"tcp://{host}:{port}"
         argv = [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
                 "--storage-engine", "memory://tansu/"]
-    return _spawn(argv, workdir, _LOGS[name], tie_to_parent)
+    return _spawn([*(prefix or []), *argv], workdir, _LOGS[name], tie_to_parent)
 
 
 def _start_retention(info: StackInfo, timeout: float) -> StackInfo:
@@ -363,9 +366,9 @@ def _start_retention(info: StackInfo, timeout: float) -> StackInfo:
 
 
 def _await_ready(name: str, proc: subprocess.Popen[bytes], port: int, workdir: Path, timeout: float,
-                 tls: TlsFiles | None = None) -> None:
+                 tls: TlsFiles | None = None, host: str = "127.0.0.1") -> None:
     def ok() -> bool:
-        return _zk_ok(port, tls) if name == ZOOKEEPER else _kafka_ok(port)
+        return _zk_ok(port, tls, host) if name == ZOOKEEPER else _kafka_ok(port, host)
 
     wait_for(lambda: ok() or proc.poll() is not None, timeout, f"{LABELS[name]} on port {port} to answer")
     if proc.poll() is not None:
@@ -376,9 +379,11 @@ class EmbeddedStack:
     """Starts, health-checks and stops ZooKeeper + Tansu; usable as a context manager."""
 
     def __init__(self, workdir: Path | None = None, tie_to_parent: bool = True, zk_tls: bool = False,
-                 zk_servers: int = 1) -> None:
+                 zk_servers: int = 1, netns: NetLab | None = None) -> None:
         """``zk_tls``: ZooKeeper serves only a TLS client port (see the module docstring); off by default.
-        ``zk_servers`` > 1: a ZooKeeper ensemble of that many servers (:attr:`ensemble`) instead of one."""
+        ``zk_servers`` > 1: a ZooKeeper ensemble of that many servers (:attr:`ensemble`) instead of one.
+        ``netns``: each server in a network namespace of its own of that (open) lab, on its address there
+        (:mod:`aligner.coordinator.netns`), so faults can cut the network between components."""
         if zk_servers > 1 and zk_tls:
             raise StackError("a ZooKeeper ensemble with TLS is not supported by the embedded stack yet")
         self._own_workdir = workdir is None
@@ -387,12 +392,20 @@ class EmbeddedStack:
         self.tie_to_parent = tie_to_parent
         self.zk_tls = zk_tls
         self.zk_servers = zk_servers
+        self.netns = netns
         self.tls: TlsFiles | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
         self.info: StackInfo | None = None
         from aligner.coordinator.ensemble import ZkEnsemble  # it builds on this module's helpers
 
-        self.ensemble = ZkEnsemble(self.workdir, zk_servers, tie_to_parent) if zk_servers > 1 else None
+        self.ensemble = ZkEnsemble(self.workdir, zk_servers, tie_to_parent, netns) if zk_servers > 1 else None
+
+    def host(self, name: str) -> str:
+        """Component ``name``'s address: loopback, or its namespace's with ``netns``."""
+        return self.netns.ip(name) if self.netns is not None else "127.0.0.1"
+
+    def prefix(self, name: str) -> list[str]:
+        return self.netns.prefix(name) if self.netns is not None else []
 
     def start(self, timeout: float = 60.0) -> StackInfo:
         if self.ensemble is not None:
@@ -400,32 +413,37 @@ class EmbeddedStack:
         zk_port, kafka_port = free_port(), free_port()
         try:
             self.tls = make_tls(self.workdir) if self.zk_tls else None
-            _write_zoo_cfg(self.workdir, zk_port, self.tls)
-            zk = _spawn_component(ZOOKEEPER, self.workdir, zk_port, self.tie_to_parent, self.tls)
+            zk_host, kafka_host = self.host(ZOOKEEPER), self.host(KAFKA)
+            _write_zoo_cfg(self.workdir, zk_port, self.tls, zk_host)
+            zk = _spawn_component(ZOOKEEPER, self.workdir, zk_port, self.tie_to_parent, self.tls, zk_host,
+                                  self.prefix(ZOOKEEPER))
             self._procs.append(zk)
-            kafka = _spawn_component(KAFKA, self.workdir, kafka_port, self.tie_to_parent)
+            kafka = _spawn_component(KAFKA, self.workdir, kafka_port, self.tie_to_parent, None, kafka_host,
+                                     self.prefix(KAFKA))
             self._procs.append(kafka)
-            _await_ready(ZOOKEEPER, zk, zk_port, self.workdir, timeout, self.tls)
-            _await_ready(KAFKA, kafka, kafka_port, self.workdir, timeout)
+            _await_ready(ZOOKEEPER, zk, zk_port, self.workdir, timeout, self.tls, zk_host)
+            _await_ready(KAFKA, kafka, kafka_port, self.workdir, timeout, None, kafka_host)
         except BaseException:
             self.stop()
             raise
-        self.info = StackInfo(zk=f"127.0.0.1:{zk_port}", kafka=f"127.0.0.1:{kafka_port}",
+        self.info = StackInfo(zk=f"{zk_host}:{zk_port}", kafka=f"{kafka_host}:{kafka_port}",
                               workdir=str(self.workdir), zk_pid=zk.pid, kafka_pid=kafka.pid, zk_tls=self.zk_tls)
         return self.info
 
     def _start_with_ensemble(self, ensemble: ZkEnsemble, timeout: float) -> StackInfo:
         kafka_port = free_port()
         try:
-            kafka = _spawn_component(KAFKA, self.workdir, kafka_port, self.tie_to_parent)
+            kafka_host = self.host(KAFKA)
+            kafka = _spawn_component(KAFKA, self.workdir, kafka_port, self.tie_to_parent, None, kafka_host,
+                                     self.prefix(KAFKA))
             self._procs.append(kafka)
             hosts = ensemble.start(max(timeout, 120.0))
-            _await_ready(KAFKA, kafka, kafka_port, self.workdir, timeout)
+            _await_ready(KAFKA, kafka, kafka_port, self.workdir, timeout, None, kafka_host)
         except BaseException:
             self.stop()
             raise
         pids = ensemble.pids()
-        self.info = StackInfo(zk=hosts, kafka=f"127.0.0.1:{kafka_port}", workdir=str(self.workdir),
+        self.info = StackInfo(zk=hosts, kafka=f"{kafka_host}:{kafka_port}", workdir=str(self.workdir),
                               zk_pid=pids[0], kafka_pid=kafka.pid, zk_ports=tuple(p.client for p in ensemble.ports),
                               zk_pids=tuple(pids))
         return self.info
@@ -445,9 +463,9 @@ class EmbeddedStack:
         if self.pid(name) is not None:
             raise StackError(f"{name} is still running (pid {self.pid(name)})")
         port, tls = self.info.port(name), self.info.tls_files() if name == ZOOKEEPER else None
-        proc = _spawn_component(name, self.workdir, port, self.tie_to_parent, tls)
+        proc = _spawn_component(name, self.workdir, port, self.tie_to_parent, tls, self.host(name), self.prefix(name))
         self._procs.append(proc)
-        _await_ready(name, proc, port, self.workdir, timeout, tls)
+        _await_ready(name, proc, port, self.workdir, timeout, tls, self.host(name))
         return proc.pid
 
     def processes(self) -> list[subprocess.Popen[bytes]]:

@@ -421,6 +421,10 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
         """Claim the slots (and, for a job, take the old version's over at a swap) for this micro-batch."""
         conn = self.spec.conn
         ledger = ledger_for(conn.zk, conn.root)
+        # The previous micro-batch was committed by another Python worker's session: without a sync this one's
+        # server may still be behind it (a follower cut from its leader serves its old state for seconds), and
+        # the batch would be planned on the sink's previous epoch, which its commit then refuses.
+        ledger.sync()
         if self.node is not None:
             # The swap as planned: the planner never lets a batch run across S, nor past it before the swap
             # committed, so what the batch's tasks decide from it is what the commit decides.
@@ -500,6 +504,7 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
         settle_spark_heap()
         conn = self.spec.conn
         ledger = ledger_for(conn.zk, conn.root)
+        ledger.sync()  # the batch was planned by another session: read the sink as it is now (see _plan)
         if self.spec.job is not None:
             epoch = commit_job_batch(ledger, self.spec, self.producers, list(messages), batchId)
         else:
