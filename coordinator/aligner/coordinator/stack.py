@@ -48,6 +48,7 @@ from aligner.coordinator.processes import (
 )
 from aligner.errors import NoQuorumError, StackError
 from aligner.extras import install_hint, missing
+from aligner.layout import DEFAULT_ROOT
 
 if TYPE_CHECKING:
     from aligner.coordinator.ensemble import ZkEnsemble
@@ -100,7 +101,7 @@ class StackInfo:
     kafka_pid: int
     zk_tls: bool = False
     """ZooKeeper serves only a TLS (secure) client port; the client files are in ``workdir/tls``."""
-    root: str = "/aligner"
+    root: str = DEFAULT_ROOT
     """The ZooKeeper root the stack's retention loop collects."""
     retention_pid: int = 0
     """The stack's ``aligner retention run`` (0: started with ``--no-retention``)."""
@@ -621,7 +622,7 @@ def _restart_member(info: StackInfo, i: int, timeout: float, patience: float) ->
 
 
 def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False, retention: bool = True,
-             root: str = "/aligner", zk_servers: int = 1) -> tuple[StackInfo, dict[str, str]]:
+             root: str = DEFAULT_ROOT, zk_servers: int = 1) -> tuple[StackInfo, dict[str, str]]:
     """Start the detached stack, or restart only its components that are down.
 
     ``retention`` (a new stack only; a running one keeps what it was started with): also run the
