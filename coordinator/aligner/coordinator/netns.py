@@ -28,6 +28,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
+from aligner.coordinator.processes import _alive
 from aligner.errors import StackError
 
 PREFIX = "aln"
@@ -56,29 +57,19 @@ def available() -> str | None:
     return f"{', '.join(missing)} not found (apt-get install -y iproute2 nftables)" if missing else None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep() -> list[str]:
     """Remove the namespaces and bridges of labs whose owner is gone (a SIGKILLed checker cannot remove its
     own); returns what was removed. Labs of live owners are left alone."""
     removed = []
     for ns in _run(["ip", "netns", "list"], check=False).split():
         m = _OWNED.match(ns)
-        if m and not _pid_alive(int(m.group(1))):
+        if m and not _alive(int(m.group(1))):
             _run(["ip", "netns", "del", ns], check=False)
             removed.append(ns)
     for line in _run(["ip", "-o", "link", "show"], check=False).splitlines():
         name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
         m = _OWNED.match(name)
-        if m and not _pid_alive(int(m.group(1))):
+        if m and not _alive(int(m.group(1))):
             _run(["ip", "link", "del", name], check=False)
             removed.append(name)
     return removed
