@@ -9,7 +9,7 @@ SHELL := /bin/bash
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 EXTRAS ?= test,local,plots,spark,connect,faust,docs
 
-.PHONY: setup zookeeper chromium test test-unit test-long soak typecheck demo experiments bench bench-spark lint clean chaos peer-venv docs docs-serve
+.PHONY: setup zookeeper zookeeper-next netns-tools chromium test test-unit test-long soak typecheck demo experiments bench bench-spark lint clean chaos peer-venv docs docs-serve
 
 setup: $(STAMP) zookeeper
 
@@ -25,6 +25,25 @@ zookeeper:
 	   ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq zookeeper))
 	@command -v java >/dev/null || $(SUDO) apt-get install -y -qq default-jre-headless
 
+# ZooKeeper 3.9 for the chaos checker's partition runs: Debian 12's 3.8.0 can forget acknowledged writes when a
+# server rejoins (fixed in 3.8.4 / 3.9.2), so the checker runs Debian 13's server jar (the current
+# libzookeeper-java, checked against the archive's SHA-256) on Debian 12's libraries. Unpacked into .zk/.
+ZK_NEXT := .zk/usr/share/java/zookeeper.jar
+DEBIAN_NEXT := http://deb.debian.org/debian
+zookeeper-next: zookeeper
+	@test -f $(ZK_NEXT) || { set -e; mkdir -p .zk; \
+	  entry=$$(curl -fsSL $(DEBIAN_NEXT)/dists/trixie/main/binary-all/Packages.xz | xz -dc | \
+	    awk '/^Package: /{p=($$2=="libzookeeper-java")} p&&/^Filename: /{f=$$2} p&&/^SHA256: /{print f, $$2; exit}'); \
+	  test -n "$$entry"; set -- $$entry; curl -fsSL -o .zk/zk.deb $(DEBIAN_NEXT)/$$1; \
+	  echo "$$2  .zk/zk.deb" | sha256sum -c --quiet; dpkg-deb -x .zk/zk.deb .zk; rm .zk/zk.deb; }
+	@echo "ZooKeeper $$(basename $$(readlink $(ZK_NEXT)) .jar | cut -d- -f2) in .zk (ALIGNER_ZOOKEEPER_JAR=$(ZK_NEXT))"
+
+# The partition tests' tools: network namespaces, veths and a bridge (iproute2), cuts (nftables).
+netns-tools:
+	@command -v nft >/dev/null && command -v ip >/dev/null || \
+	  ($(SUDO) apt-get install -y -qq iproute2 nftables || \
+	   ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq iproute2 nftables))
+
 # The real browser of the console's tests: Debian's Chromium, driven by Playwright (never its own browser download).
 chromium:
 	@test -x /usr/bin/chromium || \
@@ -35,7 +54,7 @@ chromium:
 # on 2 cores; the slowest forms, which repeat what it covers, are in test-long).
 # A crash in a C extension prints every thread's stack; the crashing thread's is printed again at the end,
 # where a log cut in the middle still shows it.
-test: setup chromium typecheck
+test: setup chromium netns-tools typecheck
 	$(VENV)/bin/ruff check .
 	@set -o pipefail; $(PY) -m pytest -q -ra --durations=40 -m "not long" 2>&1 | tee .pytest-last.log || \
 	  { rc=$$?; [ $$rc -lt 128 ] || { echo "pytest died of signal $$((rc - 128)); the thread it died in:"; \
@@ -86,8 +105,8 @@ experiments: setup
 
 # Chaos runs of the chain under a seeded nemesis (reports and timelines in experiments/results/chaos).
 CHAOS_ARGS ?= --runs 10 --faults 50
-chaos: setup
-	$(PY) -m experiments.chaos $(CHAOS_ARGS)
+chaos: setup zookeeper-next
+	ALIGNER_ZOOKEEPER_JAR=$(CURDIR)/$(ZK_NEXT) $(PY) -m experiments.chaos $(CHAOS_ARGS)
 
 bench: setup
 	$(PY) -m experiments.bench_sink

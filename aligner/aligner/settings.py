@@ -66,6 +66,8 @@ class Settings(BaseSettings):
     zk_auth: str | None = Field(None, description="ZooKeeper identity, digest:USER:PASSWORD (checked by "
                                 "zk_security, which never echoes it)")
     kafka_config: Path | None = Field(None, description="Kafka client.properties file (SASL, TLS, ...)")
+    zookeeper_jar: Path | None = Field(None, description="ZooKeeper server jar the embedded stack runs "
+                                       "(default: Debian's /usr/share/java/zookeeper.jar)")
 
     @field_validator("root")
     @classmethod

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aligner.coordinator.processes import (
-    ZK_CLASSPATH,
     _java,
     _kill_group,
     _spawn,
     free_port,
     wait_for,
+    zk_classpath,
 )
 from aligner.errors import NoQuorumError, StackError
 
@@ -78,7 +78,7 @@ def spawn_server(workdir: Path, i: int, tie_to_parent: bool,
     network namespace)."""
     home = server_dir(workdir, i)
     argv = [_java(), f"-Xms{ENSEMBLE_HEAP}", f"-Xmx{ENSEMBLE_HEAP}", "-XX:+AlwaysPreTouch",
-            f"-Dzookeeper.log.dir={home}", "-cp", ":".join((*ZK_CLASSPATH, *_logging())),
+            f"-Dzookeeper.log.dir={home}", "-cp", ":".join((*zk_classpath(), *_logging())),
             "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(home / "zoo.cfg")]
     return _spawn([*(prefix or []), *argv], home, SERVER_LOG, tie_to_parent)
 

@@ -16,8 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from aligner.errors import StackError
+from aligner.settings import Settings
 
-ZK_CLASSPATH = ("/usr/share/java/zookeeper.jar", "/etc/zookeeper/conf")
+DEBIAN_ZK_JAR = Path("/usr/share/java/zookeeper.jar")
+ZK_CONF = "/etc/zookeeper/conf"
+ZK_JAR_ENV = "ALIGNER_ZOOKEEPER_JAR"
+"""``Settings.zookeeper_jar``'s variable: another ZooKeeper server jar for the embedded stack (e.g. a newer
+Debian package's, unpacked by ``make zookeeper-next``). Its own ``zookeeper-jute*.jar`` beside it goes first
+on the class path; the other libraries still come from Debian's package (the jar's manifest names them)."""
 _PR_SET_PDEATHSIG = 1
 
 
@@ -50,12 +56,26 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def zk_jar() -> Path:
+    """The ZooKeeper server jar the embedded stack runs: ``$ALIGNER_ZOOKEEPER_JAR``, else Debian's."""
+    return Settings().zookeeper_jar or DEBIAN_ZK_JAR
+
+
+def zk_classpath() -> tuple[str, ...]:
+    """The server's class path: its jute jar (when it is not Debian's own), the jar, Debian's log config."""
+    jar = zk_jar()
+    jute = sorted(jar.parent.glob("zookeeper-jute*.jar")) if jar != DEBIAN_ZK_JAR else []
+    return (*(str(j) for j in jute[-1:]), str(jar), ZK_CONF)
+
+
 def _java() -> str:
     java = shutil.which("java")
     if not java:
         raise StackError("java not found: install OpenJDK (apt-get install -y default-jre-headless)")
-    if not Path(ZK_CLASSPATH[0]).exists():
-        raise StackError(f"{ZK_CLASSPATH[0]} missing: apt-get install -y zookeeper")
+    jar = zk_jar()
+    if not jar.exists():
+        hint = f"unset {ZK_JAR_ENV} or point it at a jar" if jar != DEBIAN_ZK_JAR else "apt-get install -y zookeeper"
+        raise StackError(f"{jar} missing: {hint}")
     return java
 
 

@@ -38,13 +38,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aligner.coordinator.processes import (
-    ZK_CLASSPATH,
     _alive,
     _java,
     _kill_group,
     _spawn,
     free_port,
     wait_for,
+    zk_classpath,
 )
 from aligner.errors import NoQuorumError, StackError
 from aligner.extras import install_hint, missing
@@ -340,7 +340,7 @@ def _spawn_component(name: str, workdir: Path, port: int, tie_to_parent: bool,
         cfg = workdir / "zoo.cfg"
         if not cfg.exists():
             _write_zoo_cfg(workdir, port, tls)
-        classpath = ZK_CLASSPATH if tls is None else (*ZK_CLASSPATH, *ZK_TLS_CLASSPATH)
+        classpath = zk_classpath() if tls is None else (*zk_classpath(), *ZK_TLS_CLASSPATH)
         # The heap fixed and touched at start (as ZooKeeper's admin guide advises: no heap resizing, no
         # swapping): the JVM's RSS is flat from the first second, so what grows is the ledger's data.
         argv = [_java(), "-Xms512m", "-Xmx512m", "-XX:+AlwaysPreTouch", "-Dzookeeper.log.dir=" + str(workdir),
