@@ -25,14 +25,15 @@ zookeeper:
 	   ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq zookeeper))
 	@command -v java >/dev/null || $(SUDO) apt-get install -y -qq default-jre-headless
 
-# ZooKeeper 3.9 for the chaos checker's partition runs: Debian 12's 3.8.0 can forget acknowledged writes when a
-# server rejoins (fixed in 3.8.4 / 3.9.2), so the checker runs Debian 13's server jar (the current
-# libzookeeper-java, checked against the archive's SHA-256) on Debian 12's libraries. Unpacked into .zk/.
+# A current ZooKeeper for the chaos checker's partition runs: Debian 12's 3.8.0 can forget acknowledged writes
+# when a server rejoins (ZOOKEEPER-4785, -4646, fixed in 3.8.4 / 3.9.2; 3.9.3 has ZOOKEEPER-4925, fixed in
+# 3.9.4), so the checker runs Debian testing's server jar (the current libzookeeper-java, checked against the
+# archive's SHA-256) on Debian 12's libraries. Unpacked into .zk/.
 ZK_NEXT := .zk/usr/share/java/zookeeper.jar
 DEBIAN_NEXT := http://deb.debian.org/debian
 zookeeper-next: zookeeper
 	@test -f $(ZK_NEXT) || { set -e; mkdir -p .zk; \
-	  entry=$$(curl -fsSL $(DEBIAN_NEXT)/dists/trixie/main/binary-all/Packages.xz | xz -dc | \
+	  entry=$$(curl -fsSL $(DEBIAN_NEXT)/dists/testing/main/binary-all/Packages.xz | xz -dc | \
 	    awk '/^Package: /{p=($$2=="libzookeeper-java")} p&&/^Filename: /{f=$$2} p&&/^SHA256: /{print f, $$2; exit}'); \
 	  test -n "$$entry"; set -- $$entry; curl -fsSL -o .zk/zk.deb $(DEBIAN_NEXT)/$$1; \
 	  echo "$$2  .zk/zk.deb" | sha256sum -c --quiet; dpkg-deb -x .zk/zk.deb .zk; rm .zk/zk.deb; }
@@ -106,7 +107,7 @@ experiments: setup
 # Chaos runs of the chain under a seeded nemesis (reports and timelines in experiments/results/chaos).
 CHAOS_ARGS ?= --runs 10 --faults 50
 chaos: setup zookeeper-next
-	ALIGNER_ZOOKEEPER_JAR=$(CURDIR)/$(ZK_NEXT) $(PY) -m experiments.chaos $(CHAOS_ARGS)
+	$(PY) -m experiments.chaos $(CHAOS_ARGS)
 
 bench: setup
 	$(PY) -m experiments.bench_sink
