@@ -201,3 +201,26 @@ def test_stack_up_netns_without_the_tools_says_so_in_one_line(home_env: dict[str
     line = _one_line(refused.stderr)
     assert "iproute2 nftables" in line or "need root" in line, line
     assert _state(home_env) is None
+
+
+def test_the_lab_is_kept_in_the_state_file_and_old_state_files_still_read(tmp_path: Path) -> None:
+    """A state file written before --netns reads as a loopback stack; a lab's state rebuilds its hosts (namespace,
+    veth index) as the lab that opened made them."""
+    from dataclasses import asdict
+
+    from aligner.coordinator.stack import StackInfo, _write_state, read_stack
+
+    old: dict[str, Any] = {"zk": "127.0.0.1:2181", "kafka": "127.0.0.1:9092", "workdir": str(tmp_path),
+                           "zk_pid": 1, "kafka_pid": 2}
+    (tmp_path / "stack.json").write_text(json.dumps(old))
+    plain = read_stack(tmp_path)
+    assert plain is not None and plain.netns is None and plain.lab() is None
+    lab = LabState("alns7", "10.213.9.0/24", (("zookeeper", "10.213.9.2"), ("kafka", "10.213.9.3")))
+    _write_state(tmp_path, StackInfo(**{**old, "zk": "10.213.9.2:2181", "kafka": "10.213.9.3:9092"}, netns=lab))
+    info = read_stack(tmp_path)
+    assert info is not None and info.netns == lab and asdict(info)["netns"]["tag"] == "alns7"
+    restored = info.lab()
+    assert restored is not None and restored.bridge == "alns7br" and restored.gateway == "10.213.9.1"
+    assert [(h.ns, h.ip, h.index) for h in restored.hosts.values()] == [
+        ("alns7-zookeeper", "10.213.9.2", 2), ("alns7-kafka", "10.213.9.3", 3)]
+    assert info.host("kafka") == "10.213.9.3" and restored.state() == lab

@@ -28,6 +28,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from typing import Any
 
 from aligner.coordinator.processes import _alive
 from aligner.errors import StackError
@@ -38,8 +39,7 @@ SUBNETS = ipaddress.IPv4Network("10.213.0.0/16")
 """The private range labs draw their /24 from (one not in use on the machine)."""
 _OWNED = re.compile(rf"^{PREFIX}(\d+)(?:-|br$|v\d+$)")
 DETACHED = f"{PREFIX}s"
-"""Tag of a lab that outlives its maker (``aligner stack up --netns``), then a number: ``alns1``. Not a pid,
-so :func:`sweep` leaves it alone; the stack's state file records it and ``aligner stack down`` removes it."""
+"""Tag (and a number) of a lab outliving its maker (``stack up --netns``): no pid, so only ``stack down`` removes it."""
 
 
 def _run(argv: list[str], stdin: str | None = None, check: bool = True) -> str:
@@ -90,10 +90,8 @@ class LabState:
     """(component, address) pairs."""
 
     @classmethod
-    def from_json(cls, raw: dict[str, object]) -> LabState:
-        hosts = raw["hosts"]
-        assert isinstance(hosts, list)
-        return cls(str(raw["tag"]), str(raw["subnet"]), tuple((str(n), str(ip)) for n, ip in hosts))
+    def from_json(cls, raw: dict[str, Any]) -> LabState:
+        return cls(str(raw["tag"]), str(raw["subnet"]), tuple((str(n), str(ip)) for n, ip in raw["hosts"]))
 
 
 @dataclass

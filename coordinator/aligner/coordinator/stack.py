@@ -541,7 +541,7 @@ def read_stack(home: Path) -> StackInfo | None:
         return StackInfo(**values)
     except FileNotFoundError:
         return None
-    except (ValueError, TypeError, KeyError, AssertionError) as exc:
+    except (ValueError, TypeError, KeyError) as exc:
         raise StackError(f"{path} is not a stack state file ({exc}); `aligner stack down` removes it") from None
 
 
@@ -750,7 +750,8 @@ def stack_down(home: Path) -> list[str]:
         done: list[str] = []
         lab = info.lab() if info is not None else None
         if lab is not None and (why := netns_available()):
-            raise StackError(f"the embedded stack in {home} runs in network namespaces: {why} to stop it")
+            raise StackError(f"the embedded stack in {home} runs in network namespaces, and stopping it needs what "
+                             f"starting it did: {why}")
         if info is not None:
             for name in reversed(info.names()):
                 pid = info.pid(name)
