@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import itertools
 import os
 import random
 import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from typing import Any
 
 from aligner.coordinator.processes import _alive
 from aligner.errors import StackError
@@ -36,6 +38,8 @@ PREFIX = "aln"
 SUBNETS = ipaddress.IPv4Network("10.213.0.0/16")
 """The private range labs draw their /24 from (one not in use on the machine)."""
 _OWNED = re.compile(rf"^{PREFIX}(\d+)(?:-|br$|v\d+$)")
+DETACHED = f"{PREFIX}s"
+"""Tag (and a number) of a lab outliving its maker (``stack up --netns``): no pid, so only ``stack down`` removes it."""
 
 
 def _run(argv: list[str], stdin: str | None = None, check: bool = True) -> str:
@@ -75,6 +79,21 @@ def sweep() -> list[str]:
     return removed
 
 
+@dataclass(frozen=True)
+class LabState:
+    """What rebuilds a lab in another process (the detached stack's state file): its tag, its /24 and each
+    component's address (the namespace, veth index and address follow from them)."""
+
+    tag: str
+    subnet: str
+    hosts: tuple[tuple[str, str], ...]
+    """(component, address) pairs."""
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> LabState:
+        return cls(str(raw["tag"]), str(raw["subnet"]), tuple((str(n), str(ip)) for n, ip in raw["hosts"]))
+
+
 @dataclass
 class Host:
     """One component's namespace and address."""
@@ -112,6 +131,29 @@ class NetLab:
         """The bridge's address: where the owner's own connections come from."""
         assert self.subnet is not None
         return str(self.subnet.network_address + 1)
+
+    @classmethod
+    def detached(cls) -> NetLab:
+        """A lab (not opened yet) with the first free :data:`DETACHED` tag on this machine."""
+        links, spaces = _run(["ip", "-o", "link", "show"], check=False), _run(["ip", "netns", "list"], check=False)
+        n = next(n for n in itertools.count(1) if f"{DETACHED}{n}br" not in links and f"{DETACHED}{n}-" not in spaces)
+        return cls(tag=f"{DETACHED}{n}")
+
+    def state(self) -> LabState:
+        assert self.subnet is not None, "open() the lab first"
+        return LabState(self.tag, str(self.subnet), tuple((h.name, h.ip) for h in self.hosts.values()))
+
+    @classmethod
+    def restore(cls, state: LabState) -> NetLab:
+        """The lab another process opened, as its :meth:`state` recorded it (its namespaces are not checked)."""
+        subnet = ipaddress.IPv4Network(state.subnet)
+        hosts = {name: Host(name, f"{state.tag}-{name}", ip, int(ipaddress.IPv4Address(ip)) - int(subnet[0]))
+                 for name, ip in state.hosts}
+        return cls(tag=state.tag, hosts=hosts, subnet=subnet)
+
+    def exists(self, name: str) -> bool:
+        """Whether component ``name``'s namespace is there (a reboot removes every namespace)."""
+        return name in self.hosts and self.hosts[name].ns in _run(["ip", "netns", "list"], check=False).split()
 
     def open(self) -> NetLab:
         why = available()

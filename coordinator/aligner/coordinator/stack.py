@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aligner.coordinator.netns import LabState, NetLab
+from aligner.coordinator.netns import available as netns_available
 from aligner.coordinator.processes import (
     _alive,
     _java,
@@ -52,7 +54,6 @@ from aligner.layout import DEFAULT_ROOT
 
 if TYPE_CHECKING:
     from aligner.coordinator.ensemble import ZkEnsemble
-    from aligner.coordinator.netns import NetLab
 
 ZK_TLS_CLASSPATH = ("/usr/share/java/netty-codec.jar",)
 """Netty's SslHandler needs netty-codec, which Debian's zookeeper.jar manifest leaves out (libnetty-java,
@@ -111,6 +112,8 @@ class StackInfo:
     """A ZooKeeper ensemble's client ports, one per server (empty: one server, ``zk_pid``)."""
     zk_pids: tuple[int, ...] = ()
     """Its servers' pids, in the same order."""
+    netns: LabState | None = None
+    """``--netns``: the lab whose namespaces ZooKeeper and the broker run in (None: on loopback)."""
 
     def tls_files(self) -> TlsFiles | None:
         return TlsFiles(Path(self.workdir) / TLS_DIR) if self.zk_tls else None
@@ -124,11 +127,18 @@ class StackInfo:
 
     def address(self, name: str) -> str:
         if (i := server_index(name)) is not None:
-            return f"127.0.0.1:{self.zk_ports[i]}"
+            return self.zk.split(",")[i]
         return {ZOOKEEPER: self.zk, KAFKA: self.kafka}.get(name, f"127.0.0.1:{self.retention_port}")
+
+    def host(self, name: str) -> str:
+        """Its address without the port: loopback, or its namespace's (``--netns``)."""
+        return self.address(name).rsplit(":", 1)[0]
 
     def port(self, name: str) -> int:
         return int(self.address(name).rsplit(":", 1)[1])
+
+    def lab(self) -> NetLab | None:
+        return NetLab.restore(self.netns) if self.netns is not None else None
 
     def pid(self, name: str) -> int:
         if (i := server_index(name)) is not None:
@@ -228,6 +238,8 @@ class Component:
     port: int
     data: str
     log: str
+    netns: str = ""
+    """The network namespace it runs in (``--netns``); empty on the host."""
 
     @property
     def up(self) -> bool:
@@ -524,21 +536,35 @@ def read_stack(home: Path) -> StackInfo | None:
         raw = json.loads(path.read_text())
         known = {f.name for f in fields(StackInfo)}
         values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known}
+        if values.get("netns") is not None:
+            values["netns"] = LabState.from_json(values["netns"])
         return StackInfo(**values)
     except FileNotFoundError:
         return None
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, KeyError) as exc:
         raise StackError(f"{path} is not a stack state file ({exc}); `aligner stack down` removes it") from None
+
+
+def _lab_name(name: str) -> str:
+    """Component ``name``'s host in the stack's lab: as :class:`EmbeddedStack` and the ensemble name them."""
+    from aligner.coordinator.ensemble import ZkEnsemble
+
+    i = server_index(name)
+    return name if i is None else ZkEnsemble.name(i)
+
+
+def _namespace(info: StackInfo, name: str) -> str:
+    return f"{info.netns.tag}-{_lab_name(name)}" if info.netns is not None and name != RETENTION else ""
 
 
 def component(info: StackInfo, name: str) -> Component:
     """The live state of one component, from its pid and whether it answers on its port."""
-    pid, port, workdir = info.pid(name), info.port(name), Path(info.workdir)
+    pid, port, host, workdir = info.pid(name), info.port(name), info.host(name), Path(info.workdir)
     if not _runs(pid, name):
         state = "down"
     elif _paused(pid):
         state = "paused"
-    elif _zk_ok(port, info.tls_files()) if _kind(name) == ZOOKEEPER else _tcp_ok(port):
+    elif _zk_ok(port, info.tls_files(), host) if _kind(name) == ZOOKEEPER else _tcp_ok(port, host):
         state = "up"
     else:
         state = "not answering"
@@ -549,7 +575,7 @@ def component(info: StackInfo, name: str) -> Component:
         from aligner.coordinator.ensemble import SERVER_LOG, server_dir
 
         data, log = str(server_dir(workdir, i) / "data"), str(server_dir(workdir, i) / SERVER_LOG)
-    return Component(name, label(name), state, pid, info.address(name), port, data, log)
+    return Component(name, label(name), state, pid, info.address(name), port, data, log, _namespace(info, name))
 
 
 def components(info: StackInfo) -> list[Component]:
@@ -574,55 +600,65 @@ def _restart(info: StackInfo, name: str, timeout: float, patience: float = 30.0)
     if not workdir.is_dir():
         raise StackError(f"cannot restart {label(name)}: its data dir {workdir} is gone; "
                          f"`aligner stack down` then `aligner stack up` starts a new stack")
-    taken = _port_free(port)
+    lab, host = info.lab(), info.host(name)
+    if lab is not None and (why := netns_available()):
+        raise StackError(f"cannot restart {label(name)} in its network namespace: {why}")
+    taken = _port_free(port) if lab is None else None  # a namespace's ports are its own
     if taken is not None:
         raise StackError(f"cannot restart {label(name)} on port {port}: {taken.strerror or taken} "
                          f"(another process holds it); free the port and run `aligner stack up` again")
+    if lab is not None and not lab.exists(_lab_name(name)):
+        raise StackError(f"cannot restart {label(name)}: its network namespace {_namespace(info, name)} is gone; "
+                         "`aligner stack down` then `aligner stack up --netns` starts a new stack")
+    prefix = lab.prefix(_lab_name(name)) if lab is not None else None
     tls = info.tls_files() if name == ZOOKEEPER else None
     if (i := server_index(name)) is not None:
-        return _restart_member(info, i, timeout, patience)
-    proc = _spawn_component(name, workdir, port, tie_to_parent=False, tls=tls)
-    _ready_or_killed(name, proc, port, workdir, timeout, tls)
+        return _restart_member(info, i, timeout, patience, prefix)
+    proc = _spawn_component(name, workdir, port, tie_to_parent=False, tls=tls, host=host, prefix=prefix)
+    _ready_or_killed(name, proc, port, workdir, timeout, tls, host)
     return proc.pid, "restarted"
 
 
 def _ready_or_killed(name: str, proc: subprocess.Popen[bytes], port: int, workdir: Path, timeout: float,
-                     tls: TlsFiles | None = None) -> None:
+                     tls: TlsFiles | None = None, host: str = "127.0.0.1") -> None:
     try:
-        _await_ready(_kind(name), proc, port, workdir, timeout, tls)
+        _await_ready(_kind(name), proc, port, workdir, timeout, tls, host)
     except BaseException:
         _kill_group(proc.pid)
         raise
 
 
-def _restart_member(info: StackInfo, i: int, timeout: float, patience: float) -> tuple[int, str]:
+def _restart_member(info: StackInfo, i: int, timeout: float, patience: float,
+                    prefix: list[str] | None = None) -> tuple[int, str]:
     """An ensemble member on its data; one that refuses it as damaged is rebuilt when, and only when, the
     others serve a quorum (they acknowledged every committed write; waited for up to ``patience`` s);
     else its data stays as it is."""
     from aligner.coordinator.ensemble import log_size, move_data_aside, quorum_without, refused_its_data, spawn_server
 
     workdir, name, port = Path(info.workdir), server_name(i), info.zk_ports[i]
+    hosts = [info.host(server_name(j)) for j in range(len(info.zk_ports))]
     since = log_size(workdir, i)
-    proc = spawn_server(workdir, i, tie_to_parent=False)
+    proc = spawn_server(workdir, i, tie_to_parent=False, prefix=prefix)
     try:
-        _ready_or_killed(name, proc, port, workdir, timeout)
+        _ready_or_killed(name, proc, port, workdir, timeout, host=hosts[i])
         return proc.pid, "restarted"
     except StackError:
         if not refused_its_data(workdir, i, since):
             raise
     try:  # servers restarted just before this one may still be electing their leader
-        wait_for(lambda: quorum_without(list(info.zk_ports), i), min(timeout, patience), "the others' quorum")
+        wait_for(lambda: quorum_without(list(info.zk_ports), i, hosts), min(timeout, patience), "the others' quorum")
     except TimeoutError:
         raise NoQuorumError(f"{label(name)} refuses its data on disk as damaged and the other servers hold no "
                         f"quorum to rebuild it from; its data is left as it is") from None
     aside = move_data_aside(workdir, i)
-    proc = spawn_server(workdir, i, tie_to_parent=False)
-    _ready_or_killed(name, proc, port, workdir, timeout)
+    proc = spawn_server(workdir, i, tie_to_parent=False, prefix=prefix)
+    _ready_or_killed(name, proc, port, workdir, timeout, host=hosts[i])
     return proc.pid, f"rebuilt (its damaged data moved to {aside})"
 
 
 def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False, retention: bool = True,
-             root: str = DEFAULT_ROOT, zk_servers: int = 1) -> tuple[StackInfo, dict[str, str]]:
+             root: str = DEFAULT_ROOT, zk_servers: int = 1,
+             in_netns: bool | None = None) -> tuple[StackInfo, dict[str, str]]:
     """Start the detached stack, or restart only its components that are down.
 
     ``retention`` (a new stack only; a running one keeps what it was started with): also run the
@@ -631,10 +667,21 @@ def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False, retention:
     ``zk_tls`` starts a new stack with ZooKeeper on a TLS client port; a running stack keeps the mode
     it was started with (asking for TLS from a plaintext one is an error: `stack down` first).
     Returns the stack and what happened to each component: started, restarted, running, paused
-    or not answering (the last two are left alone: the process holds its data)."""
+    or not answering (the last two are left alone: the process holds its data).
+
+    ``in_netns`` True starts a new stack with ZooKeeper and the broker each in a network namespace of its own
+    (a lab :func:`stack_down` removes); True or False on a running stack must match how it was started, None
+    keeps it as it is."""
     tansu_binary()  # without the 'local' extra: one line naming it, before anything starts
+    if in_netns and (why := netns_available()):
+        raise StackError(why)
     with _locked(home):
         info = read_stack(home)
+        if info is not None and in_netns is not None and in_netns != (info.netns is not None):
+            raise StackError(f"the embedded stack in {home} runs " + (
+                "in network namespaces; `aligner stack down` then `aligner stack up` starts one on loopback"
+                if info.netns else "on loopback; `aligner stack down` then `aligner stack up --netns` starts "
+                "one in network namespaces"))
         if info is not None and zk_tls and not info.zk_tls:
             raise StackError(f"the embedded stack in {home} runs ZooKeeper without TLS; "
                              "`aligner stack down` then `aligner stack up --zk-tls` starts one with TLS")
@@ -645,8 +692,15 @@ def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False, retention:
         if info is None:
             workdir = home / "stack"
             workdir.mkdir(parents=True, exist_ok=True)  # an earlier stack's ZooKeeper data is kept, not wiped
-            new = EmbeddedStack(workdir=workdir, tie_to_parent=False, zk_tls=zk_tls, zk_servers=zk_servers)
-            info = replace(new.start(timeout), root=root)
+            lab = NetLab.detached().open() if in_netns else None
+            try:
+                new = EmbeddedStack(workdir=workdir, tie_to_parent=False, zk_tls=zk_tls, zk_servers=zk_servers,
+                                    netns=lab)
+                info = replace(new.start(timeout), root=root, netns=lab.state() if lab is not None else None)
+            except BaseException:
+                if lab is not None:  # new.start stopped what it started
+                    lab.close()
+                raise
             _write_state(home, info)
             actions = dict.fromkeys(info.names(), "started")
             if retention:
@@ -694,6 +748,10 @@ def stack_down(home: Path) -> list[str]:
         except StackError:
             info = None  # a corrupt state file: nothing to stop, remove it below
         done: list[str] = []
+        lab = info.lab() if info is not None else None
+        if lab is not None and (why := netns_available()):
+            raise StackError(f"the embedded stack in {home} runs in network namespaces, and stopping it needs what "
+                             f"starting it did: {why}")
         if info is not None:
             for name in reversed(info.names()):
                 pid = info.pid(name)
@@ -701,6 +759,10 @@ def stack_down(home: Path) -> list[str]:
                     _kill_group(pid)
                     lost = " (its topics were in memory)" if name == KAFKA else ""
                     done.append(f"stopped {label(name)} pid {pid} on {info.address(name)}{lost}")
+        if lab is not None:  # after its processes: a namespace lives on while a process is inside it
+            spaces = ", ".join(h.ns for h in lab.hosts.values())
+            lab.close()
+            done.append(f"removed network namespaces {spaces} and bridge {lab.bridge}")
         workdir = Path(info.workdir) if info is not None else home / "stack"
         if workdir.exists():
             if workdir.resolve().is_relative_to(home.resolve()):

@@ -30,6 +30,10 @@ def stack_up(
                                             "retention loop (`aligner retention run`) with a new stack")] = True,
     zk_servers: Annotated[int, typer.Option("--zk-servers", min=1, help="ZooKeeper servers of a new stack: 3 or 5 "
                                             "start an ensemble on loopback (quorum and election ports)")] = 1,
+    netns: Annotated[bool | None, typer.Option("--netns/--no-netns", help="ZooKeeper (each server) and the "
+                                               "broker of a new stack each in a network namespace of its own, "
+                                               "reached from the host through a bridge (root, iproute2, "
+                                               "nftables); a running stack keeps how it was started")] = None,
 ) -> None:
     """Start ZooKeeper and Tansu (and with --retention the retention loop, which keeps ZooKeeper bounded by
     ALIGNER_RETENTION_*: 24 h, >= 1,000 epochs), or restart only the components that are down (same port
@@ -37,8 +41,11 @@ def stack_up(
     if zk_servers > 1 and (zk_servers % 2 == 0 or zk_tls):
         raise typer.BadParameter("an ensemble has an odd number of servers (3, 5, ...), without --zk-tls",
                                  param_hint="--zk-servers")
+    if netns and zk_tls:  # the stack's certificates name 127.0.0.1 only
+        raise typer.BadParameter("ZooKeeper TLS serves on loopback only, not in a network namespace",
+                                 param_hint="--netns")
     info, actions = stack_mod.stack_up(state.settings.home, zk_tls=zk_tls, retention=retention,
-                                       root=state.settings.root, zk_servers=zk_servers)
+                                       root=state.settings.root, zk_servers=zk_servers, in_netns=netns)
     if emit({**asdict(info), "actions": actions}, as_json):
         return
     for comp in stack_mod.components(info):
@@ -75,7 +82,8 @@ def stack_status(
     width = max(len(c.label) for c in comps)
     for c in comps:
         colour = "green" if c.up else "red"
-        out.print(f"{c.label:<{width}}  [{colour}]{c.state:<13}[/] pid {c.pid:<7} {c.address}  data {c.data}  "
+        where = f" (netns {c.netns})" if c.netns else ""
+        out.print(f"{c.label:<{width}}  [{colour}]{c.state:<13}[/] pid {c.pid:<7} {c.address}{where}  data {c.data}  "
                   f"log {c.log}", soft_wrap=True)
     if not all(c.up for c in comps):
         out.print("`aligner stack up` restarts what is down, on its own port and data")
