@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,6 +38,11 @@ SMOKE = {
 }
 """Each benchmark of the docs' Benchmarks table with arguments that make it run for seconds, not minutes."""
 
+WORK = {"bench_sink", "bench_reader", "bench_pipeline", "bench_workers"}
+"""The benchmarks whose ratios compare arms that must do the same work: each records ``work`` per arm and the
+``comparable`` fields (experiments.common.work_results), and every arm must agree on each of those. A benchmark
+of one arm (latency, scale, counts) records none."""
+
 
 @pytest.mark.parametrize("name", sorted(SMOKE))
 def test_benchmark_runs_at_head(name: str, tmp_path: Path) -> None:
@@ -51,4 +57,19 @@ def test_benchmark_runs_at_head(name: str, tmp_path: Path) -> None:
     assert done.returncode == 0, f"{name} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     result = tmp_path / f"{name}.json"
     assert result.exists(), f"{name} wrote no results to {tmp_path}"
-    assert json.loads(result.read_text()), f"{name} wrote empty results"
+    results = json.loads(result.read_text())
+    assert results, f"{name} wrote empty results"
+    if name in WORK:
+        assert_same_work(name, results)
+
+
+def assert_same_work(name: str, results: dict[str, Any]) -> None:
+    """Every arm of ``name`` did the same work in each field it calls comparable, and did some."""
+    work: dict[str, dict[str, int]] = results.get("work") or {}
+    comparable: list[str] = results.get("comparable") or []
+    assert len(work) >= 2, f"{name} recorded no work per arm: {work}"
+    assert "records" in comparable, f"{name}: records must be comparable, not only {comparable}"
+    for field in comparable:
+        seen = {arm: w[field] for arm, w in work.items()}
+        assert len(set(seen.values())) == 1, f"{name}: the arms did different work ({field}): {seen}"
+        assert next(iter(seen.values())) > 0, f"{name}: no arm did any work ({field}): {seen}"
