@@ -38,7 +38,8 @@ SMOKE = {
 }
 """Each benchmark of the docs' Benchmarks table with arguments that make it run for seconds, not minutes."""
 
-WORK = {"bench_sink", "bench_reader", "bench_pipeline", "bench_workers", "bench_state"}
+WORK = {"bench_sink", "bench_reader", "bench_pipeline", "bench_workers", "bench_state", "bench_handover",
+        "bench_state_ops", "bench_spark_read"}
 """The benchmarks whose ratios compare arms that must do the same work: each records ``work`` per arm and the
 ``comparable`` fields (experiments.common.work_results), and every arm must agree on each of those. A benchmark
 of one arm (latency, scale, counts) records none."""
