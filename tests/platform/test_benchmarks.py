@@ -1,7 +1,8 @@
 """Every benchmark the docs cite runs at HEAD: a smoke run of each at tiny sizes (seconds, no timing
-assertion), so a benchmark cannot rot unnoticed. Results go to a temporary folder (ALIGNER_RESULTS). A crash of
-native code (bench_state died of SIGSEGV once in a loaded fresh-clone run, never alone) prints every
-thread's Python stack through faulthandler, into the failure message."""
+assertion), so a benchmark cannot rot unnoticed, nor compare arms that did different work: each benchmark in
+WORK records what every arm of its ratios did, and the arms must agree. Results go to a temporary folder
+(ALIGNER_RESULTS). A crash of native code (bench_state died of SIGSEGV once in a loaded fresh-clone run, never
+alone) prints every thread's Python stack through faulthandler, into the failure message."""
 
 from __future__ import annotations
 
