@@ -468,10 +468,10 @@ def main() -> None:
                 order = ["tuned", "tuned + stamp header", "raw", "raw + stamp header", *FUNCTIONS, *peers]
                 order = order[r % len(order):] + order[:r % len(order)]  # each goes first in turn
                 for name in order:
-                    written = (f"peer-out-{r}-{peers[name]}" if name in peers
-                               else out_topic if name in FUNCTIONS else "raw-out")
-                    ensure_topic(info.kafka, written, PARTITIONS)
-                    since = topic_ends(info.kafka, written, PARTITIONS)
+                    output = (f"peer-out-{r}-{peers[name]}" if name in peers
+                              else out_topic if name in FUNCTIONS else "raw-out")
+                    ensure_topic(info.kafka, output, PARTITIONS)
+                    since = topic_ends(info.kafka, output, PARTITIONS)
                     if name == "tuned":
                         res = tuned.run(f"tuned-in-{r}-0", "raw-out", args.records)
                     elif name == "tuned + stamp header":
@@ -481,13 +481,13 @@ def main() -> None:
                     elif name == "raw + stamp header":
                         res = raw_run(info.kafka, topic, "raw-out", kp, starts, ends, STAMP_HEADERS)
                     elif name in peers:
-                        res = peer_run(PEER_PYTHON, info.kafka, f"peer-in-{r}", written, args.records, peers[name])
+                        res = peer_run(PEER_PYTHON, info.kafka, f"peer-in-{r}", output, args.records, peers[name])
                     else:
                         res = aligned_run(worker, first, FUNCTIONS[name], epochs)
                     if res["records"] != args.records:
                         raise RuntimeError(f"{name} moved {res['records']} records, expected {args.records}")
                     results[name].append(res)
-                    work[name].add(read_back(info.kafka, written, since, int(res.get("transactions", 0))))
+                    work[name].add(read_back(info.kafka, output, since, int(res.get("transactions", 0))))
                 console.print(f"round {r + 1}/{args.rounds}: " + ", ".join(
                     f"{n} {v[-1]['records'] / v[-1]['seconds']:,.0f}/s" for n, v in results.items()))
             foreign = cpu.cores()
