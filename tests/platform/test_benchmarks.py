@@ -40,10 +40,12 @@ SMOKE = {
 """Each benchmark of the docs' Benchmarks table with arguments that make it run for seconds, not minutes."""
 
 WORK = {"bench_sink", "bench_reader", "bench_pipeline", "bench_workers", "bench_state", "bench_handover",
-        "bench_state_ops", "bench_spark_read"}
+        "bench_state_ops", "bench_spark_read", "bench_producer_start"}
 """The benchmarks whose ratios compare arms that must do the same work: each records ``work`` per arm and the
-``comparable`` fields (experiments.common.work_results), and every arm must agree on each of those. A benchmark
-of one arm (latency, scale, counts) records none."""
+``comparable`` fields (experiments.common.work_results), and every arm must agree on each of those. The others
+record none: one arm against a figure (latency, hop, swap gap, batches), counts rather than rates
+(bench_zk_ops), or arms whose work differs by design (status and console: the least read against the product's;
+bench_zk_scale: rate-driven arms compared per commit)."""
 
 
 @pytest.mark.parametrize("name", sorted(SMOKE))
