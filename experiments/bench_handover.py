@@ -11,6 +11,10 @@ new worker of 1 (all keys) and for each new worker of 4 (a quarter, all four in 
 baseline in the same process: a plain confluent-kafka read of the same partitions' offsets
 (``experiments.common.read_raw``), keys filtered by the same rule.
 
+``work`` in the results, per arm (raw, to_1, to_4) summed over both sizes and the rounds: the keys it got (raw: the
+records it read, each key once; to_1 and to_4: the keys its workers took, all four workers' for to_4). Only records
+are compared: take_keys reports no bytes, and a worker of 4 reads a whole partition to keep a quarter of it.
+
     .venv/bin/python -m experiments.bench_handover [--keys 1000000] [--rounds 3]
 """
 
@@ -29,7 +33,7 @@ from aligner.connectors.state import MemoryStore, create_changelog, encode_value
 from aligner.coordinator.stack import EmbeddedStack
 from aligner.keys import sources, worker_of
 from aligner.ledger import Ledger
-from experiments.common import read_raw, write_results
+from experiments.common import Work, read_raw, work_results, write_results
 
 OLD_WORKERS = 2
 INPUT_PARTITIONS = 4
@@ -62,7 +66,7 @@ def _write(led: Ledger, bootstrap: str, subject: str, keys: int, value_bytes: in
     return last
 
 
-def _bench(info: Any, led: Ledger, keys: int, args: argparse.Namespace) -> dict[str, Any]:
+def _bench(info: Any, led: Ledger, keys: int, args: argparse.Namespace, work: dict[str, Work]) -> dict[str, Any]:
     subject = f"old-{keys}.state"
     create_changelog(led, info.kafka, subject, OLD_WORKERS)
     last = _write(led, info.kafka, subject, keys, args.value_bytes)
@@ -71,8 +75,9 @@ def _bench(info: Any, led: Ledger, keys: int, args: argparse.Namespace) -> dict[
     times: dict[str, list[float]] = {"raw": [], "to_1": [], "to_4": []}
     for _ in range(args.rounds):
         t0 = time.perf_counter()
-        read_raw(info.kafka, subject, span, collect=False)
+        n = read_raw(info.kafka, subject, span, collect=False)
         times["raw"].append(time.perf_counter() - t0)
+        work["raw"].add(Work(records=n))
         for new in (1, 4):
             took = 0
             t0 = time.perf_counter()
@@ -86,6 +91,7 @@ def _bench(info: Any, led: Ledger, keys: int, args: argparse.Namespace) -> dict[
                             for p in sources(w, new, OLD_WORKERS))
                 into.close()
             times[f"to_{new}"].append(time.perf_counter() - t0)
+            work[f"to_{new}"].add(Work(records=took))
             assert took == keys, (new, took, keys)
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"keys": keys, "value_bytes": args.value_bytes, "old_workers": OLD_WORKERS, "raw_read_s": med["raw"],
@@ -102,9 +108,10 @@ def main() -> None:
     args = ap.parse_args()
     console = Console(width=150)
     rows = []
+    work = {name: Work() for name in ("raw", "to_1", "to_4")}
     with EmbeddedStack() as info, Ledger.connect(info.zk, "/bench") as led:
         for keys in (max(1, args.keys // 10), args.keys):
-            rows.append(_bench(info, led, keys, args))
+            rows.append(_bench(info, led, keys, args, work))
             console.print(f"[dim]{keys:,} keys done[/dim]")
     table = Table(title=f"State hand-over of a rescaling swap ({OLD_WORKERS} old workers' changelog)")
     for col in ("keys", "raw read s", "to 1 worker s", "ratio to raw", "to 4 workers s each", "ratio to raw",
@@ -115,7 +122,7 @@ def main() -> None:
                       f"{r['to_1_ratio_to_raw']:.2f}", f"{r['to_4_workers_s_each']:.2f}",
                       f"{r['to_4_ratio_to_raw']:.2f}", f"{r['keys_per_s_to_1']:,.0f}")
     console.print(table)
-    path = write_results("bench_handover", {"args": vars(args), "rows": rows})
+    path = write_results("bench_handover", {"args": vars(args), "rows": rows, **work_results(work, ("records",))})
     console.print(f"results: {path}")
 
 

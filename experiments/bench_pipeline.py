@@ -38,6 +38,11 @@ first consume or step) are reported too. The median over rounds is reported.
   processed to its stop with the last checkpoint committed (its start-up, mostly the group join, is in
   "from run start").
 
+``work`` in the results, per pipeline summed over the rounds: the records and value bytes read back from its output
+after each run (not timed) and the Kafka transactions that carried records (the loops count their commits; the
+aligned job's are its sink's epochs). The peer's transactions are not counted (its checkpoints keep a cadence of
+their own): with the peer, records and bytes are compared, without it all three.
+
     .venv/bin/python -m experiments.bench_pipeline [--records 300000] [--rounds 3] [--peer auto|yes|no]
 """
 
@@ -71,7 +76,17 @@ from aligner.coordinator.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from aligner.stamps import HEADER, Stamp
 from experiments import ForeignCpu
-from experiments.common import PRODUCER_SETTINGS, Headers, median_interval, write_results
+from experiments.common import (
+    PRODUCER_SETTINGS,
+    WORK_FIELDS,
+    Headers,
+    Work,
+    median_interval,
+    read_back,
+    topic_ends,
+    work_results,
+    write_results,
+)
 
 ROOT = "/bench-pipeline"
 PARTITIONS = 4
@@ -261,7 +276,7 @@ def raw_run(bootstrap: str, topic: str, out_topic: str, kp: Producer, starts: di
     t_first = None
     consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
     remaining = {p for p in starts if ends[p] > starts[p]}
-    n = in_tx = 0
+    n = in_tx = transactions = 0
     kp.begin_transaction()
     while remaining:
         batch = consumer.consume(10000, timeout=0.05)
@@ -291,6 +306,7 @@ def raw_run(bootstrap: str, topic: str, out_topic: str, kp: Producer, starts: di
             in_tx += 1
             if in_tx == EPOCH:
                 kp.commit_transaction(60)
+                transactions += 1
                 kp.begin_transaction()
                 in_tx = 0
             elif n % 2000 == 0:
@@ -302,11 +318,12 @@ def raw_run(bootstrap: str, topic: str, out_topic: str, kp: Producer, starts: di
                 if tp.offset >= ends[tp.partition]:
                     remaining.discard(tp.partition)
     kp.commit_transaction(60)
+    transactions += in_tx > 0  # the last, empty when the range ends on a full transaction, carried nothing
     t_end = time.perf_counter()
     consumer.close()
     assert t_first is not None
     return {"records": n, "seconds": t_end - t_first, "seconds_from_start": t_end - t_start,
-            "cpu_us_per_record": (time.process_time() - cpu0) / n * 1e6}
+            "cpu_us_per_record": (time.process_time() - cpu0) / n * 1e6, "transactions": transactions}
 
 
 class CountingConsumer:
@@ -373,6 +390,8 @@ def aligned_run(worker: JobWorker, first: FirstRecord, fn: Any, epochs: int) -> 
     first.install(worker, fn)
     out0 = worker.records_out
     m0 = CountingConsumer.messages
+    assert worker.sink is not None, "the worker is started"
+    e0 = worker.sink.next_epoch
     first.reset()
     cpu0, t_start = time.process_time(), time.perf_counter()
     for _ in range(epochs):
@@ -384,6 +403,7 @@ def aligned_run(worker: JobWorker, first: FirstRecord, fn: Any, epochs: int) -> 
     n = worker.records_out - out0
     return {"records": n, "seconds": t_end - first.at, "seconds_from_start": t_end - t_start,
             "consumed_messages": CountingConsumer.messages - m0,
+            "transactions": worker.sink.next_epoch - e0,  # one Kafka transaction per sink epoch
             "cpu_us_per_record": (time.process_time() - cpu0) / max(n, 1) * 1e6}
 
 
@@ -413,6 +433,8 @@ def main() -> None:
         create_subject(led, info.kafka, "out", PARTITIONS)
         ensure_topic(info.kafka, "raw-out", PARTITIONS)
         topic = led.subject("in").topic
+        out_topic = led.subject("out").topic
+        work = {name: Work() for name in results}
         kp = Producer({"bootstrap.servers": info.kafka, "transactional.id": "bench.pipeline.raw",
                        **PRODUCER_SETTINGS, **QUIET})
         kp.init_transactions(30)
@@ -446,6 +468,10 @@ def main() -> None:
                 order = ["tuned", "tuned + stamp header", "raw", "raw + stamp header", *FUNCTIONS, *peers]
                 order = order[r % len(order):] + order[:r % len(order)]  # each goes first in turn
                 for name in order:
+                    output = (f"peer-out-{r}-{peers[name]}" if name in peers
+                              else out_topic if name in FUNCTIONS else "raw-out")
+                    ensure_topic(info.kafka, output, PARTITIONS)
+                    since = topic_ends(info.kafka, output, PARTITIONS)
                     if name == "tuned":
                         res = tuned.run(f"tuned-in-{r}-0", "raw-out", args.records)
                     elif name == "tuned + stamp header":
@@ -455,14 +481,13 @@ def main() -> None:
                     elif name == "raw + stamp header":
                         res = raw_run(info.kafka, topic, "raw-out", kp, starts, ends, STAMP_HEADERS)
                     elif name in peers:
-                        out = f"peer-out-{r}-{peers[name]}"
-                        ensure_topic(info.kafka, out, PARTITIONS)
-                        res = peer_run(PEER_PYTHON, info.kafka, f"peer-in-{r}", out, args.records, peers[name])
+                        res = peer_run(PEER_PYTHON, info.kafka, f"peer-in-{r}", output, args.records, peers[name])
                     else:
                         res = aligned_run(worker, first, FUNCTIONS[name], epochs)
                     if res["records"] != args.records:
                         raise RuntimeError(f"{name} moved {res['records']} records, expected {args.records}")
                     results[name].append(res)
+                    work[name].add(read_back(info.kafka, output, since, int(res.get("transactions", 0))))
                 console.print(f"round {r + 1}/{args.rounds}: " + ", ".join(
                     f"{n} {v[-1]['records'] / v[-1]['seconds']:,.0f}/s" for n, v in results.items()))
             foreign = cpu.cores()
@@ -544,6 +569,7 @@ def main() -> None:
         "aligned_messages_consumed_per_record": delivered,
         "peer": {name: {"guarantee": g, "ratio": rate[name] / rate["tuned"],
                         "ratio_from_start": rate_start[name] / rate_start["tuned"]} for name, g in peers.items()},
+        **work_results(work, ("records", "bytes") if peers else WORK_FIELDS),
     }
     written = write_results("bench_pipeline", doc)
     console.print(f"wrote {written.relative_to(Path.cwd()) if written.is_relative_to(Path.cwd()) else written}")

@@ -6,6 +6,9 @@ incarnation of the same transactional id), one record in one transaction, commit
 alternate on one transactional id each, on the embedded broker; the figure that matters is the start
 (constructor to initialised), reported as median, mean, p95 and the share of starts over 200 ms.
 
+``work`` in the results, per kind summed over the measured starts: the records each start's transaction carried, its
+transactions committed and the bytes of its values, counted as they were produced and committed (not timed).
+
     python -m experiments.bench_producer_start [--starts 100]
 """
 
@@ -15,6 +18,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 from confluent_kafka import Producer
 
@@ -22,35 +26,40 @@ from aligner.connectors.kafka import QUIET, ensure_topic
 from aligner.connectors.stamped import StampedProducer
 from aligner.coordinator.stack import EmbeddedStack
 from experiments import ForeignCpu
-from experiments.common import write_results
+from experiments.common import Work, work_results, write_results
 
 TOPIC = "bench-producer-start"
 SLOW_S = 0.2
 
 
-def raw_start(bootstrap: str) -> float:
+def one_record(kp: Producer, work: Work | None) -> None:
+    """The start's one record in one transaction, counted in ``work`` once committed."""
+    value = b"x"
+    kp.begin_transaction()
+    kp.produce(TOPIC, value, partition=0)
+    kp.commit_transaction(30)
+    if work is not None:
+        work.add(Work(records=1, transactions=1, bytes=len(value)))
+
+
+def raw_start(bootstrap: str, work: Work | None = None) -> float:
     """A default confluent-kafka transactional producer: seconds to initialise."""
     started = time.perf_counter()
     kp = Producer({"bootstrap.servers": bootstrap, "transactional.id": "bench.start.raw", **QUIET})
     kp.init_transactions(30)
     took = time.perf_counter() - started
-    kp.begin_transaction()
-    kp.produce(TOPIC, b"x", partition=0)
-    kp.commit_transaction(30)
+    one_record(kp, work)
     kp.flush(0)
     return took
 
 
-def product_start(bootstrap: str) -> float:
+def product_start(bootstrap: str, work: Work | None = None) -> float:
     """The product's producer, as a Spark write task starts it: seconds to initialise."""
     started = time.perf_counter()
     producer = StampedProducer(bootstrap, "bench.start.product", TOPIC, [0], name="bench")
     producer.start({TOPIC: TOPIC})
     took = time.perf_counter() - started
-    kp = producer.kp
-    kp.begin_transaction()
-    kp.produce(TOPIC, b"x", partition=0)
-    kp.commit_transaction(30)
+    one_record(producer.kp, work)
     producer.close()
     return took
 
@@ -69,15 +78,17 @@ def main() -> None:
     with EmbeddedStack() as info:
         foreign = ForeignCpu(info.zk_pid, info.kafka_pid)
         ensure_topic(info.kafka, TOPIC, 1)
-        kinds: dict[str, Callable[[str], float]] = {"raw": raw_start, "product": product_start}
+        kinds: dict[str, Callable[[str, Work | None], float]] = {"raw": raw_start, "product": product_start}
         for start in kinds.values():  # warm-up: the transactional ids exist, the broker has loaded its code paths
-            start(info.kafka)
+            start(info.kafka, None)
         times: dict[str, list[float]] = {name: [] for name in kinds}
+        work = {name: Work() for name in kinds}
         for _ in range(args.starts):
             for name, start in kinds.items():
-                times[name].append(start(info.kafka))
+                times[name].append(start(info.kafka, work[name]))
         others = foreign.cores()
-    payload = {"starts": args.starts, "foreign_cores": round(others, 2), **{k: summary(v) for k, v in times.items()}}
+    payload: dict[str, Any] = {"starts": args.starts, "foreign_cores": round(others, 2),
+                               **{k: summary(v) for k, v in times.items()}, **work_results(work)}
     raw, ours = payload["raw"], payload["product"]
     payload["product_over_raw_median"] = round(ours["median_ms"] / raw["median_ms"], 3)
     payload["product_over_raw_mean"] = round(ours["mean_ms"] / raw["mean_ms"], 3)

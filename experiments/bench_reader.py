@@ -14,6 +14,9 @@ Then these readers read the whole span, interleaved and repeated (median of 3):
 Each EpochReader run uses a freshly connected Ledger, so the epoch lookups in ZooKeeper (cached per
 Ledger) are part of its time, as they are for any first read; the lookup time is reported separately.
 
+``work`` in the results, per reader summed over the rounds: the records it returned and the bytes of their values
+(counted after the timed read); readers commit no transactions, so records and bytes are compared.
+
     .venv/bin/python -m experiments.bench_reader [--records 1000000] [--rounds 3]
 """
 
@@ -36,7 +39,7 @@ from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from experiments import ForeignCpu
-from experiments.common import VALUE_BYTES, read_raw, write_numbered, write_results
+from experiments.common import VALUE_BYTES, Work, read_raw, work_results, write_numbered, write_results
 
 PARTITIONS = 4
 EPOCH = 10_000
@@ -102,6 +105,7 @@ def main() -> None:
         }
         times: dict[str, list[float]] = {name: [] for name in runs}
         counts: dict[str, list[int]] = {name: [] for name in runs}
+        work = {name: Work() for name in runs}
         exact = True
         for r in range(args.rounds):
             for name, run in runs.items():
@@ -110,6 +114,7 @@ def main() -> None:
                 values = run()
                 times[name].append(time.perf_counter() - t0)
                 counts[name].append(len(values))
+                work[name].add(Work(records=len(values), bytes=sum(map(len, values))))
                 exact = exact and is_exact(values, args.records)
                 del values
             console.print(f"round {r + 1}/{args.rounds}: " + ", ".join(
@@ -155,6 +160,7 @@ def main() -> None:
         "fast_ratio": fast, "target": TARGET, "pass": fast >= TARGET, "exact": exact,
         "foreign_cpu_cores": foreign,
         "zk_lookup_ms": 1000 * lookup_s, "zk_lookup_round_trips": lookup_trips,
+        **work_results(work, ("records", "bytes")),
     }
     console.print(f"wrote {write_results('bench_reader', result)}")
 

@@ -25,6 +25,9 @@ cost during the rounds is printed, beside the warm-up's.
 broker the other cores: the shape of a deployment, where they run on machines of their own, as far as
 two cores allow. Every writer, raw or sink, runs pinned alike.
 
+``work`` in the results, per writer summed over the rounds: the records and value bytes read back from its
+topic after the rounds, and the Kafka transactions its loop committed; all three must agree across the writers.
+
     .venv/bin/python -m experiments.bench_sink [--rounds 15] [--records 200000] [--warm-epochs 10000] [--pin]
 """
 
@@ -51,7 +54,17 @@ from aligner.coordinator.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from aligner.stamps import HEADER, Stamp
 from experiments import ForeignCpu, cpu_seconds, pin_threads
-from experiments.common import PRODUCER_SETTINGS, Headers, LedgerTimer, median_interval, write_results
+from experiments.common import (
+    PRODUCER_SETTINGS,
+    Headers,
+    LedgerTimer,
+    Work,
+    median_interval,
+    read_back,
+    topic_ends,
+    work_results,
+    write_results,
+)
 
 PARTITIONS = 4
 EPOCH = 10_000
@@ -74,8 +87,9 @@ def raw_producer(bootstrap: str, topic: str) -> Producer:
 
 
 def raw_run(kp: Producer, topic: str, records: int, headers: Headers | None = None,
-            callback: bool = False) -> float:
-    """The baseline loop: one transaction per EPOCH records, optionally with the sink's per-record extras."""
+            callback: bool = False, work: Work | None = None) -> float:
+    """The baseline loop: one transaction per EPOCH records, optionally with the sink's per-record extras
+    (``work`` counts its transactions)."""
     last: dict[int, int] = {}
 
     def delivered(err: Any, msg: Any) -> None:
@@ -99,22 +113,27 @@ def raw_run(kp: Producer, topic: str, records: int, headers: Headers | None = No
                 kp.poll(0)
         kp.flush(60)
         kp.commit_transaction(60)
+        if work is not None:
+            work.transactions += 1
     return time.perf_counter() - t0
 
 
-def sink_run(p: SinkProducer, records: int, wait: bool = True) -> float:
-    """``send`` per record; ``wait=False`` pipelines the commits, as a loader that can write epochs again would."""
+def sink_run(p: SinkProducer, records: int, wait: bool = True, work: Work | None = None) -> float:
+    """``send`` per record; ``wait=False`` pipelines the commits, as a loader that can write epochs again would
+    (``work`` counts its epochs committed, one Kafka transaction each)."""
     t0 = time.perf_counter()
     for start in range(0, records, EPOCH):
         p.begin()
         for i in range(start, min(start + EPOCH, records)):
             p.send(VALUE, partition=i % PARTITIONS)
         p.commit(wait=wait)
+        if work is not None:
+            work.transactions += 1
     p.sync()
     return time.perf_counter() - t0
 
 
-def sink_many_run(p: SinkProducer, records: int) -> float:
+def sink_many_run(p: SinkProducer, records: int, work: Work | None = None) -> float:
     """The batch form (``send_many``, as a job's batch function's output is written): one call per epoch."""
     batch = [(None, VALUE)] * EPOCH
     t0 = time.perf_counter()
@@ -122,6 +141,8 @@ def sink_many_run(p: SinkProducer, records: int) -> float:
         p.begin()
         p.send_many(batch[:min(EPOCH, records - start)])
         p.commit()
+        if work is not None:
+            work.transactions += 1
     return time.perf_counter() - t0
 
 
@@ -178,14 +199,22 @@ def main() -> None:
         with SinkProducer(led, info.kafka, "s", "sink", 0, parts) as sink, \
                 SinkProducer(led, info.kafka, "s-pipelined", "sink", 0, parts) as pipelined, \
                 SinkProducer(led, info.kafka, "s-many", "sink", 0, parts) as many:
+            written = {"raw": topics["raw"], "raw + stamp header": topics["stamp"],
+                       "raw + stamp + on_delivery": topics["stamp_cb"], "sink": led.subject("s").topic,
+                       "sink, pipelined commits": led.subject("s-pipelined").topic,
+                       "sink, send_many": led.subject("s-many").topic}
+            work = {name: Work() for name in written}
             runs = {
-                "raw": lambda: raw_run(producers["raw"], topics["raw"], args.records),
-                "raw + stamp header": lambda: raw_run(producers["stamp"], topics["stamp"], args.records, stamp),
+                "raw": lambda: raw_run(producers["raw"], topics["raw"], args.records, work=work["raw"]),
+                "raw + stamp header": lambda: raw_run(producers["stamp"], topics["stamp"], args.records, stamp,
+                                                      work=work["raw + stamp header"]),
                 "raw + stamp + on_delivery": lambda: raw_run(
-                    producers["stamp_cb"], topics["stamp_cb"], args.records, stamp, callback=True),
-                "sink": lambda: sink_run(sink, args.records),
-                "sink, pipelined commits": lambda: sink_run(pipelined, args.records, wait=False),
-                "sink, send_many": lambda: sink_many_run(many, args.records),
+                    producers["stamp_cb"], topics["stamp_cb"], args.records, stamp, callback=True,
+                    work=work["raw + stamp + on_delivery"]),
+                "sink": lambda: sink_run(sink, args.records, work=work["sink"]),
+                "sink, pipelined commits": lambda: sink_run(pipelined, args.records, wait=False,
+                                                            work=work["sink, pipelined commits"]),
+                "sink, send_many": lambda: sink_many_run(many, args.records, work=work["sink, send_many"]),
             }
             # warm-up: connections, metadata and the first ZooKeeper epoch are not what we measure
             for name in ("raw", "stamp", "stamp_cb"):
@@ -195,6 +224,7 @@ def main() -> None:
             warm_seconds, warm_zk_ms = warm_zookeeper(led, info.kafka, info.zk_pid, args.warm_epochs)
             console.print(f"ZooKeeper warmed by {args.warm_epochs:,} one-record epochs in {warm_seconds:.1f} s "
                           f"({warm_zk_ms:.2f} ms of its CPU per epoch)")
+            since = {name: topic_ends(info.kafka, topic, PARTITIONS) for name, topic in written.items()}
             zk = LedgerTimer(led, SINK_ZK_CALLS)
             trips0 = led.round_trips
             times: dict[str, list[float]] = {name: [] for name in runs}
@@ -212,6 +242,8 @@ def main() -> None:
                     f"{n} {args.records / t[-1]:,.0f}/s" for n, t in times.items()))
             zk_trips = led.round_trips - trips0
             foreign = cpu.cores()
+            for name, topic in written.items():  # not timed: what each writer's rounds left in its topic
+                work[name] = read_back(info.kafka, topic, since[name], work[name].transactions)
         while producers:  # destroy the raw producers before the broker goes away
             producers.popitem()[1].flush(10)
         gc.collect()
@@ -285,6 +317,7 @@ def main() -> None:
         "sink_zk_ms_per_epoch_by_writer": zk_ms_by_sink,
         "warm_epochs": args.warm_epochs, "warm_seconds": warm_seconds, "warm_zk_cpu_ms_per_epoch": warm_zk_ms,
         "zk_cpu_ms_per_epoch_by_writer": zk_cpu_ms, "pinned": args.pin,
+        **work_results(work),
     })
     console.print(f"wrote {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
 

@@ -11,6 +11,10 @@ A SinkProducer writes ~1,000,000 records of 100 bytes into a 4-partition bytes s
   ZooKeeper lookups and the retention check) is included;
 - spark count(): the same read ending in ``count()``.
 
+``work`` in the results, per arm summed over the measured rounds: the records it read (raw: its loop's count;
+spark -> noop: the rows an ``Observation`` counted as they reached the sink; count(): its answer). Only records are
+compared: counting bytes in the raw loop would slow the baseline, and ``count()`` reads no values.
+
     .venv/bin/python -m experiments.bench_spark_read [--records 1000000] [--rounds 3]
 """
 
@@ -25,7 +29,7 @@ import time
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import EmbeddedStack
 from aligner.ledger import Ledger
-from experiments.common import VALUE_BYTES, read_raw, write_numbered, write_results
+from experiments.common import VALUE_BYTES, Work, read_raw, work_results, write_numbered, write_results
 
 PARTITIONS = 4
 EPOCH = 10_000
@@ -40,6 +44,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     logging.getLogger("kazoo").setLevel(logging.ERROR)
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
     from aligner.connectors.spark.session import local_session
 
     with EmbeddedStack() as info:
@@ -57,8 +64,10 @@ def main() -> None:
                     .option("root", ROOT).option("subject", SUBJECT).option("epochs", f"{first}:{last}").load())
 
         def spark_noop() -> int:
-            frame().write.format("noop").mode("overwrite").save()
-            return args.records  # checked by the count run
+            """The rows that reached the noop sink, counted on the way (an observed count: one aggregate)."""
+            seen = Observation("rows")
+            frame().observe(seen, F.count(F.lit(1)).alias("rows")).write.format("noop").mode("overwrite").save()
+            return int(seen.get["rows"])
 
         runs = {
             "raw consume (1 process)": lambda: read_raw(info.kafka, meta.topic, span, collect=False),
@@ -69,11 +78,13 @@ def main() -> None:
             run()
         times: dict[str, list[float]] = {n: [] for n in runs}
         counts: dict[str, list[int]] = {n: [] for n in runs}
+        work = {n: Work() for n in runs}
         for r in range(args.rounds):
             for name, run in runs.items():
                 t0 = time.perf_counter()
                 counts[name].append(run())
                 times[name].append(time.perf_counter() - t0)
+                work[name].add(Work(records=counts[name][-1]))
             print(f"round {r + 1}/{args.rounds}: " + ", ".join(
                 f"{n} {counts[n][-1] / t[-1]:,.0f}/s" for n, t in times.items()))
         spark.stop()
@@ -90,7 +101,7 @@ def main() -> None:
         "benchmark": "bench_spark_read", "records": args.records, "rounds": args.rounds,
         "epochs": last - first + 1, "partitions": PARTITIONS, "value_bytes": VALUE_BYTES,
         "records_per_s": rate, "ratio_spark_noop_vs_raw": ratio, "target": TARGET, "counts_exact": exact,
-        "seconds": times,
+        "seconds": times, **work_results(work, ("records",)),
     })
 
 

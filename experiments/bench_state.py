@@ -13,6 +13,10 @@ SinkProducer -> commit -> ``mark_committed``. Reported per size:
   interleaved, median of ``--rounds``; records/s, keys/s and ratio to raw;
 - RocksDB restart on the same disk with a checkpoint one epoch old: the tail replay's time.
 
+``work`` in the results, per restore arm (raw, memory, rocksdb) summed over both sizes and the rounds: the
+changelog records it read (the raw loop's count, each restore's own report). Only records are compared: a restore
+reports no bytes, and counting them in the raw loop would slow the baseline it is measured against.
+
     .venv/bin/python -m experiments.bench_state [--keys 1000000] [--epochs 10] [--rounds 3]
 """
 
@@ -37,7 +41,7 @@ from aligner.connectors.state import MemoryStore, RocksStore, StateStore, create
 from aligner.coordinator.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from aligner.models import ContributionNode
-from experiments.common import read_raw, write_results
+from experiments.common import Work, read_raw, work_results, write_results
 
 
 def _blob_bytes(store: StateStore) -> int:
@@ -83,7 +87,8 @@ def _write(led: Ledger, bootstrap: str, subject: str, keys: int, epochs: int, ch
             "blob_bytes": _blob_bytes(store)}
 
 
-def _bench(info: Any, led: Ledger, keys: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+def _bench(info: Any, led: Ledger, keys: int, args: argparse.Namespace, tmp: Path,
+           work: dict[str, Work]) -> dict[str, Any]:
     subject = f"changelog-{keys}"
     create_changelog(led, info.kafka, subject, 1)
     w = _write(led, info.kafka, subject, keys, args.epochs, args.changed, args.value_bytes)
@@ -95,6 +100,7 @@ def _bench(info: Any, led: Ledger, keys: int, args: argparse.Namespace, tmp: Pat
         t0 = time.perf_counter()
         n = read_raw(info.kafka, subject, span, collect=False)
         times["raw"].append(time.perf_counter() - t0)
+        work["raw"].add(Work(records=n))
         assert n == w["records"], (n, w["records"])
         for name in ("memory", "rocksdb"):
             with Ledger.connect(info.zk, "/bench") as fresh:  # epoch lookups are part of a first restore
@@ -103,6 +109,7 @@ def _bench(info: Any, led: Ledger, keys: int, args: argparse.Namespace, tmp: Pat
                     t0 = time.perf_counter()
                     report = store.restore(fresh, info.kafka, subject, 0, last)
                     times[name].append(time.perf_counter() - t0)
+                    work[name].add(Work(records=report.records))
                     assert report.records == w["records"] and report.checkpoint is None
                     if r == 0:
                         assert dict(store.items()) == expected, f"{name} restore differs"
@@ -142,10 +149,11 @@ def main() -> None:
     args = ap.parse_args()
     console = Console(width=170)
     rows = []
+    work = {name: Work() for name in ("raw", "memory", "rocksdb")}
     with EmbeddedStack() as info, Ledger.connect(info.zk, "/bench") as led, \
             tempfile.TemporaryDirectory(prefix="bench-state-") as tmp:
         for keys in (max(1, args.keys // 10), args.keys):
-            rows.append(_bench(info, led, keys, args, Path(tmp)))
+            rows.append(_bench(info, led, keys, args, Path(tmp), work))
             console.print(f"[dim]{keys:,} keys done[/dim]")
     table = Table(title="Keyed state as a subject (one changelog partition)")
     for col in ("keys", "commit ms/epoch", "ZK B/epoch", "former blob B", "raw rec/s", "memory keys/s",
@@ -158,7 +166,7 @@ def main() -> None:
                       f"{r['rocksdb_keys_per_s']:,.0f}", f"{r['rocksdb_ratio_to_raw']:.2f}",
                       f"{r['rocksdb_tail_restore_s']:.2f}")
     console.print(table)
-    path = write_results("bench_state", {"args": vars(args), "rows": rows})
+    path = write_results("bench_state", {"args": vars(args), "rows": rows, **work_results(work, ("records",))})
     console.print(f"results: {path}")
 
 

@@ -8,6 +8,9 @@ For the in-memory and the RocksDB store: ``--keys`` keys committed as the base, 
 ``--ops`` operations of each kind over random keys (len after every put, as such a job does), then the
 commit. The baseline is the same sequence on a plain ``dict`` of JSON-encoded values in the same process.
 
+``work`` in the results, per store summed over the rounds: as ``records``, the operations it ran (counted as they
+ran) plus the items its ``items()`` yielded and its ``len`` after the round; only records are compared (no Kafka).
+
     .venv/bin/python -m experiments.bench_state_ops [--keys 1000000] [--ops 200000] [--rounds 3]
 """
 
@@ -27,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from aligner.connectors.state import MemoryStore, RocksStore, StateStore
-from experiments.common import write_results
+from experiments.common import Work, work_results, write_results
 
 console = Console(highlight=False)
 OPS = ("get", "put", "put+len", "delete", "items", "commit")
@@ -59,32 +62,42 @@ class DictStore:
         pass
 
 
-def timed(fn: Callable[[], Any]) -> float:
+def timed(fn: Callable[[], Any], done: list[int] | None = None) -> float:
+    """Seconds ``fn`` took; ``done`` gets how many operations it ran (its result's length, or count)."""
     began = time.perf_counter()
-    fn()
-    return time.perf_counter() - began
+    result = fn()
+    took = time.perf_counter() - began
+    if done is not None:
+        done.append(result if isinstance(result, int) else len(result) if isinstance(result, list) else 0)
+    return took
 
 
-def one_round(store: StateStore | DictStore, keys: int, ops: int, seed: int) -> dict[str, float]:
-    """Operations per second of each kind on ``store``, which holds ``keys`` committed keys."""
+def one_round(store: StateStore | DictStore, keys: int, ops: int, seed: int,
+              work: Work | None = None) -> dict[str, float]:
+    """Operations per second of each kind on ``store``, which holds ``keys`` committed keys (``work`` gets the
+    operations run, the items yielded and the store's final ``len`` as records)."""
     rng = random.Random(seed)
     picks = [f"k{rng.randrange(keys * 2)}" for _ in range(ops)]  # half of them new keys
 
-    def put_len() -> None:
-        n = 0
+    def put_len() -> int:
+        n, i = 0, -1
         for i, k in enumerate(picks):
             store.put(k, i)
             n = len(store)
         assert n > 0
+        return i + 1  # the operations run
 
+    done: list[int] = []
     seconds = {
-        "get": timed(lambda: [store.get(k) for k in picks]),
-        "put": timed(lambda: [store.put(k, i) for i, k in enumerate(picks)]),
-        "put+len": timed(put_len),
-        "delete": timed(lambda: [store.delete(k) for k in picks[: ops // 2]]),
-        "items": timed(lambda: sum(1 for _ in store.items())),
+        "get": timed(lambda: [store.get(k) for k in picks], done),
+        "put": timed(lambda: [store.put(k, i) for i, k in enumerate(picks)], done),
+        "put+len": timed(put_len, done),
+        "delete": timed(lambda: [store.delete(k) for k in picks[: ops // 2]], done),
+        "items": timed(lambda: sum(1 for _ in store.items()), done),
         "commit": timed(lambda: store.mark_committed(1)),
     }
+    if work is not None:
+        work.add(Work(records=sum(done) + len(store)))
     counts = {"items": len(store), "commit": ops}
     return {op: counts.get(op, ops if op != "delete" else ops // 2) / s for op, s in seconds.items()}
 
@@ -105,12 +118,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     results: dict[str, list[dict[str, float]]] = {"dict": [], "memory": [], "rocksdb": []}
+    work = {kind: Work() for kind in results}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for kind in results:  # interleaved, so a foreign load hits every kind alike
                 store = filled(kind, args.keys, Path(tmp))
                 try:
-                    results[kind].append(one_round(store, args.keys, args.ops, seed=r))
+                    results[kind].append(one_round(store, args.keys, args.ops, seed=r, work=work[kind]))
                 finally:
                     if isinstance(store, StateStore):
                         store.close()
@@ -126,7 +140,8 @@ def main() -> None:
         table.add_row(op, *(f"{median[k][op]:,.0f}" for k in ("dict", "memory", "rocksdb")),
                       f"{median['memory'][op] / d:.2f}", f"{median['rocksdb'][op] / d:.2f}")
     console.print(table)
-    out = write_results("bench_state_ops", {"args": vars(args), "median": median, "runs": results})
+    out = write_results("bench_state_ops", {"args": vars(args), "median": median, "runs": results,
+                                            **work_results(work, ("records",))})
     console.print(f"results: {out}")
 
 

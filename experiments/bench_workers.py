@@ -25,6 +25,11 @@ records / (latest end - earliest first record), the median over rounds. Closing 
 killed after 30 s), on every path. On 2 cores ZooKeeper and the broker share the CPU with the workers, so two
 workers cannot reach twice one: the raw loop's scaling in the same run is the yardstick.
 
+``work`` in the results, per pipeline summed over the rounds and its processes: the records and value bytes read
+back from its output after each run (not timed) and the Kafka transactions that carried records (the raw loop's
+commits, the workers' sink epochs). Two workers commit one transaction each per epoch where one raw process of
+two commits per 10,000 of its records, so records and bytes are compared, not transactions.
+
     .venv/bin/python -m experiments.bench_workers [--records 300000] [--rounds 3]
 """
 
@@ -69,7 +74,7 @@ from experiments.bench_pipeline import (
     raw_run,
     write_epochs,
 )
-from experiments.common import PRODUCER_SETTINGS, write_results
+from experiments.common import PRODUCER_SETTINGS, Work, read_back, topic_ends, work_results, write_results
 
 ROOT = "/bench-workers"
 REPO = Path(__file__).resolve().parent.parent
@@ -141,10 +146,12 @@ def serve_aligned(config: ChildConfig, commands: queue.Queue[str | None], stop: 
                 first.reset()
                 first.install(worker, identity)  # the wrapper steps aside after the first record: again per run
                 out0 = worker.records_out
+                assert worker.sink is not None
+                e0 = worker.sink.next_epoch
                 while source.consumed(INPUT) < until:
                     worker.step(stop)
                 say({"records": worker.records_out - out0, "first": first.at, "end": time.perf_counter(),
-                     "consumed": source.consumed(INPUT)})
+                     "consumed": source.consumed(INPUT), "transactions": worker.sink.next_epoch - e0})
         finally:
             worker.close()
     finally:
@@ -162,7 +169,8 @@ def serve_raw(config: ChildConfig, commands: queue.Queue[str | None]) -> None:
         starts, ends = ({int(p): o for p, o in span[k].items()} for k in ("starts", "ends"))
         res = raw_run(config.kafka, INPUT, RAW_OUT, kp, starts, ends)
         end = time.perf_counter()
-        say({"records": res["records"], "first": end - res["seconds"], "end": end})
+        say({"records": res["records"], "first": end - res["seconds"], "end": end,
+             "transactions": res["transactions"]})
     kp.flush(10)
 
 
@@ -279,7 +287,7 @@ def timed(name: str, children: list[Child], commands: list[str], records: int) -
     if moved != records or any(r["first"] is None for r in replies):
         raise RuntimeError(f"{name} moved {moved} records, expected {records}: {replies}")
     first, end = min(r["first"] for r in replies), max(r["end"] for r in replies)
-    return {"records": moved, "seconds": end - first,
+    return {"records": moved, "seconds": end - first, "transactions": sum(r["transactions"] for r in replies),
             "processes": [{"records": r["records"], "seconds": r["end"] - r["first"],
                            "starts_after": r["first"] - first} for r in replies]}
 
@@ -295,6 +303,7 @@ def measure(args: argparse.Namespace, console: Console, logs: Path) -> dict[str,
     """Start every process, align the jobs, run the rounds; the processes end before the stack does."""
     epochs = args.records // EPOCH
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in RUNS}
+    work = {name: Work() for name in RUNS}
     children: list[Child] = []
     with EmbeddedStack() as info:
         led = Ledger.connect(info.zk, ROOT)
@@ -335,6 +344,8 @@ def measure(args: argparse.Namespace, console: Console, logs: Path) -> dict[str,
                     order = order[r % len(order):] + order[:r % len(order)]  # each goes first in turn
                     for name in order:
                         role, n = RUNS[name]
+                        written = led.subject(job_spec(n).output).topic if role == "aligned" else RAW_OUT
+                        since = topic_ends(info.kafka, written, PARTITIONS)
                         if role == "aligned":
                             commands = [f"run {e1}"] * n
                         else:
@@ -342,6 +353,7 @@ def measure(args: argparse.Namespace, console: Console, logs: Path) -> dict[str,
                                                              "ends": {p: ends[p] for p in partitions_of(i, n)}})
                                         for i in range(n)]
                         results[name].append(timed(name, procs[name], commands, args.records))
+                        work[name].add(read_back(info.kafka, written, since, results[name][-1]["transactions"]))
                     rates = ", ".join(f"{n} {per_s(v[-1]):,.0f}/s" for n, v in results.items())
                     console.print(f"round {r + 1}/{args.rounds}: {rates}")
                 foreign = cpu.cores()
@@ -349,7 +361,8 @@ def measure(args: argparse.Namespace, console: Console, logs: Path) -> dict[str,
             for c in children:
                 c.close()
             led.close()
-    return {"runs": results, "align_seconds": align_s, "foreign_cpu_cores": foreign}
+    return {"runs": results, "align_seconds": align_s, "foreign_cpu_cores": foreign,
+            **work_results(work, ("records", "bytes"))}
 
 
 def report(args: argparse.Namespace, console: Console, measured: dict[str, Any]) -> None:

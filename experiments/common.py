@@ -1,5 +1,6 @@
 """What the benchmarks and experiments share: where results go, producer settings, the numbered
-records the read benchmarks write, the raw read baseline, and a timer on a Ledger's calls."""
+records the read benchmarks write, the raw read baseline, a timer on a Ledger's calls, and the work each
+arm of a benchmark did (``Work``), which the benchmarks' smoke test compares across the arms of a ratio."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, overload
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from aligner.connectors.kafka import LINGER_MS, consumer_config
+from aligner.connectors.kafka import LINGER_MS, consumer_config, end_offsets
 from aligner.connectors.sink import SinkProducer
 from aligner.ledger import Ledger
 from aligner.lineage import sink_lineage, source_batch
@@ -153,3 +155,62 @@ class LedgerTimer:
                 self.seconds += time.perf_counter() - t0
                 self.calls += 1
         return wrapper
+
+
+@dataclass
+class Work:
+    """What one arm of a benchmark did, summed over its measured rounds (warm-ups not counted): records
+    consumed or produced, Kafka transactions committed (that carried records), bytes of the values written or
+    read. Counted from what the arm did (a counter in its loop, or read back from what it wrote), never from the
+    configured size."""
+
+    records: int = 0
+    transactions: int = 0
+    bytes: int = 0
+
+    def add(self, other: Work) -> None:
+        self.records += other.records
+        self.transactions += other.transactions
+        self.bytes += other.bytes
+
+
+WORK_FIELDS = ("records", "transactions", "bytes")
+
+
+def work_results(work: Mapping[str, Work], comparable: Sequence[str] = WORK_FIELDS) -> dict[str, Any]:
+    """The results' ``work`` (per arm, summed over the measured rounds) and ``comparable``: the fields every arm
+    must agree on (tests/platform/test_benchmarks.py checks them); a field left out differs by design."""
+    assert set(comparable) <= set(WORK_FIELDS), comparable
+    return {"work": {arm: asdict(w) for arm, w in work.items()}, "comparable": list(comparable)}
+
+
+def topic_ends(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    """Each partition's last stable offset: where an arm's output starts, before it runs."""
+    return end_offsets(bootstrap, topic, list(range(partitions)))
+
+
+def read_back(bootstrap: str, topic: str, since: Mapping[int, int], transactions: int = 0) -> Work:
+    """The committed records written to ``topic`` since the offsets ``since`` (from :func:`topic_ends` before
+    the arm ran), read back outside the timed part: their count and the bytes of their values."""
+    ends = end_offsets(bootstrap, topic, sorted(since))
+    work = Work(transactions=transactions)
+    consumer = Consumer(consumer_config(bootstrap))
+    try:
+        consumer.assign([TopicPartition(topic, p, o) for p, o in since.items()])
+        pending = {p for p in since if ends[p] > since[p]}
+        while pending:
+            for m in consumer.consume(10000, timeout=0.05):
+                err = m.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(str(err))
+                    continue
+                if m.offset() < ends[m.partition()]:  # type: ignore[operator,index]  # a record has both
+                    work.records += 1
+                    work.bytes += len(m.value() or b"")
+            for tp in consumer.position([TopicPartition(topic, p) for p in pending]):
+                if tp.offset >= ends[tp.partition]:
+                    pending.discard(tp.partition)
+    finally:
+        consumer.close()
+    return work

@@ -1,7 +1,8 @@
 """Every benchmark the docs cite runs at HEAD: a smoke run of each at tiny sizes (seconds, no timing
-assertion), so a benchmark cannot rot unnoticed. Results go to a temporary folder (ALIGNER_RESULTS). A crash of
-native code (bench_state died of SIGSEGV once in a loaded fresh-clone run, never alone) prints every
-thread's Python stack through faulthandler, into the failure message."""
+assertion), so a benchmark cannot rot unnoticed, nor compare arms that did different work: each benchmark in
+WORK records what every arm of its ratios did, and the arms must agree. Results go to a temporary folder
+(ALIGNER_RESULTS). A crash of native code (bench_state died of SIGSEGV once in a loaded fresh-clone run, never
+alone) prints every thread's Python stack through faulthandler, into the failure message."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,6 +39,14 @@ SMOKE = {
 }
 """Each benchmark of the docs' Benchmarks table with arguments that make it run for seconds, not minutes."""
 
+WORK = {"bench_sink", "bench_reader", "bench_pipeline", "bench_workers", "bench_state", "bench_handover",
+        "bench_state_ops", "bench_spark_read", "bench_producer_start"}
+"""The benchmarks whose ratios compare arms that must do the same work: each records ``work`` per arm and the
+``comparable`` fields (experiments.common.work_results), and every arm must agree on each of those. The others
+record none: one arm against a figure (latency, hop, swap gap, batches), counts rather than rates
+(bench_zk_ops), or arms whose work differs by design (status and console: the least read against the product's;
+bench_zk_scale: rate-driven arms compared per commit)."""
+
 
 @pytest.mark.parametrize("name", sorted(SMOKE))
 def test_benchmark_runs_at_head(name: str, tmp_path: Path) -> None:
@@ -51,4 +61,19 @@ def test_benchmark_runs_at_head(name: str, tmp_path: Path) -> None:
     assert done.returncode == 0, f"{name} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     result = tmp_path / f"{name}.json"
     assert result.exists(), f"{name} wrote no results to {tmp_path}"
-    assert json.loads(result.read_text()), f"{name} wrote empty results"
+    results = json.loads(result.read_text())
+    assert results, f"{name} wrote empty results"
+    if name in WORK:
+        assert_same_work(name, results)
+
+
+def assert_same_work(name: str, results: dict[str, Any]) -> None:
+    """Every arm of ``name`` did the same work in each field it calls comparable, and did some."""
+    work: dict[str, dict[str, int]] = results.get("work") or {}
+    comparable: list[str] = results.get("comparable") or []
+    assert len(work) >= 2, f"{name} recorded no work per arm: {work}"
+    assert "records" in comparable, f"{name}: records must be comparable, not only {comparable}"
+    for field in comparable:
+        seen = {arm: w[field] for arm, w in work.items()}
+        assert len(set(seen.values())) == 1, f"{name}: the arms did different work ({field}): {seen}"
+        assert next(iter(seen.values())) > 0, f"{name}: no arm did any work ({field}): {seen}"
