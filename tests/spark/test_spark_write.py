@@ -10,6 +10,7 @@ import pytest
 from aligner.connectors.reader import EpochReader, EpochRecord
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
+from tests import spark_faults
 from tests.helpers import SPARK_TEST_JVM, json_value, raw_count
 
 pytest.importorskip("pyspark")
@@ -27,6 +28,7 @@ def spark():
     # local[2,2]: a failed task is retried once. Small Arrow batches let the injected fault hit mid-task.
     session = local_session("local[2,2]", "test-spark-write", **SPARK_TEST_JVM, **{
                                                                  "spark.sql.execution.arrow.maxRecordsPerBatch": "4"})
+    spark_faults.register(session)
     yield session
     session.stop()
 
@@ -42,7 +44,7 @@ def _run(spark, spawn, stack, root, source, target, checkpoint) -> None:
                                              F.col("partition").alias("src_partition"),
                                              F.col("offset").alias("src_offset"),
                                              j_of("value").alias("j"))).alias("value")))
-    query = spawn.query(out.writeStream.format("aligned").options(**conn, subject=target, sinkId="spark")
+    query = spawn.query(out.writeStream.format(spark_faults.FAULTY).options(**conn, subject=target, sinkId="spark")
                         .option("failFirstAttemptAfter", RECORDS // 8)
                         .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
     assert query.awaitTermination(LIVE), "availableNow query did not finish"
