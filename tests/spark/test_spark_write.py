@@ -10,7 +10,6 @@ import pytest
 from aligner.connectors.reader import EpochReader, EpochRecord
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
-from tests import spark_faults
 from tests.helpers import SPARK_TEST_JVM, json_value, raw_count
 
 pytest.importorskip("pyspark")
@@ -24,6 +23,7 @@ LIVE = 300
 @pytest.fixture(scope="module")
 def spark():
     from aligner.connectors.spark.session import local_session
+    from tests import spark_faults
 
     # local[2,2]: a failed task is retried once. Small Arrow batches let the injected fault hit mid-task.
     session = local_session("local[2,2]", "test-spark-write", **SPARK_TEST_JVM, **{
@@ -36,6 +36,8 @@ def spark():
 def _run(spark, spawn, stack, root, source, target, checkpoint) -> None:
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType
+
+    from tests import spark_faults
 
     j_of = F.udf(lambda value: json.loads(value)["j"], LongType())
     conn = {"zk": stack.zk, "kafka": stack.kafka, "root": root}
