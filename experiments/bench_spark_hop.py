@@ -103,7 +103,7 @@ def main() -> None:
         for name in (X, Y):
             create_subject(led, info.kafka, name, PARTITIONS, value_format="bytes")
         spark = local_session("local[2]", "bench-spark-hop", **{"spark.ui.showConsoleProgress": "false"})
-        conn = {"zk": info.zk, "kafka": info.kafka, "root": ROOT}
+        conn = {"zk": info.zk, "kafka": info.kafka, "root": ROOT, "settleHeap": "true"}  # as a tuned application
         query = (spark.readStream.format("aligned").options(**conn, subject=X).load().select("key", "value")
                  .writeStream.format("aligned").options(**conn, subject=Y, sinkId=SINK)
                  .option("checkpointLocation", checkpoint).start())

@@ -61,7 +61,8 @@ def main() -> None:
 
         def frame():
             return (spark.read.format("aligned").option("zk", info.zk).option("kafka", info.kafka)
-                    .option("root", ROOT).option("subject", SUBJECT).option("epochs", f"{first}:{last}").load())
+                    .option("root", ROOT).option("subject", SUBJECT).option("epochs", f"{first}:{last}")
+                    .option("settleHeap", "true").load())
 
         def spark_noop() -> int:
             """The rows that reached the noop sink, counted on the way (an observed count: one aggregate)."""

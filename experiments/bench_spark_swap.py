@@ -372,7 +372,7 @@ def main() -> None:
                 "spark.ui.showConsoleProgress": "false",
                 "spark.sql.streaming.noDataMicroBatches.enabled": "false",
             })
-            conn = {"zk": info.zk, "kafka": info.kafka, "root": ROOT}
+            conn = {"zk": info.zk, "kafka": info.kafka, "root": ROOT, "settleHeap": "true"}
             for i in range(1, args.swaps + 1):
                 runs.append(one_swap(i, spark, led, info.kafka, conn, Path(workdir), args, say))
                 r = runs[-1]

@@ -352,7 +352,8 @@ def pipeline(info: StackInfo, led: Ledger, root: str, tmp: str) -> Run:
     create_subject(led, info.kafka, PR_HOTNESS, 2)
     create_subject(led, info.kafka, HOT_PRS, 2)
     jobs, coord = JobLedger(led), Coordinator(led)
-    conn = {"zk": info.zk, "kafka": info.kafka, "root": root}
+    # settleHeap: Spark's reused Python workers freeze their live heap (the demo owns its Spark application)
+    conn = {"zk": info.zk, "kafka": info.kafka, "root": root, "settleHeap": "true"}
     run = Run()
     events: dict[str, float] = {}
     queries: dict[str, Query] = {}

@@ -13,9 +13,10 @@ from typing import Any
 
 
 def start_running_query(spark: Any, conn: dict[str, str], source: str, target: str, job: str, version: int,
-                        checkpoint: str, sink_options: dict[str, str] | None = None) -> Any:
+                        checkpoint: str, sink_options: dict[str, str] | None = None, sink: str = "aligned") -> Any:
     """Start version ``version`` (1 or 2) of the query as registered job ``job``; returns the StreamingQuery.
-    ``sink_options``: more options of the aligned sink (a test's ``hangTask``)."""
+    ``sink_options``: more options of the sink; ``sink``: its format (a test's own aligned data source, which
+    injects faults)."""
     import pandas as pd
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
@@ -36,5 +37,5 @@ def start_running_query(spark: Any, conn: dict[str, str], source: str, target: s
             .select(n.alias("n")).withColumn("k", F.col("n") % 4))
     out = rows.groupBy("k").applyInPandasWithState(running, "key string, value string", "acc long", "append",
                                                    GroupStateTimeout.NoTimeout)
-    return (out.writeStream.format("aligned").options(**conn, subject=target, job=job, **(sink_options or {}))
+    return (out.writeStream.format(sink).options(**conn, subject=target, job=job, **(sink_options or {}))
             .option("checkpointLocation", checkpoint).outputMode("append").start())

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from aligner.coordinator.stack import StackInfo, wait_for
+from aligner.coordinator.stack import StackInfo
 from experiments.browser import free_port, get_json
-from tests.helpers import Worker
+from tests.helpers import Worker, wait_for
 
 LIVE = 180.0
 """Liveness bound (seconds) on waits for progress: generous, for a busy machine; never a speed check."""

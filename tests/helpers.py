@@ -21,10 +21,33 @@ from experiments.common import json_value as json_value  # the tests' jobs write
 from tests import guard
 
 ROOT = Path(__file__).resolve().parent.parent
+CHILD_PYTHONPATH = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+"""A child's PYTHONPATH: this checkout first, then the caller's (a worktree's source folders stay ahead of an
+installed checkout's)."""
 SPARK_TEST_JVM = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
 """The driver JVM options of every Spark test and test worker: a short-lived local driver starts seconds faster
 with the C1 JIT alone and the serial GC on two shared cores; what the queries do does not depend on them."""
 _PR_SET_PDEATHSIG = 1
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.05,
+             on_wait: Callable[[], None] | None = None) -> None:
+    """Poll ``condition`` until it holds; raise TimeoutError naming ``what`` when ``timeout`` passes.
+    ``on_wait`` runs before each pause (a check that fails the wait early, e.g. a worker that died)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if condition():
+            return
+        if on_wait is not None:
+            on_wait()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def as_args(flag: str, options: dict[str, str]) -> list[str]:
+    """``options`` as repeated ``flag K=V`` arguments of a worker process (e.g. ``--sink-option``)."""
+    return [arg for k, v in options.items() for arg in (flag, f"{k}={v}")]
 
 
 def _die_with_parent() -> None:
@@ -46,7 +69,7 @@ class Worker:
         self.args = args
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, cwd=ROOT, preexec_fn=_die_with_parent,
+            env={**os.environ, "PYTHONPATH": CHILD_PYTHONPATH, **(env or {})}, cwd=ROOT, preexec_fn=_die_with_parent,
         )
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
@@ -212,7 +235,7 @@ def experiment_process(module: str, *args: str) -> Iterator[subprocess.Popen[str
     SIGTERM to its group (the experiment unwinds and stops every component it started), then SIGKILL."""
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=root,
-                            env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": CHILD_PYTHONPATH}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         yield proc

@@ -10,11 +10,10 @@ import threading
 from collections import defaultdict
 
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import wait_for
 from aligner.errors import UnknownJobError
 from aligner.jobs import JobLedger
 from experiments.chaos.checker import lineage_tiling
-from tests.helpers import Worker
+from tests.helpers import Worker, wait_for
 from tests.streams import assert_exactly_once, read_all
 from tests.swaps import assert_s_before_s_plus_1
 

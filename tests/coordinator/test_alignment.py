@@ -11,12 +11,12 @@ from aligner.alignment import Command, State
 from aligner.connectors.runtime import JobSpec, JobWorker
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator, leadership
-from aligner.coordinator.stack import wait_for
 from aligner.errors import AlignerError, AlignmentSplitError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.lineage import flatten, job_epoch_lineage
 from aligner.models import AlignmentDecision, DecisionPhase, JobEpochNode, Span, WorkerEpochNode
+from tests.helpers import wait_for
 from tests.jobs import tag_v1
 from tests.streams import assert_exactly_once, read_all
 

@@ -17,7 +17,7 @@ from aligner.connectors.runtime import JobSpec
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
-from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack, wait_for
+from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.lineage import flatten, subject_epoch_lineage
@@ -25,6 +25,7 @@ from aligner.models import JobNode, SubjectNode
 from aligner.settings import parse_zk_auth
 from experiments.browser import post_json
 from tests.console import by_id, start_console
+from tests.helpers import wait_for
 from tests.jobs import tag_v1, tag_v2
 
 LIVE = 180.0

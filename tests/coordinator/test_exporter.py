@@ -10,10 +10,10 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from aligner.coordinator.exporter import LedgerCollector
-from aligner.coordinator.stack import wait_for
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import ConsumerNode, JobNode, Range, SubjectNode, SwapNode
+from tests.helpers import wait_for
 
 STOP_WITHIN = 5.0
 

@@ -14,11 +14,10 @@ from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.gc import collect
 from aligner.coordinator.hotswap import HotSwap, HotSwapRefused
-from aligner.coordinator.stack import wait_for
 from aligner.coordinator.verify import shadow_span, verify_before_swap, verify_outputs
 from aligner.errors import AlignerError
 from tests.conftest import run_cli
-from tests.helpers import json_value
+from tests.helpers import json_value, wait_for
 from tests.jobs import count_key, count_v1, count_v2, tag_v1, tag_v2, tag_v3
 from tests.streams import assert_exactly_once, read_all
 from tests.swaps import assert_s_before_s_plus_1, committed, precommit_acked

@@ -15,10 +15,10 @@ from aligner.connectors.runtime import JobSpec
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
-from aligner.coordinator.stack import wait_for
 from aligner.jobs import JobLedger
 from aligner.models import JobNode, Span
 from tests.conftest import run_cli
+from tests.helpers import wait_for
 from tests.jobs import tag_v1
 
 LIVE = 120

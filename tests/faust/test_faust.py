@@ -31,10 +31,10 @@ from aligner.connectors.state import MemoryStore
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
-from aligner.coordinator.stack import free_port, wait_for
+from aligner.coordinator.stack import free_port
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
-from tests.helpers import Worker, faust_env, faust_worker, json_value, raw_count
+from tests.helpers import Worker, faust_env, faust_worker, json_value, raw_count, wait_for
 
 RECORDS = 20
 """Input records per input epoch."""

@@ -19,10 +19,10 @@ import pytest
 
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.ensemble import ZkEnsemble
-from aligner.coordinator.stack import EmbeddedStack, StackInfo, wait_for
+from aligner.coordinator.stack import EmbeddedStack, StackInfo
 from aligner.errors import StackError
 from aligner.ledger import Ledger
-from tests.helpers import Worker
+from tests.helpers import Worker, wait_for
 from tests.runtime.test_faults import LIVE, Chain, OutsideProducer
 
 PAUSED = 15.0

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.gc import collect
-from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack, StackInfo, free_port, wait_for
+from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack, StackInfo, free_port
 from aligner.jobs import JobLedger
 from aligner.ledger import Lease, Ledger
 from aligner.lineage import SparkLineageLedger
@@ -25,6 +25,7 @@ from aligner.models import ConsumerNode, JobNode, Phase, Range, SubjectNode, Swa
 from aligner.retention_policy import RetentionPolicy, first_young, retention_floor, victims
 from experiments.bench_status import build_ledger
 from tests.conftest import run_cli
+from tests.helpers import wait_for
 
 LIVE = 180
 """Liveness bound (seconds) on waits for progress: generous, for a busy machine; never a speed check."""

@@ -25,9 +25,9 @@ import pytest
 from confluent_kafka import Producer
 
 from aligner import extras
-from aligner.coordinator.stack import StackInfo, wait_for
+from aligner.coordinator.stack import StackInfo
 from tests.conftest import ROOT
-from tests.helpers import _die_with_parent
+from tests.helpers import _die_with_parent, wait_for
 
 LIVE = 180.0
 """Liveness bound (seconds) on waits for progress: generous, for a busy machine; never a speed check."""

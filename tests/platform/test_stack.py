@@ -20,11 +20,11 @@ from aligner.connectors.kafka import QUIET, consumer_config
 from aligner.connectors.marker import EpochMarker
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.cli.connect import ZK_OUTAGE_LIMIT
-from aligner.coordinator.stack import _alive, wait_for
+from aligner.coordinator.stack import _alive
 from aligner.ledger import Ledger
 from aligner.models import SubjectNode
 from tests.conftest import ROOT, run_cli
-from tests.helpers import detached_stack_down
+from tests.helpers import detached_stack_down, wait_for
 
 
 def _one_line(stderr: str) -> str:

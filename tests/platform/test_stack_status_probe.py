@@ -23,9 +23,9 @@ from confluent_kafka import Producer
 
 from aligner.connectors.fetch_probe import PROBE_FLOOR, SLOW_FETCH_S, probe
 from aligner.connectors.kafka import QUIET, ensure_topic
-from aligner.coordinator.stack import _alive, wait_for
+from aligner.coordinator.stack import _alive
 from tests.conftest import ROOT, run_cli
-from tests.helpers import detached_stack_down
+from tests.helpers import detached_stack_down, wait_for
 from tests.runtime.test_slow_broker import BIG, fill_batches
 
 SMALL = 3

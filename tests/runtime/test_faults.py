@@ -22,14 +22,9 @@ from confluent_kafka import Producer
 
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
-from aligner.coordinator.stack import (
-    ZOOKEEPER,
-    EmbeddedStack,
-    StackInfo,
-    wait_for,
-)
+from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack, StackInfo
 from aligner.ledger import Ledger
-from tests.helpers import Worker, json_value
+from tests.helpers import Worker, json_value, wait_for
 from tests.streams import assert_exactly_once, read_all
 
 LIVE = 180.0

@@ -9,9 +9,9 @@ from aligner.alignment import State
 from aligner.connectors.runtime import JobSpec
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.gc import collect
-from aligner.coordinator.stack import wait_for
 from aligner.jobs import JobLedger
 from aligner.retention_policy import RetentionPolicy
+from tests.helpers import wait_for
 from tests.jobs import tag_v1
 from tests.streams import assert_exactly_once, read_all
 

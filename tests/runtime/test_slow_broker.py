@@ -30,9 +30,10 @@ from aligner.connectors.kafka import QUIET, FetchingConsumer, fetched_end_offset
 from aligner.connectors.marker import EpochMarker
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import EmbeddedStack, StackInfo, wait_for
+from aligner.coordinator.stack import EmbeddedStack, StackInfo
 from aligner.ledger import Ledger
 from aligner.models import Range
+from tests.helpers import wait_for
 from tests.jobs import tag_v1
 from tests.streams import JobThread, assert_exactly_once, read_all
 

@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 
 from aligner.coordinator.hotswap import HotSwap
-from aligner.coordinator.processes import wait_for
 from aligner.coordinator.spark_cluster import SparkCluster, executor_of
-from tests.helpers import Worker, raw_count
+from tests.helpers import Worker, as_args, raw_count, wait_for
 from tests.relay import LIVE, SINK, check, fill, kill, start, wait_batch
 from tests.spark_queries import SwapPair
 from tests.swaps import precommit_acked
@@ -61,8 +60,9 @@ def _hung_task(path: Path, healthy: Callable[[], None]) -> int:
 
 
 def _hold(batch: int, point: str, path: Path, seconds: int = 3600) -> list[str]:
+    """Sink options of the tests' faulty sink (tests/spark_faults.py): hold slot 0's first attempt in ``batch``."""
     opts = {"hangTask": f"{batch}/0", "hangAt": point, "hangFile": str(path), "hangSeconds": str(seconds)}
-    return [arg for k, v in opts.items() for arg in ("--sink-option", f"{k}={v}")]
+    return as_args("--sink-option", opts)
 
 
 @pytest.mark.parametrize("point", [pytest.param("write", marks=pytest.mark.long), "precommit"])
@@ -202,8 +202,7 @@ def test_query_hotswap_with_an_executor_killed_at_precommit(cluster, stack, root
     owned its epoch."""
     arm, hang = tmp_path / "arm", tmp_path / "hang"
     hold = {"hangTask": "*/0", "hangAt": "precommit", "hangFile": str(hang), "hangArm": str(arm)}
-    extra = ("--master", cluster.url, "--conf", "spark.cores.max=1",
-             *[arg for k, v in hold.items() for arg in ("--sink-option", f"{k}={v}")])
+    extra = ("--master", cluster.url, "--conf", "spark.cores.max=1", *as_args("--sink-option", hold))
     pair = SwapPair(spawn, stack, ledger, root, subject_name, tmp_path, extra=extra)
     old, new, target = pair.old, pair.new, pair.target
     swapper = HotSwap(ledger)

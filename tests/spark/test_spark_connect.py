@@ -14,8 +14,8 @@ import pytest
 
 from aligner.connectors.reader import EpochReader
 from aligner.coordinator.hotswap import HotSwap
-from aligner.coordinator.processes import wait_for
 from aligner.coordinator.spark_cluster import ConnectServer
+from tests.helpers import as_args, wait_for
 from tests.relay import LIVE, SINK, check, fill, kill, start
 from tests.spark_queries import SwapPair
 
@@ -72,7 +72,7 @@ def test_client_killed_while_its_query_runs(connect, stack, root, ledger, tmp_pa
     hang = tmp_path / "hang"
     hold = {"hangTask": "1/0", "hangAt": "precommit", "hangFile": str(hang), "hangSeconds": "20"}
     worker, jvm = start(spawn, stack, root, source, target, tmp_path / "cp", "--remote", connect.url,
-                        *[arg for k, v in hold.items() for arg in ("--sink-option", f"{k}={v}")])
+                        *as_args("--sink-option", hold))
     wait_for(lambda: hang.exists() or worker.proc.poll() is not None, LIVE, "batch 1's write to be held")
     kill(worker, jvm)
     worker, _ = start(spawn, stack, root, source, target, tmp_path / "cp", "--remote", connect.url)

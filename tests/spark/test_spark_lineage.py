@@ -18,8 +18,8 @@ import pytest
 
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.hotswap import HotSwap
-from aligner.coordinator.stack import wait_for
 from aligner.jobs import JobLedger
+from tests.helpers import as_args, wait_for
 from tests.spark_queries import LIVE, Query, consumers, verify_running
 from tests.swaps import committed, precommit_acked
 
@@ -27,9 +27,10 @@ pytest.importorskip("pyspark")
 
 
 def _hold(arm: Path, held: Path) -> tuple[str, ...]:
-    """Sink options: slot 0's first write attempt of a micro-batch holds while ``arm`` exists (taking it)."""
+    """Options of the tests' faulty sink: slot 0's first write attempt of a micro-batch holds while ``arm``
+    exists (taking it)."""
     opts = {"hangTask": "*/0", "hangAt": "write", "hangFile": str(held), "hangArm": str(arm)}
-    return tuple(arg for k, v in opts.items() for arg in ("--sink-option", f"{k}={v}"))
+    return tuple(as_args("--sink-option", opts))
 
 
 @pytest.mark.parametrize("step", ["precommit", pytest.param("commit", marks=pytest.mark.long)])

@@ -21,11 +21,10 @@ from aligner.connectors.runtime import JobSpec
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
-from aligner.coordinator.stack import wait_for
 from aligner.coordinator.verify import shadow_span, verify_before_swap, verify_outputs
 from aligner.errors import HotSwapRefused
 from aligner.jobs import JobLedger
-from tests.helpers import faust_worker
+from tests.helpers import faust_worker, wait_for
 from tests.jobs import tag_v1
 from tests.spark_queries import LIVE, Query, consumers, verify_running
 from tests.streams import read_all

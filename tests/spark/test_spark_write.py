@@ -23,10 +23,12 @@ LIVE = 300
 @pytest.fixture(scope="module")
 def spark():
     from aligner.connectors.spark.session import local_session
+    from tests import spark_faults
 
     # local[2,2]: a failed task is retried once. Small Arrow batches let the injected fault hit mid-task.
     session = local_session("local[2,2]", "test-spark-write", **SPARK_TEST_JVM, **{
                                                                  "spark.sql.execution.arrow.maxRecordsPerBatch": "4"})
+    spark_faults.register(session)
     yield session
     session.stop()
 
@@ -35,6 +37,8 @@ def _run(spark, spawn, stack, root, source, target, checkpoint) -> None:
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType
 
+    from tests import spark_faults
+
     j_of = F.udf(lambda value: json.loads(value)["j"], LongType())
     conn = {"zk": stack.zk, "kafka": stack.kafka, "root": root}
     out = (spark.readStream.format("aligned").options(**conn, subject=source, maxEpochsPerBatch="1").load()
@@ -42,7 +46,7 @@ def _run(spark, spawn, stack, root, source, target, checkpoint) -> None:
                                              F.col("partition").alias("src_partition"),
                                              F.col("offset").alias("src_offset"),
                                              j_of("value").alias("j"))).alias("value")))
-    query = spawn.query(out.writeStream.format("aligned").options(**conn, subject=target, sinkId="spark")
+    query = spawn.query(out.writeStream.format(spark_faults.FAULTY).options(**conn, subject=target, sinkId="spark")
                         .option("failFirstAttemptAfter", RECORDS // 8)
                         .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
     assert query.awaitTermination(LIVE), "availableNow query did not finish"

@@ -6,7 +6,9 @@ test can check each X record's result reaches Y exactly once. Runs ``Trigger.Ava
 once the session is up, then ``done`` when every X epoch committed at start is written.
 ``--pause-after-commit B`` hangs the driver right after batch B's ZooKeeper commit, before Spark's
 commit log records it. ``--master spark://...`` runs it on a standalone cluster; ``--conf K=V`` and
-``--sink-option K=V`` (repeatable) set Spark and sink options (e.g. the sink's ``hangTask``).
+``--sink-option K=V`` (repeatable) set Spark and sink options. With a fault (``--pause-after-commit`` or
+a fault's sink option, e.g. ``hangTask``) it writes through the tests' ``format("aligned_faulty")``
+(tests/spark_faults.py).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def main() -> None:
     from pyspark.sql.types import LongType
 
     from aligner.connectors.spark.session import local_session, remote_session
+    from tests import spark_faults
     from tests.helpers import SPARK_TEST_JVM
 
     conf = {**SPARK_TEST_JVM, **dict(kv.split("=", 1) for kv in args.conf)}
@@ -50,10 +53,14 @@ def main() -> None:
                                              F.col("partition").alias("src_partition"),
                                              F.col("offset").alias("src_offset"),
                                              j_of("value").alias("j"))).alias("value")))
-    writer = out.writeStream.format("aligned").options(**conn, subject=args.target, sinkId=args.sink)
-    writer = writer.options(**dict(kv.split("=", 1) for kv in args.sink_option))
+    options = dict(kv.split("=", 1) for kv in args.sink_option)
     if args.pause_after_commit is not None:
-        writer = writer.option("pauseAfterCommit", args.pause_after_commit)
+        options["pauseAfterCommit"] = args.pause_after_commit
+    sink = "aligned"
+    if set(options) & spark_faults.OPTIONS:
+        spark_faults.register(spark)
+        sink = spark_faults.FAULTY
+    writer = out.writeStream.format(sink).options(**conn, subject=args.target, sinkId=args.sink, **options)
     query = writer.option("checkpointLocation", args.checkpoint).trigger(availableNow=True).start()
     say(f"query {query.id}")
     query.awaitTermination()

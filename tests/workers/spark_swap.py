@@ -42,6 +42,7 @@ def main() -> None:
     from aligner.connectors.spark.session import local_session, remote_session
     from aligner.ledger import Ledger
     from experiments.running_query import start_running_query
+    from tests import spark_faults
     from tests.helpers import SPARK_TEST_JVM
 
     if args.remote:  # a Connect client: no driver JVM of its own (0); the server's settings apply
@@ -61,10 +62,15 @@ def main() -> None:
                    version=args.version, shadow=args.shadow)
 
     conn = {"zk": args.zk, "kafka": args.kafka, "root": args.root}
+    options = dict(kv.split("=", 1) for kv in args.sink_option)
+    sink = "aligned"
+    if set(options) & spark_faults.OPTIONS:  # a fault: the tests' own aligned sink injects it
+        spark_faults.register(spark)
+        sink = spark_faults.FAULTY
     restarts = 0
     while True:
         query = start_running_query(spark, conn, args.source, args.target, args.job, int(args.version),
-                                    args.checkpoint, dict(kv.split("=", 1) for kv in args.sink_option))
+                                    args.checkpoint, options, sink)
         say(f"query {query.id}")
         try:
             swapped = AlignedQuery(ledger, query, args.job).run(stop)

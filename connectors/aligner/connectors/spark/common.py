@@ -118,6 +118,17 @@ def int_option(options: Mapping[str, str], name: str, default: int | None, minim
     return value
 
 
+def bool_option(options: Mapping[str, str], name: str, default: bool = False) -> bool:
+    raw = opt(options, name)
+    if raw is None:
+        return default
+    if raw.strip().lower() in ("true", "1", "yes"):
+        return True
+    if raw.strip().lower() in ("false", "0", "no"):
+        return False
+    raise AlignedOptionError(f"option {name}={raw!r} is not true or false")
+
+
 def float_option(options: Mapping[str, str], name: str, default: float) -> float:
     raw = opt(options, name)
     try:
@@ -134,11 +145,14 @@ class TaskOptions:
     """Seconds a task waits on a partition that serves nothing before it says what it saw."""
     min_records: int
     """``minRecordsPerTask``: partitions of fewer offsets share tasks (0: a task per partition)."""
+    settle_heap: bool = False
+    """``settleHeap``: :func:`settle_spark_heap` in the Python processes Spark reuses (off by default)."""
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> TaskOptions:
         return cls(stall_timeout=float_option(options, "stallTimeout", 30.0),
-                   min_records=int_option(options, "minRecordsPerTask", 0) or 0)
+                   min_records=int_option(options, "minRecordsPerTask", 0) or 0,
+                   settle_heap=bool_option(options, "settleHeap"))
 
 
 def batch_epochs(options: Mapping[str, str], ledger: Ledger, subject: str) -> list[int]:
@@ -338,14 +352,16 @@ SETTLE_OBJECTS = 20_000
 
 
 def settle_spark_heap() -> None:
-    """Called where Spark enters this library in its own Python processes (executors' workers, the driver's
-    planner and commit runners). Spark reuses them and runs a full ``gc.collect()`` after every task or call
-    (pyspark/daemon.py); with pyarrow, pandas and this library loaded, that walks ~100,000 objects, 40-50 ms,
-    several times per micro-batch (py-spy on the demo's workers: over half their CPU). Once more than
-    SETTLE_OBJECTS have survived such a collection (modules, clients, caches: live objects), they are
-    frozen out of the collector's sight, as ``settle_heap`` does for a job worker. That happens a few times
-    per process; each freeze also keeps the calling task's young objects, so a process keeps at most a few
-    tasks' worth that the collector would have freed."""
+    """Opt-in (option ``settleHeap=true`` of a read or write): it changes the collector of processes Spark owns
+    and shares with every other Python code of the application, so the application decides. Called where Spark
+    enters this library in its own Python processes (executors' workers, the driver's planner and commit
+    runners). Spark reuses them and runs a full ``gc.collect()`` after every task or call (pyspark/daemon.py);
+    with pyarrow, pandas and this library loaded, that walks ~100,000 objects, 40-50 ms, several times per
+    micro-batch (py-spy on the demo's workers: over half their CPU). Once more than SETTLE_OBJECTS have
+    survived such a collection (modules, clients, caches: live objects), they are frozen out of the collector's
+    sight (``gc.freeze()``), as ``settle_heap`` does for a job worker. That happens a few times per process;
+    each freeze also keeps the calling task's young objects, so a process keeps at most a few tasks' worth
+    that the collector would have freed."""
     if len(gc.get_objects(generation=2)) > SETTLE_OBJECTS:
         gc.freeze()
 
@@ -512,9 +528,11 @@ def _recalled(key: tuple[str, str, str, int, str]) -> tuple[int, int] | None:
         return _BATCHES.get(key)
 
 
-def read_input(partition: InputPartition, schema: StructType) -> Iterator[pa.RecordBatch]:
-    """Executor side: one task's input, a planned partition or several packed ones."""
-    settle_spark_heap()
+def read_input(partition: InputPartition, schema: StructType, settle: bool = False) -> Iterator[pa.RecordBatch]:
+    """Executor side: one task's input, a planned partition or several packed ones (``settle``: option
+    ``settleHeap``)."""
+    if settle:
+        settle_spark_heap()
     if isinstance(partition, AlignedPartition):
         yield from read_aligned_partition(partition, schema)
     elif isinstance(partition, PackedPartition):

@@ -23,7 +23,10 @@ values that do not parse become nulls), then ``key`` and ``value`` (binary), ``p
 ``offset``, ``epoch`` and ``timestamp`` (the Kafka record timestamp).
 
 Other options: ``root`` (ZooKeeper root, default "/aligner"), ``stallTimeout`` (seconds a task
-waits for the log to reach an epoch's end before reporting data loss, default 30).
+waits for the log to reach an epoch's end before reporting data loss, default 30), ``settleHeap``
+(default false; reads and writes): freeze what survived Spark's per-task garbage collections in the Python
+processes Spark reuses, a process-wide change of the collector that the application opts in to
+(:func:`aligner.connectors.spark.common.settle_spark_heap`).
 Streaming reads and writes: see :mod:`aligner.connectors.spark.stream` and :mod:`aligner.connectors.spark.writer`.
 """
 
@@ -45,6 +48,7 @@ from aligner.connectors.spark.common import (
     Connection,
     TaskOptions,
     batch_epochs,
+    bool_option,
     ledger_for,
     pack,
     plan_partitions,
@@ -63,8 +67,13 @@ class AlignedDataSource(DataSource):
     def name(cls) -> str:
         return SHORT_NAME
 
+    def _settle(self) -> None:
+        """Each method runs in one of Spark's reused Python processes on the driver."""
+        if bool_option(self.options, "settleHeap"):
+            settle_spark_heap()
+
     def schema(self) -> StructType:
-        settle_spark_heap()  # each method runs in one of Spark's reused Python processes on the driver
+        self._settle()
         conn = Connection.from_options(self.options, multi=True)  # subjects: streaming reads only
         ledger = ledger_for(conn.zk, conn.root)
         if conn.subjects:
@@ -72,7 +81,7 @@ class AlignedDataSource(DataSource):
         return read_schema(ledger.subject(conn.subject))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        settle_spark_heap()
+        self._settle()
         return AlignedBatchReader(self.options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
@@ -81,7 +90,7 @@ class AlignedDataSource(DataSource):
         return AlignedStreamReader(self.options, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        settle_spark_heap()
+        self._settle()
         from aligner.connectors.spark.writer import AlignedStreamWriter
 
         return AlignedStreamWriter(self.options, schema)
@@ -103,4 +112,4 @@ class AlignedBatchReader(DataSourceReader):
         return pack(parts, self.tasks.min_records) or [InputPartition(None)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        yield from read_input(partition, self.schema)
+        yield from read_input(partition, self.schema, self.tasks.settle_heap)

@@ -202,7 +202,7 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return pack(parts, self.tasks.min_records)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        yield from read_input(partition, self.schema)
+        yield from read_input(partition, self.schema, self.tasks.settle_heap)
 
     def commit(self, end: dict) -> None:
         pass

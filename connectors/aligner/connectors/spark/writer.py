@@ -2,10 +2,9 @@
 
 Options: ``zk``, ``kafka``, ``root``, ``subject`` (the target), ``sinkId`` (the sink's id in the
 ledger, stable across restarts of the query) and ``producers`` (default: the subject's partition
-count). Testing aids: ``failFirstAttemptAfter`` = N makes every task's first attempt flush its first
-N records (or more: whole Arrow batches) to Kafka and then fail; ``pauseAfterCommit`` = B makes the
-driver hang right after batch B's ZooKeeper commit, before Spark's commit log records it (to be killed);
-``hangTask`` holds one task's first attempt inside its write (:mod:`aligner.connectors.spark.faults`).
+count). ``settleHeap`` (default false): see :func:`aligner.connectors.spark.common.settle_spark_heap`.
+A test injects faults through :class:`SinkHook` (a data source of its own whose writer carries one), not
+through options.
 
 Input: a ``value`` column (binary or string) and optionally ``key``; without a ``value`` column
 every row is written as a JSON object of its columns (timestamps as epoch milliseconds,
@@ -54,7 +53,6 @@ import base64
 import json
 import logging
 import secrets
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime
@@ -70,12 +68,12 @@ from aligner.connectors.spark.common import (
     AlignedOptionError,
     Connection,
     batch_job_span,
+    bool_option,
     int_option,
     ledger_for,
     opt,
     settle_spark_heap,
 )
-from aligner.connectors.spark.faults import TaskHang
 from aligner.connectors.spark.job_node import (
     awaits,
     batch_writes,
@@ -127,11 +125,10 @@ class SinkSpec:
     conn: Connection
     sink: str
     producers: int
-    fail_first_attempt_after: int | None = None
-    pause_after_commit: int | None = None
     job: str | None = None
     """Run as this registered aligned job (:mod:`aligner.connectors.spark.job`): the sink id is the job id."""
-    hang: TaskHang | None = None
+    settle_heap: bool = False
+    """Option ``settleHeap``: :func:`aligner.connectors.spark.common.settle_spark_heap` in Spark's processes."""
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SinkSpec:
@@ -147,9 +144,7 @@ class SinkSpec:
             raise AlignedOptionError("a query running as a job has one producer per output partition of its "
                                      "registration; leave option producers out")
         producers = int_option(options, "producers", 0, minimum=1) if opt(options, "producers") else 0
-        fault = int_option(options, "failFirstAttemptAfter", None, minimum=1)
-        pause = int_option(options, "pauseAfterCommit", None)
-        return cls(conn, sink, producers or 0, fault, pause, job, TaskHang.from_options(options))
+        return cls(conn, sink, producers or 0, job, bool_option(options, "settleHeap"))
 
 
 def load_slots(ledger: Ledger, subject: str, sink: str, slots: range | list[int]) -> list[Lease]:
@@ -359,6 +354,21 @@ def _commit_void(ledger: Ledger, spec: SinkSpec, n: int, query: str | None, batc
 # ---- executor side ------------------------------------------------------------------------------
 
 
+class SinkHook:
+    """Named points of the aligned sink where a test injects a fault (the sinks' ``FaultHook``, for Spark);
+    this one does nothing. It travels pickled inside the writer to the tasks, so a test sets it on the writer
+    its own data source (a subclass of :class:`aligner.connectors.spark.source.AlignedDataSource`) builds."""
+
+    def task(self, point: str, ctx: Any, slot: int, out: _SlotWriter) -> None:
+        """In a write task: "sent" after each Arrow batch is handed to the producer (``out.records`` so far),
+        "write" with every record sent and the Kafka transaction open, "precommit" with the transaction
+        committed and the commit message not yet returned."""
+
+    def committed(self, batch: int, epoch: int) -> None:
+        """On the driver, right after micro-batch ``batch`` was committed in ZooKeeper as ``epoch`` and before
+        Spark's commit log records it."""
+
+
 def _json_default(v: Any) -> Any:
     if isinstance(v, datetime):
         return int(v.timestamp() * 1000)
@@ -382,6 +392,7 @@ def _as_bytes(v: Any) -> bytes | None:
 class AlignedStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.spec = SinkSpec.from_options(dict(options))
+        self.hook = SinkHook()
         self.schema = schema
         names = schema.fieldNames()
         if "value" in names and not isinstance(schema["value"].dataType, (BinaryType, StringType)):
@@ -442,7 +453,8 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SlotCommit:
         from pyspark import TaskContext
 
-        settle_spark_heap()
+        if self.spec.settle_heap:
+            settle_spark_heap()
         if not self._planned:  # not pickled: called in the process that built it
             self._plan()
         ctx = TaskContext.get()
@@ -454,7 +466,6 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
                 f"repartition the stream to at most {self.producers} partitions before writeStream, or use a "
                 f"larger producers option"
             )
-        fault = self.spec.fail_first_attempt_after if ctx is not None and ctx.attemptNumber() == 0 else None
         out: _SlotWriter | None = None
         try:
             for batch in iterator:
@@ -471,18 +482,13 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
                 if out is None:
                     out = _SlotWriter(self.spec, slot, lease=self.leases[slot], topic=self.topic)
                 out.write(batch)
-                if fault is not None and out.records >= fault:
-                    out.producer.kp.flush(30)  # the records are on the broker when the attempt dies
-                    raise AlignerError(f"injected failure of task {slot} attempt 0 after {out.records} records")
+                self.hook.task("sent", ctx, slot, out)
             if out is None:
                 return SlotCommit(slot=slot, epoch=None, attempt=None, query=query)
-            if self.spec.hang is not None:
-                out.producer.kp.flush(30)
-                self.spec.hang.at("write", ctx, slot)
-                message = out.finish(query)
-                self.spec.hang.at("precommit", ctx, slot)
-                return message
-            return out.finish(query)
+            self.hook.task("write", ctx, slot, out)
+            message = out.finish(query)
+            self.hook.task("precommit", ctx, slot, out)
+            return message
         finally:
             if out is not None:
                 out.close()  # a failed attempt's transaction is aborted, or fenced by the retry
@@ -501,7 +507,8 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
     # ---- driver ----
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        settle_spark_heap()
+        if self.spec.settle_heap:
+            settle_spark_heap()
         conn = self.spec.conn
         ledger = ledger_for(conn.zk, conn.root)
         ledger.sync()  # the batch was planned by another session: read the sink as it is now (see _plan)
@@ -509,8 +516,8 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
             epoch = commit_job_batch(ledger, self.spec, self.producers, list(messages), batchId)
         else:
             epoch = commit_batch(ledger, self.spec, self.producers, list(messages), batchId)
-        if epoch is not None and batchId == self.spec.pause_after_commit:
-            time.sleep(3600)  # testing aid: committed in ZooKeeper, not in Spark's commit log; kill me now
+        if epoch is not None:
+            self.hook.committed(batchId, epoch)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to undo: records of an uncommitted batch carry attempts ZooKeeper never names."""
@@ -542,6 +549,10 @@ class _SlotWriter:
     @property
     def records(self) -> int:
         return sum(self.producer.counts.values())
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Deliver what was sent so far (the transaction stays open)."""
+        self.producer.kp.flush(timeout)
 
     def write(self, batch: pa.RecordBatch) -> None:
         names = batch.schema.names
