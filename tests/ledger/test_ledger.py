@@ -385,7 +385,6 @@ def test_lineage_of_an_epoch_a_worker_wrote_unaligned_names_no_input_epochs(ledg
     """A job epoch record is followed by the workers that are aligned; a worker that is not (a split alignment
     being undone, an abort) reads on its own within the same epoch. Its part of the output is not the recorded
     input epochs', so the epoch's lineage must not claim them (the chaos checker met such epochs)."""
-    from aligner.jobs import JobLedger
     from aligner.lineage import job_epoch_lineage
     from aligner.models import JobNode, Span, WorkerEpochNode
 
@@ -393,12 +392,12 @@ def test_lineage_of_an_epoch_a_worker_wrote_unaligned_names_no_input_epochs(ledg
     _subject(ledger, src, 2)
     _subject(ledger, out, 2)
     job = f"{subject_name}-j"
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     jobs.register(JobNode(job=job, inputs=(src,), output=out, parallelism=2))
-    source = ledger.claim(src, "gen", "0", [0, 1], lambda: {0: 0, 1: 0})
+    source = ledger.claims.claim(src, "gen", "0", [0, 1], lambda: {0: 0, 1: 0})
     for _ in range(3):
         source = _commit_empty(ledger, source)
-    leases = [ledger.claim(out, job, str(w), [w], lambda w=w: {w: 0}) for w in range(2)]
+    leases = [ledger.claims.claim(out, job, str(w), [w], lambda w=w: {w: 0}) for w in range(2)]
     cache: dict = {}
     for lease in leases:
         _commit_empty(ledger, lease, cache)
