@@ -195,7 +195,7 @@ def main() -> None:
             warm_seconds, warm_zk_ms = warm_zookeeper(led, info.kafka, info.zk_pid, args.warm_epochs)
             console.print(f"ZooKeeper warmed by {args.warm_epochs:,} one-record epochs in {warm_seconds:.1f} s "
                           f"({warm_zk_ms:.2f} ms of its CPU per epoch)")
-            zk = LedgerTimer(led, SINK_ZK_CALLS)
+            zk = LedgerTimer(led.commits, SINK_ZK_CALLS)
             trips0 = led.round_trips
             times: dict[str, list[float]] = {name: [] for name in runs}
             zk_seconds: dict[str, float] = dict.fromkeys(runs, 0.0)

@@ -245,3 +245,22 @@ def test_no_code_calls_a_client_method_known_to_crash() -> None:
              for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
              and node.func.attr in CRASHING_CALLS]
     assert not calls, f"calls known to crash the process: {calls}"
+
+
+def test_the_ledger_holds_its_recipes_as_objects() -> None:
+    """No inheritance chain: the ledger is its session, and each recipe an object over it, defined in the
+    module a reader following ``ledger.<recipe>.<method>`` lands in."""
+    from aligner.ledger import Ledger
+    from aligner.recipes.claims import ClaimRecipes
+    from aligner.recipes.commits import CommitRecipes
+    from aligner.recipes.reads import EpochReads
+    from aligner.recipes.spark import SparkBatchRecipes
+    from aligner.recipes.store import Store
+    from aligner.recipes.subjects import SubjectRecipes
+    from aligner.recipes.watches import WatchRecipes
+
+    assert Ledger.__mro__ == (Ledger, Store, object)
+    for recipe in (SubjectRecipes, EpochReads, ClaimRecipes, CommitRecipes, WatchRecipes, SparkBatchRecipes):
+        assert recipe.__mro__ == (recipe, object), f"{recipe.__name__} inherits {recipe.__mro__[1:-1]}"
+    public = {name for name in vars(Ledger) if not name.startswith("_")}
+    assert public <= {"connect"}, f"methods on Ledger beside its recipes: {sorted(public)}"
