@@ -22,7 +22,9 @@ can be created with a stale list of writers. There are no locks anywhere.
 :class:`Ledger` is the session (:class:`aligner.recipes.store.Store`: typed reads and writes, one retrying client)
 and holds the recipes as objects over it, as kazoo's recipes are objects over one client: ``ledger.subjects``,
 ``ledger.epochs``, ``ledger.claims``, ``ledger.commits`` and ``ledger.watches``, each defined in its module of
-:mod:`aligner.recipes`, so a reader following a call lands in the file that defines it.
+:mod:`aligner.recipes`, so a reader following a call lands in the file that defines it; ``ledger.jobs`` is its one
+:class:`aligner.jobs.JobLedger`. The recipes keep no state of their own: what they remember (committed epochs, known
+buckets, watched writers and frontiers) lives on the store, so every recipe of a ledger sees the same.
 """
 
 from __future__ import annotations
