@@ -13,7 +13,7 @@ as the epoch marker commits. Measured for ``--seconds``:
   rate, each epoch a ``create`` and then a two-op multi (``create`` + ``set_data``) of about the same
   bytes: the least ZooKeeper work that records an epoch and moves a producer's offsets;
 - the pipelined sink's shape (``--pipelined``, session 28): each commit multi-op also makes the next
-  epoch's node (``Ledger.commit_epoch_async`` with the writers document), so an epoch is one round trip;
+  epoch's node (``ledger.commits.commit_epoch_async`` with the writers document), so an epoch is one round trip;
   waited for here, as only ZooKeeper's side is measured. It applies to a subject's only writer, so each
   producer has a subject of its own. Its baseline: raw clients whose epoch is one three-op multi (the
   next epoch's ``create``, this one's child ``create``, ``set_data``).

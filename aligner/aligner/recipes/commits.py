@@ -24,7 +24,7 @@ from aligner.recipes.subjects import SubjectRecipes
 
 @dataclass(frozen=True)
 class PendingEpoch:
-    """An ``ensure_epoch`` whose multi-op is in flight (see ``Ledger.ensure_epoch_async``)."""
+    """An ``ensure_epoch`` whose multi-op is in flight (see ``CommitRecipes.ensure_epoch_async``)."""
 
     subject: str
     epoch: int
@@ -36,7 +36,7 @@ class PendingEpoch:
 
 @dataclass(frozen=True)
 class PendingCommit:
-    """A ``commit_epoch`` whose multi-op is in flight (see ``Ledger.commit_epoch_async``)."""
+    """A ``commit_epoch`` whose multi-op is in flight (see ``CommitRecipes.commit_epoch_async``)."""
 
     epoch: int
     contributions: Sequence[Contribution]

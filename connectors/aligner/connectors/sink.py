@@ -207,7 +207,7 @@ class SinkProducer(StampedProducer):
             raise AlignerError(f"epoch {self._epoch} is still open; commit or abort it first")
         epoch = self.next_epoch
         # Round trip 1 goes out now and is awaited in commit(), overlapping the epoch's sends; for a subject
-        # whose node the commit in flight makes (see Ledger.commit_epoch_async), that commit is awaited instead.
+        # whose node the commit in flight makes (see CommitRecipes.commit_epoch_async), that commit is awaited instead.
         ahead = self._confirming.pending.ahead if self._confirming is not None else {}
         self._pending = [s if s in ahead else self.ledger.commits.ensure_epoch_async(s, epoch, self._writers.get(s))
                          for s in self._leases]
@@ -226,7 +226,7 @@ class SinkProducer(StampedProducer):
         epoch and is waited for by the next ``commit`` (or :meth:`sync`), before that epoch's Kafka
         commit. If it failed, that call aborts its own epoch too and raises EpochFailedError: write
         again from ``next_epoch``. The multi-op makes the next epoch's node too where this producer writes
-        alone (``Ledger.commit_epoch_async``), so the next ``begin`` sends nothing to ZooKeeper.
+        alone (``ledger.commits.commit_epoch_async``), so the next ``begin`` sends nothing to ZooKeeper.
         """
         if self._epoch is None:
             raise AlignerError("no open epoch to commit")
