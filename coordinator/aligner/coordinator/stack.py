@@ -91,6 +91,11 @@ __all__ = ["KAFKA", "LABELS", "RETENTION", "ZOOKEEPER", "Component", "EmbeddedSt
            "TlsFiles", "components", "free_port", "make_tls", "read_stack", "stack_down", "stack_up", "wait_for"]
 
 
+def servers(connect: str) -> list[str]:
+    """The ``host:port`` of each server a ZooKeeper connect string names."""
+    return connect.split(",")
+
+
 @dataclass(frozen=True)
 class StackInfo:
     """What a client needs to reach a stack, and what ``up``/``down`` need to restart or stop it."""
@@ -127,7 +132,7 @@ class StackInfo:
 
     def address(self, name: str) -> str:
         if (i := server_index(name)) is not None:
-            return self.zk.split(",")[i]
+            return servers(self.zk)[i]
         return {ZOOKEEPER: self.zk, KAFKA: self.kafka}.get(name, f"127.0.0.1:{self.retention_port}")
 
     def host(self, name: str) -> str:
