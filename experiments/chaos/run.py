@@ -736,7 +736,8 @@ def _hard_stop(run: Run) -> None:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     if run.lab is not None:
-        run.lab.close()
+        with contextlib.suppress(Exception):  # the exit below must happen whatever the lab's removal meets
+            run.lab.close()
     run.say(f"[red]stopped[/]: the run did not unwind within {STOP_GRACE:.0f}s of the signal; everything was killed")
     os._exit(130)
 
