@@ -55,7 +55,7 @@ def run(led: Ledger, kafka: str, linger: int, epochs: int, rate: float, interval
             p.commit()
         seconds = time.monotonic() - t0
         time.sleep(0.3)  # the last statistics window
-    topics = {led.subject(s).topic: s for s in (name, state)}
+    topics = {led.subjects.subject(s).topic: s for s in (name, state)}
     batches = {s: sum(w["topics"][t]["batchcnt"]["cnt"] for w in windows if t in w["topics"])
                for t, s in topics.items()}
     return {"linger_ms": linger, "epochs": epochs, "records_per_epoch": per_epoch, "epochs_per_s": epochs / seconds,

@@ -36,7 +36,6 @@ from typing import Any
 from rich.console import Console
 
 from aligner.coordinator.stack import EmbeddedStack, wait_for
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import ConsumerNode, JobNode, Range, SubjectNode
 from experiments.bench_status import build_ledger
@@ -65,9 +64,9 @@ def build(led: Ledger, subjects: int, jobs: int, epochs: int) -> list[str]:
     names = [f"s{i:03d}" for i in range(subjects)]
     per = max(1, epochs // subjects)
     for name in names:
-        led.register_subject(SubjectNode(name=name, topic=name, partitions=2))
+        led.subjects.register_subject(SubjectNode(name=name, topic=name, partitions=2))
         build_ledger(led, name, per, writers=1, partitions=2)
-    registry = JobLedger(led)
+    registry = led.jobs
     half = subjects // 2
     for j in range(min(jobs, half)):
         job = f"job{j:03d}"
@@ -78,13 +77,13 @@ def build(led: Ledger, subjects: int, jobs: int, epochs: int) -> list[str]:
 
 def writer(led: Ledger, subject: str, stop: threading.Event) -> None:
     """One epoch of ``subject`` every 0.5 s, through the commit path (the watches' trigger)."""
-    lease = led.claim(subject, "live", "0", [0, 1], lambda: {0: 0, 1: 0})
+    lease = led.claims.claim(subject, "live", "0", [0, 1], lambda: {0: 0, 1: 0})
     offset = 0
     while not stop.wait(0.5):
         epoch = lease.next_epoch
-        led.ensure_epoch(subject, epoch)
+        led.commits.ensure_epoch(subject, epoch)
         ranges = {p: Range(start=offset, end=offset + 1) for p in (0, 1)}
-        lease = led.commit(lease, epoch, None, ranges)
+        lease = led.commits.commit(lease, epoch, None, ranges)
         offset += 1
 
 

@@ -70,7 +70,7 @@ def _bench(info: Any, led: Ledger, keys: int, args: argparse.Namespace, work: di
     subject = f"old-{keys}.state"
     create_changelog(led, info.kafka, subject, OLD_WORKERS)
     last = _write(led, info.kafka, subject, keys, args.value_bytes)
-    span = {p: (0, led.committed(subject, last).slices[p].end)  # a fresh topic
+    span = {p: (0, led.epochs.committed(subject, last).slices[p].end)  # a fresh topic
             for p in range(OLD_WORKERS)}
     times: dict[str, list[float]] = {"raw": [], "to_1": [], "to_4": []}
     for _ in range(args.rounds):

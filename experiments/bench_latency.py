@@ -46,7 +46,6 @@ from aligner.connectors.subjects import create_subject
 from aligner.connectors.worker import WorkerThread
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.stack import EmbeddedStack, StackInfo
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from experiments import ForeignCpu
 from experiments.common import json_value, write_results
@@ -88,7 +87,7 @@ class PacedGenerator(threading.Thread):
     def run(self) -> None:
         try:
             led = Ledger.connect(self.info.zk, self.root)
-            parts = list(range(led.subject(self.subject).partitions))
+            parts = list(range(led.subjects.subject(self.subject).partitions))
             with SinkProducer(led, self.info.kafka, self.subject, "gen", 0, parts) as p:
                 t0 = time.time()
                 boundary = t0
@@ -145,7 +144,7 @@ class Profile:
         w, source, sink = worker, worker.source, worker.sink
         assert source is not None and sink is not None, "the worker is started"
         source._consumer = TimedConsumer(source._consumer, self, consume_cap)  # type: ignore[assignment]  # a timing proxy
-        arm = w.ledger.arm_watch
+        arm = w.ledger.watches.arm_watch
 
         def arm_watch(subject: str, epoch: int, fired: threading.Event | Callable[[Any], None]) -> None:
             # record when the ZooKeeper watch wakes the worker (the last wake before the epoch is fixed);
@@ -162,7 +161,7 @@ class Profile:
 
             arm(subject, epoch, noted)
 
-        w.ledger.arm_watch = arm_watch  # type: ignore[method-assign]
+        w.ledger.watches.arm_watch = arm_watch  # type: ignore[method-assign]
         self._wrap(w, "step", before="start", after="end", epoch=lambda: sink.next_epoch)
         # where the covered subject epochs are decided: JobEpochs.covered (older runtimes: JobWorker._covered)
         decider = getattr(w, "epochs", None)
@@ -171,7 +170,7 @@ class Profile:
         self._wrap(w, "_drain_until", after="drained")
         self._wrap(sink._kp, "flush", before="flush_start", after="flushed")
         self._wrap(sink._kp, "commit_transaction", before="kafka_start", after="kafka_done")
-        self._wrap(sink.ledger, "commit_epoch", before="zk_start", after="zk_done")
+        self._wrap(sink.ledger.commits, "commit_epoch", before="zk_start", after="zk_done")
 
     def _wrap(self, obj: Any, name: str, before: str | None = None, after: str | None = None,
               epoch: Callable[[], int] | None = None) -> None:
@@ -218,7 +217,7 @@ def run_chain(info: StackInfo, root: str, led: Ledger, mode: str, tag: str, args
     raw, x, y = f"raw-{tag}", f"x-{tag}", f"y-{tag}"
     for s in (raw, x, y):
         create_subject(led, info.kafka, s, PARTITIONS)
-    jobs = JobLedger(led)
+    jobs = led.jobs
     ja, jb = f"A-{tag}", f"B-{tag}"
     gen = PacedGenerator(info, root, raw, args.interval, args.rate)
     gen.start()
@@ -232,7 +231,7 @@ def run_chain(info: StackInfo, root: str, led: Ledger, mode: str, tag: str, args
     t_start = time.monotonic()
 
     def frontier(s: str) -> int:
-        f = led.frontier(s)
+        f = led.epochs.frontier(s)
         return -1 if f is None else f
 
     def fully_aligned() -> list[int]:
@@ -277,7 +276,7 @@ def run_chain(info: StackInfo, root: str, led: Ledger, mode: str, tag: str, args
 
     def committed_at(subject: str, epoch: int) -> int:
         if epoch not in commit_ms[subject]:
-            commit_ms[subject][epoch] = led.committed(subject, epoch).committed_at
+            commit_ms[subject][epoch] = led.epochs.committed(subject, epoch).committed_at
         return commit_ms[subject][epoch]
 
     latency, gen_hop, a_hop, b_hop = [], [], [], []

@@ -432,8 +432,8 @@ def main() -> None:
         create_subject(led, info.kafka, "in", PARTITIONS)
         create_subject(led, info.kafka, "out", PARTITIONS)
         ensure_topic(info.kafka, "raw-out", PARTITIONS)
-        topic = led.subject("in").topic
-        out_topic = led.subject("out").topic
+        topic = led.subjects.subject("in").topic
+        out_topic = led.subjects.subject("out").topic
         work = {name: Work() for name in results}
         kp = Producer({"bootstrap.servers": info.kafka, "transactional.id": "bench.pipeline.raw",
                        **PRODUCER_SETTINGS, **QUIET})
@@ -456,8 +456,8 @@ def main() -> None:
                 e0, e1 = write_epochs(sink, epochs, EPOCH)
                 for _ in FUNCTIONS.keys() - {"aligned job"}:
                     write_epochs(sink, epochs, EPOCH)  # the same input again for each further function
-                starts = {p: sl.start for p, sl in led.committed("in", e0).slices.items()}
-                ends = {p: sl.end for p, sl in led.committed("in", e1).slices.items()}
+                starts = {p: sl.start for p, sl in led.epochs.committed("in", e0).slices.items()}
+                ends = {p: sl.end for p, sl in led.epochs.committed("in", e1).slices.items()}
                 if peers:
                     ensure_topic(info.kafka, f"peer-in-{r}", PARTITIONS)
                     peer_input(plain, f"peer-in-{r}", args.records)

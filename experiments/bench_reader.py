@@ -90,7 +90,8 @@ def main() -> None:
         led = Ledger.connect(info.zk, "/bench")
         meta = create_subject(led, info.kafka, SUBJECT, PARTITIONS)
         first, last, write_s = write_numbered(led, info.kafka, SUBJECT, args.records, PARTITIONS, EPOCH)
-        span = {p: (led.committed(SUBJECT, first).offsets[p][0], led.committed(SUBJECT, last).offsets[p][1])
+        span = {p: (led.epochs.committed(SUBJECT, first).offsets[p][0], led.epochs.committed(SUBJECT,
+                                                                                             last).offsets[p][1])
                 for p in range(PARTITIONS)}
         led.close()
         console.print(f"wrote {args.records:,} records in epochs {first}..{last} "

@@ -200,9 +200,9 @@ def main() -> None:
                 SinkProducer(led, info.kafka, "s-pipelined", "sink", 0, parts) as pipelined, \
                 SinkProducer(led, info.kafka, "s-many", "sink", 0, parts) as many:
             written = {"raw": topics["raw"], "raw + stamp header": topics["stamp"],
-                       "raw + stamp + on_delivery": topics["stamp_cb"], "sink": led.subject("s").topic,
-                       "sink, pipelined commits": led.subject("s-pipelined").topic,
-                       "sink, send_many": led.subject("s-many").topic}
+                       "raw + stamp + on_delivery": topics["stamp_cb"], "sink": led.subjects.subject("s").topic,
+                       "sink, pipelined commits": led.subjects.subject("s-pipelined").topic,
+                       "sink, send_many": led.subjects.subject("s-many").topic}
             work = {name: Work() for name in written}
             runs = {
                 "raw": lambda: raw_run(producers["raw"], topics["raw"], args.records, work=work["raw"]),
@@ -225,7 +225,7 @@ def main() -> None:
             console.print(f"ZooKeeper warmed by {args.warm_epochs:,} one-record epochs in {warm_seconds:.1f} s "
                           f"({warm_zk_ms:.2f} ms of its CPU per epoch)")
             since = {name: topic_ends(info.kafka, topic, PARTITIONS) for name, topic in written.items()}
-            zk = LedgerTimer(led, SINK_ZK_CALLS)
+            zk = LedgerTimer(led.commits, SINK_ZK_CALLS)
             trips0 = led.round_trips
             times: dict[str, list[float]] = {name: [] for name in runs}
             zk_seconds: dict[str, float] = dict.fromkeys(runs, 0.0)

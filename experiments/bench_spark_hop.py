@@ -58,10 +58,10 @@ def hops(led: Ledger) -> list[tuple[float, float]]:
     """(X commit time s, hop s) for every X epoch the query has written to Y."""
     out = []
     for epoch, reads in spark_reads(led, Y, SINK).items():
-        written = led.committed(Y, epoch).committed_at
+        written = led.epochs.committed(Y, epoch).committed_at
         for read in reads.values():
             for e in range(read.first, read.last + 1):
-                committed = led.committed(X, e).committed_at
+                committed = led.epochs.committed(X, e).committed_at
                 out.append((committed / 1000, (written - committed) / 1000))
     return sorted(out)
 
@@ -134,7 +134,7 @@ def main() -> None:
             stop.set()
             writer.join(30)
         last = result["last"]
-        behind_at_end = (led.frontier(X) or 0) - max((r.last for reads in spark_reads(led, Y, SINK).values()
+        behind_at_end = (led.epochs.frontier(X) or 0) - max((r.last for reads in spark_reads(led, Y, SINK).values()
                                                       for r in reads.values()), default=-1)
         wait_for(lambda: any(r.last >= last for reads in spark_reads(led, Y, SINK).values()
                              for r in reads.values()), 300,
@@ -142,7 +142,7 @@ def main() -> None:
         collect_progress(query, progress)
         stop_query(query)  # between micro-batches: no abort errors
         spark.stop()
-        done = [h for h in hops(led) if h[0] > led.committed(X, warm).committed_at / 1000]
+        done = [h for h in hops(led) if h[0] > led.epochs.committed(X, warm).committed_at / 1000]
         led.close()
     t0 = done[0][0]
     latencies = [h for _, h in done]

@@ -53,7 +53,8 @@ def main() -> None:
         led = Ledger.connect(info.zk, ROOT)
         meta = create_subject(led, info.kafka, SUBJECT, PARTITIONS, value_format="bytes")
         first, last, write_s = write_numbered(led, info.kafka, SUBJECT, args.records, PARTITIONS, EPOCH)
-        span = {p: (led.committed(SUBJECT, first).offsets[p][0], led.committed(SUBJECT, last).offsets[p][1])
+        span = {p: (led.epochs.committed(SUBJECT, first).offsets[p][0], led.epochs.committed(SUBJECT,
+                                                                                             last).offsets[p][1])
                 for p in range(PARTITIONS)}
         led.close()
         print(f"wrote {args.records:,} records in epochs {first}..{last} ({args.records / write_s:,.0f}/s)")

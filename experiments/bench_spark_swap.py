@@ -174,7 +174,8 @@ def _subject_epoch(jobs: JobLedger, job: str, subject: str) -> int:
 
 def _commits(led: Ledger, subject: str, first: int, last: int) -> dict[int, float]:
     """Commit time (epoch seconds) of every epoch of [first, last]."""
-    return {e: c.committed_at / 1000 for e, c in zip(range(first, last + 1), led.committed_many(subject, first, last),
+    return {e: c.committed_at / 1000 for e, c in zip(range(first, last + 1), led.epochs.committed_many(subject, first,
+                                                                                                       last),
                                                         strict=True)}
 
 
@@ -186,7 +187,7 @@ def _gaps(commits: dict[int, float], first: int, last: int) -> dict[int, float]:
 def _verify(led: Ledger, kafka: str, target: str, sent: int, swap_epoch: int) -> dict[str, Any]:
     """Exactly once at the target: v1 (a running count) for epochs <= S, v2 (a running sum over the whole
     input, its state rebuilt) after, every input once; S+1 committed no earlier than S."""
-    first, last = led.epoch_numbers(target)[0], led.frontier(target)
+    first, last = led.subjects.epoch_numbers(target)[0], led.epochs.frontier(target)
     with EpochReader(led, kafka) as reader:
         outputs = [(r.epoch, json_value(r.value)) for r in reader.read(target, first, last)]
     seen = Counter(v["in"]["n"] for _, v in outputs)
@@ -220,7 +221,7 @@ def one_swap(i: int, spark: Any, led: Ledger, kafka: str, conn: dict[str, str], 
     x, t, q1_job, q2_job = f"s{i}-x", f"s{i}-t", f"s{i}-q1", f"s{i}-q2"
     create_subject(led, kafka, x, 2)
     create_subject(led, kafka, t, 4)
-    jobs = JobLedger(led)
+    jobs = led.jobs
     started = time.monotonic()
     writer: Writer | None = None
     queries: list[Query] = []
@@ -257,7 +258,7 @@ def one_swap(i: int, spark: Any, led: Ledger, kafka: str, conn: dict[str, str], 
 
         clock = PhaseClock(jobs, q1_job)
         requested_wall, requested = time.time(), time.monotonic()
-        q1_epoch, frontier_at_request = _job_epoch(jobs, q1_job, x), led.frontier(t)
+        q1_epoch, frontier_at_request = _job_epoch(jobs, q1_job, x), led.epochs.frontier(t)
         swap = HotSwap(led).run(q1_job, q2_job, t, timeout=LIVE)
         done = time.monotonic()
         s = swap.epoch
@@ -265,7 +266,7 @@ def one_swap(i: int, spark: Any, led: Ledger, kafka: str, conn: dict[str, str], 
         wait_for(lambda: q1.ended(), LIVE, "Q1 to stop after its sink finished", on_wait=healthy)
         if not q1.swapped:
             raise SystemExit(f"query {q1_job} ended without being swapped out")
-        wait_for(lambda: (led.frontier(t) or -1) >= s + args.window, LIVE, f"Q2 writing S+{args.window}",
+        wait_for(lambda: (led.epochs.frontier(t) or -1) >= s + args.window, LIVE, f"Q2 writing S+{args.window}",
                  on_wait=healthy)
         mark(f"Q1 swapped out and stopped; Q2 wrote S+{args.window}")
         writer.stop()
@@ -283,9 +284,9 @@ def one_swap(i: int, spark: Any, led: Ledger, kafka: str, conn: dict[str, str], 
         for q in reversed(queries):
             q.stop()
 
-    last = led.frontier(t)
+    last = led.epochs.frontier(t)
     assert last is not None
-    commits = _commits(led, t, led.epoch_numbers(t)[0], last)
+    commits = _commits(led, t, led.subjects.epoch_numbers(t)[0], last)
     base_first = next(e for e in sorted(commits) if e > caught)
     base_epochs = [e for e in range(base_first + 1, last + 1) if commits[e] <= requested_wall]
     if len(base_epochs) < 2:  # Q2 caught up just before the request (a short --steady on a busy machine):

@@ -94,7 +94,7 @@ def _bench(info: Any, led: Ledger, keys: int, args: argparse.Namespace, tmp: Pat
     w = _write(led, info.kafka, subject, keys, args.epochs, args.changed, args.value_bytes)
     expected = dict(w["store"].items())
     last = w["last"]
-    span = {0: (led.committed(subject, 0).slices[0].start, led.committed(subject, last).slices[0].end)}
+    span = {0: (led.epochs.committed(subject, 0).slices[0].start, led.epochs.committed(subject, last).slices[0].end)}
     times: dict[str, list[float]] = {"raw": [], "memory": [], "rocksdb": []}
     for r in range(args.rounds):
         t0 = time.perf_counter()

@@ -192,7 +192,7 @@ def main() -> None:
         t0 = time.perf_counter()
         report = collect(led, keep_epochs=args.keep)
         gc_s = time.perf_counter() - t0
-        floor = led.first_retained(SUBJECT)
+        floor = led.subjects.first_retained(SUBJECT)
         led.close()
         console.print(f"retention kept the last {args.keep:,} (floor {floor:,}): "
                       f"{report['deleted_nodes']:,} nodes in {gc_s:.1f}s")

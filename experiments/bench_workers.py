@@ -337,14 +337,14 @@ def measure(args: argparse.Namespace, console: Console, logs: Path) -> dict[str,
                 cpu = ForeignCpu(info.zk_pid, info.kafka_pid, *(c.proc.pid for c in children))
                 for r in range(args.rounds):
                     e0, e1 = write_epochs(sink, epochs, EPOCH)
-                    starts = {p: sl.start for p, sl in led.committed(INPUT, e0).slices.items()}
-                    ends = {p: sl.end for p, sl in led.committed(INPUT, e1).slices.items()}
+                    starts = {p: sl.start for p, sl in led.epochs.committed(INPUT, e0).slices.items()}
+                    ends = {p: sl.end for p, sl in led.epochs.committed(INPUT, e1).slices.items()}
                     gc.collect()
                     order = list(RUNS)
                     order = order[r % len(order):] + order[:r % len(order)]  # each goes first in turn
                     for name in order:
                         role, n = RUNS[name]
-                        written = led.subject(job_spec(n).output).topic if role == "aligned" else RAW_OUT
+                        written = led.subjects.subject(job_spec(n).output).topic if role == "aligned" else RAW_OUT
                         since = topic_ends(info.kafka, written, PARTITIONS)
                         if role == "aligned":
                             commands = [f"run {e1}"] * n

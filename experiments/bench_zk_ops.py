@@ -65,7 +65,7 @@ def run_parallelism(info: Any, parallelism: int, epochs: int, records: int) -> d
         for p in producers:
             p.open()
         one_epoch(producers, records)  # warm-up: first reads of the writers document, connections
-        timers = [LedgerTimer(led, ("ensure_epoch", "commit_epoch")) for led in ledgers]
+        timers = [LedgerTimer(led.commits, ("ensure_epoch", "commit_epoch")) for led in ledgers]
         before = [led.round_trips for led in ledgers]
         commit_s: list[float] = []
         t0 = time.perf_counter()
@@ -74,7 +74,7 @@ def run_parallelism(info: Any, parallelism: int, epochs: int, records: int) -> d
         wall = time.perf_counter() - t0
         per_producer = [(led.round_trips - b) / epochs for led, b in zip(ledgers, before, strict=True)]
         last = [p.next_epoch - 1 for p in producers]
-        frontier = setup.frontier(subject)
+        frontier = setup.epochs.frontier(subject)
     finally:
         for p in producers:
             p.close()

@@ -13,7 +13,7 @@ as the epoch marker commits. Measured for ``--seconds``:
   rate, each epoch a ``create`` and then a two-op multi (``create`` + ``set_data``) of about the same
   bytes: the least ZooKeeper work that records an epoch and moves a producer's offsets;
 - the pipelined sink's shape (``--pipelined``, session 28): each commit multi-op also makes the next
-  epoch's node (``Ledger.commit_epoch_async`` with the writers document), so an epoch is one round trip;
+  epoch's node (``ledger.commits.commit_epoch_async`` with the writers document), so an epoch is one round trip;
   waited for here, as only ZooKeeper's side is measured. It applies to a subject's only writer, so each
   producer has a subject of its own. Its baseline: raw clients whose epoch is one three-op multi (the
   next epoch's ``create``, this one's child ``create``, ``set_data``).
@@ -57,7 +57,7 @@ def _ledger_producer(zk: str, subject: str, partition: int, rate: float, window:
     the commit multi-op), each waited for."""
     led = Ledger.connect(zk, ROOT)
     try:
-        lease = led.claim(subject, "bench", str(partition), [partition], lambda: {partition: 0})
+        lease = led.claims.claim(subject, "bench", str(partition), [partition], lambda: {partition: 0})
         writers: dict[str, tuple[WritersNode, int]] = {}
         made = False
         """Whether the last commit made this epoch's node (pipelined, as the only writer of its subject)."""
@@ -72,14 +72,14 @@ def _ledger_producer(zk: str, subject: str, partition: int, rate: float, window:
             ranges = {partition: Range(start=start, end=start + RECORDS)}
             t0 = time.perf_counter()
             if not made:
-                writers[subject] = led.ensure_epoch(subject, epoch, writers.get(subject))
+                writers[subject] = led.commits.ensure_epoch(subject, epoch, writers.get(subject))
             if pipelined:
-                pending = led.commit_epoch_async(epoch, [Contribution(lease, None, ranges)], (), writers)
-                leases, ahead = led.epoch_committed(pending)
+                pending = led.commits.commit_epoch_async(epoch, [Contribution(lease, None, ranges)], (), writers)
+                leases, ahead = led.commits.epoch_committed(pending)
                 lease, made = leases[0], subject in ahead
                 writers.update(ahead)
             else:
-                lease = led.commit(lease, epoch, None, ranges)
+                lease = led.commits.commit(lease, epoch, None, ranges)
             if counted:
                 latencies.append(time.perf_counter() - t0)
                 trips += led.round_trips - trips0
@@ -189,9 +189,9 @@ def main() -> None:
     with EmbeddedStack() as info:
         led = Ledger.connect(info.zk, ROOT)
         for i in range((args.producers + PER_SUBJECT - 1) // PER_SUBJECT):
-            led.register_subject(SubjectNode(name=f"s{i}", topic=f"s{i}", partitions=PER_SUBJECT))
+            led.subjects.register_subject(SubjectNode(name=f"s{i}", topic=f"s{i}", partitions=PER_SUBJECT))
         for i in range(args.producers if args.pipelined else 0):
-            led.register_subject(SubjectNode(name=f"q{i}", topic=f"q{i}", partitions=1))
+            led.subjects.register_subject(SubjectNode(name=f"q{i}", topic=f"q{i}", partitions=1))
         cpu = ForeignCpu(info.zk_pid, info.kafka_pid)
         kinds = ("raw", "ledger", *(("raw, pipelined", "ledger, pipelined") if args.pipelined else ()))
         rows = [run(kind, info.zk, info.zk_pid, args.producers, args.rate, args.seconds, args.processes)

@@ -34,7 +34,6 @@ from aligner.connectors.worker import WorkerThread
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import EmbeddedStack, StackInfo, wait_for
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import Mode
 from experiments.common import json_value
@@ -87,7 +86,7 @@ class Generator(threading.Thread):
         try:
             for stream in STREAMS:
                 subject = self.names[stream]
-                parts = list(range(led.subject(subject).partitions))
+                parts = list(range(led.subjects.subject(subject).partitions))
                 sinks[stream] = SinkProducer(led, self.info.kafka, subject, "generator", 0, parts).open()
             pacers = {s: Pacer(self.workload.rate(s)) for s in STREAMS}
             boundary = time.time()
@@ -203,7 +202,7 @@ def _run(led: Ledger, info: StackInfo, root: str, config: ChainConfig, tag: str,
             time.sleep(phase.uniform(0, config.interval))
             for i in range(p):  # one at a time: a failing start leaves the others in the list to close
                 workers.append(Worker(info, root, spec, i, fn, latency, operator, tag))
-        jobs = JobLedger(led)
+        jobs = led.jobs
         coord = Coordinator(led)
         plan: list[tuple[float, str]] = []
         input_until = started + config.duration
@@ -264,12 +263,12 @@ def _sleep_until(t: float, gen: Generator) -> None:
 
 
 def _commit_times(led: Ledger, subject: str) -> list[dict[str, Any]]:
-    numbers, last = led.epoch_numbers(subject), led.frontier(subject)
+    numbers, last = led.subjects.epoch_numbers(subject), led.epochs.frontier(subject)
     if not numbers or last is None:
         return []
     return [{"epoch": ce.epoch, "committed_at": ce.committed_at / 1000,
              "offsets": sum(s.end - s.start for s in ce.slices.values())}
-            for ce in led.committed_many(subject, numbers[0], last)]
+            for ce in led.epochs.committed_many(subject, numbers[0], last)]
 
 
 def verify(led: Ledger, kafka: str, names: dict[str, str], workload: Workload, sent: dict[str, int]) -> dict[str, int]:
@@ -317,7 +316,7 @@ def exactly_once_counts(got: Counter[Any], expected: set[Any]) -> dict[str, int]
 
 def read_all(led: Ledger, kafka: str, subject: str) -> list[dict[str, Any]]:
     """Every committed record of a subject: its JSON value, with the epoch it belongs to."""
-    numbers, last = led.epoch_numbers(subject), led.frontier(subject)
+    numbers, last = led.subjects.epoch_numbers(subject), led.epochs.frontier(subject)
     if not numbers or last is None:
         return []
     with EpochReader(led, kafka) as reader:

@@ -137,14 +137,15 @@ def read_raw(bootstrap: str, topic: str, span: dict[int, tuple[int, int]], colle
 
 
 class LedgerTimer:
-    """Adds up the wall time and count of a Ledger's calls, wrapped on the instance only."""
+    """Adds up the wall time and count of a ledger recipe's calls (``ledger.commits``), wrapped on the instance
+    only."""
 
-    def __init__(self, led: Ledger, names: tuple[str, ...]) -> None:
+    def __init__(self, recipe: object, names: tuple[str, ...]) -> None:
         self.names = names
         self.seconds = 0.0
         self.calls = 0
         for name in names:
-            setattr(led, name, self._timed(getattr(led, name)))
+            setattr(recipe, name, self._timed(getattr(recipe, name)))
 
     def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*a: Any, **kw: Any) -> Any:

@@ -340,7 +340,7 @@ def _through(led: Ledger, jobs: JobLedger, job: str, subject: str) -> int:
         node = jobs.job(job)
     except UnknownJobError:
         return -1
-    last = led.frontier(node.output)
+    last = led.epochs.frontier(node.output)
     epoch = jobs.job_epoch(jobs.epoch_line(job), last) if last is not None else None
     return epoch.next[subject] - 1 if epoch is not None and subject in epoch.next else -1
 
@@ -351,7 +351,7 @@ def pipeline(info: StackInfo, led: Ledger, root: str, tmp: str) -> Run:
     create_subject(led, info.kafka, HOT_ISSUES, 4)
     create_subject(led, info.kafka, PR_HOTNESS, 2)
     create_subject(led, info.kafka, HOT_PRS, 2)
-    jobs, coord = JobLedger(led), Coordinator(led)
+    jobs, coord = led.jobs, Coordinator(led)
     # settleHeap: Spark's reused Python workers freeze their live heap (the demo owns its Spark application)
     conn = {"zk": info.zk, "kafka": info.kafka, "root": root, "settleHeap": "true"}
     run = Run()
@@ -385,7 +385,7 @@ def pipeline(info: StackInfo, led: Ledger, root: str, tmp: str) -> Run:
             wait_for(lambda: time.time() - started >= seconds, LIVE, what, interval=0.2, on_wait=healthy)
 
         at(ALIGN_AT, "the time to align the Faust job")
-        wait_for(lambda: faust.committed >= 0 and (led.frontier(HOT_ISSUES) or -1) >= 1, LIVE,
+        wait_for(lambda: faust.committed >= 0 and (led.epochs.frontier(HOT_ISSUES) or -1) >= 1, LIVE,
                  "the Faust job's first epoch and job 1's output", interval=0.2, on_wait=healthy)
         events["Faust job aligned"] = time.time() - started
         decision = coord.align(FAUST, timeout=LIVE)
@@ -415,14 +415,14 @@ def pipeline(info: StackInfo, led: Ledger, root: str, tmp: str) -> Run:
         gen.join(60)
         if gen.error:
             raise gen.error[0]
-        ends = {s: led.frontier(s) or -1 for s in (*STREAMS, HOT_ISSUES)}
+        ends = {s: led.epochs.frontier(s) or -1 for s in (*STREAMS, HOT_ISSUES)}
         console.print(f"input finished ({dict(gen.sent)}); waiting for the jobs to read every epoch ...")
         # Progress from the job epoch nodes of each job's last committed output epoch (a Spark job's
         # consumer node forgets a subject its last batch did not read: as the Spark guide says).
         for job, subjects in ((JOB1_V2, (ISSUES, ISSUE_COMMENTS)), (JOB2, (HOT_ISSUES, PR_COMMENTS)),
                               (FAUST, (HOT_ISSUES,))):
             if job == JOB2:
-                ends[HOT_ISSUES] = led.frontier(HOT_ISSUES) or -1  # job 1 wrote its last epoch
+                ends[HOT_ISSUES] = led.epochs.frontier(HOT_ISSUES) or -1  # job 1 wrote its last epoch
             def through(job: str = job, subjects: tuple[str, ...] = subjects) -> bool:
                 return all(_through(led, jobs, job, s) >= ends[s] for s in subjects)
 
@@ -515,7 +515,7 @@ def lineage_check(led: Ledger) -> tuple[tuple[int, int], list[str]]:
     """Job 2's lineage: do its micro-batches tile each input's committed epochs (each read by exactly one
     batch), and how many of its batches read only job epochs of job 1 (whose output epochs each end
     exactly on input epoch boundaries), of how many."""
-    job1_epochs = set(JobLedger(led).job_epoch_numbers(JOB1))  # v2 uses v1's job epochs
+    job1_epochs = set(led.jobs.job_epoch_numbers(JOB1))  # v2 uses v1's job epochs
     spans: dict[str, list[tuple[int, int]]] = {HOT_ISSUES: [], PR_COMMENTS: []}
     ok = total = 0
     for written in sink_lineage(led, PR_HOTNESS, JOB2).values():
@@ -530,7 +530,7 @@ def lineage_check(led: Ledger) -> tuple[tuple[int, int], list[str]]:
     problems = []
     for subject, got in spans.items():
         read_epochs = [e for first, last in sorted(got) for e in range(first, last + 1)]
-        committed = [e for e in led.epoch_numbers(subject) if led.is_committed(subject, e)]
+        committed = [e for e in led.subjects.epoch_numbers(subject) if led.epochs.is_committed(subject, e)]
         if read_epochs != committed:
             problems.append(f"{subject}: batches read epochs {span_text(_runs(read_epochs))}, committed "
                             f"{span_text(_runs(committed))}")
@@ -556,7 +556,7 @@ def _latency(led: Ledger, subject: str, rows: list[dict[str, Any]], started: flo
         by_epoch.setdefault(row["epoch"], []).append(row)
     points = []
     for epoch, group in sorted(by_epoch.items()):
-        committed = led.committed(subject, epoch).committed_at / 1000
+        committed = led.epochs.committed(subject, epoch).committed_at / 1000
         oldest = min(r.get("oldest_ts", r["ts"]) for r in group)
         avg = sum(r["ts"] for r in group) / len(group)
         points.append((committed - started, 1000 * (committed - oldest), 1000 * (committed - avg),

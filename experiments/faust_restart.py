@@ -130,8 +130,8 @@ def run(rounds: int, plain: bool, home: Path) -> dict[str, Any]:
             p.proc.send_signal(signal.SIGTERM)
             p.proc.wait(BOUND)
             with EpochReader(ledger, info.kafka) as reader:
-                inputs = {(r.partition, r.offset) for r in reader.read(src, 0, ledger.finished(src))}
-                results = Counter((v["src"][1], v["src"][2]) for e in ledger.epoch_numbers(out)
+                inputs = {(r.partition, r.offset) for r in reader.read(src, 0, ledger.epochs.finished(src))}
+                results = Counter((v["src"][1], v["src"][2]) for e in ledger.subjects.epoch_numbers(out)
                                   for v in (json_value(r.value) for r in reader.read(out, e)))
         finally:
             finish.set()

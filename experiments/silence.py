@@ -122,7 +122,7 @@ def main(minutes: Annotated[float, typer.Option(min=0.1, help="Length of the sil
                 while not w.lines.empty():
                     w.lines.get()
             cpu = [w.cpu_seconds() for w in procs]
-            print(f"silence of {minutes:g} min starts (input frontier {ledger.frontier(inp)})", flush=True)
+            print(f"silence of {minutes:g} min starts (input frontier {ledger.epochs.frontier(inp)})", flush=True)
             time.sleep(minutes * 60)
             used = [w.cpu_seconds() - c for w, c in zip(procs, cpu, strict=True)]
             alive = all(w.proc.poll() is None for w in procs)
@@ -143,7 +143,7 @@ def main(minutes: Annotated[float, typer.Option(min=0.1, help="Length of the sil
                 time.sleep(1.0)
                 with EpochReader(ledger, info.kafka) as reader:
                     seen = Counter(json_value(r.value)["in"]["n"]
-                                   for r in reader.read(out, 0, ledger.frontier(out) or 0))
+                                   for r in reader.read(out, 0, ledger.epochs.frontier(out) or 0))
             lost = sum(1 for n in range(total) if seen[n] == 0)
             dup = sum(1 for c in seen.values() if c > 1)
             print(json.dumps({"silence_minutes": minutes, "components_alive_after": alive,

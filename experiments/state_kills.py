@@ -92,13 +92,13 @@ def main(keys: Annotated[int, typer.Option(min=1)] = 500_000,
                     proc.wait()
                     killed += 1
                     hurt = damage_store(Path(state_dir) / f"{job}-0", killed) if damage else ""
-                    print(f"kill {killed} at epoch {ledger.frontier(out)}{hurt}", flush=True)
+                    print(f"kill {killed} at epoch {ledger.epochs.frontier(out)}{hurt}", flush=True)
                     continue
             if proc.wait() != 0:
                 raise SystemExit(f"worker exited with {proc.returncode}")
             break
         print(f"job done after {killed} kills in {time.monotonic() - t0:.1f}s", flush=True)
-        last = ledger.frontier(out) or 0
+        last = ledger.epochs.frontier(out) or 0
         with EpochReader(ledger, info.kafka) as reader:
             seen = Counter(json_value(r.value)["n"] for r in reader.read(out, 0, last))
         lost = sum(1 for n in range(keys) if seen[n] == 0)

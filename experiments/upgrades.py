@@ -39,7 +39,6 @@ from typing import Any
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import StackInfo
-from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Ledger
 from aligner.models import Phase
@@ -141,7 +140,7 @@ class Upgrades:
 
     def run(self) -> dict[str, Any]:
         led = self.led = Ledger.connect(self.info.zk, ROOT)
-        jobs = JobLedger(led)
+        jobs = led.jobs
         rng = random.Random(self.seed)
         create_subject(led, self.info.kafka, IN, PARTITIONS)
         create_subject(led, self.info.kafka, OUT, PARTITIONS)
@@ -149,7 +148,7 @@ class Upgrades:
                                     "--rate", str(self.rate), "--out", str(self.out / "producer.json")))
         self.add("marker", self.cli("markers", IN, "--interval", str(self.interval)))
         current = self.start_version(1)
-        self.wait(lambda: (led.frontier(OUT) or -1) >= 3, "version 1's first epochs")
+        self.wait(lambda: (led.epochs.frontier(OUT) or -1) >= 3, "version 1's first epochs")
         align = self.add("align", self.cli("align", job_name(1), "--subject", IN, "--timeout", "240"))
         align.long_running = False
         self.wait(lambda: align.returncode() == 0, "aligning version 1")
@@ -170,7 +169,7 @@ class Upgrades:
                 proc.long_running = False
                 proc.terminate(10)
             current = new
-        self.wait(lambda: (led.frontier(OUT) or -1) >= swaps[-1]["S"] + 5, "the last version's output")
+        self.wait(lambda: (led.epochs.frontier(OUT) or -1) >= swaps[-1]["S"] + 5, "the last version's output")
         self.procs["producer"].terminate(30)
         sent = json.loads((self.out / "producer.json").read_text())
         records = self.drain(set(sent["acked"]))
@@ -187,11 +186,11 @@ class Upgrades:
         """``aligner hotswap`` v-1 -> v with one party SIGKILLed during it and restarted; timings from the ledger."""
         led = self.led
         assert led is not None
-        jobs = JobLedger(led)
+        jobs = led.jobs
         old_job, new_job = job_name(v - 1), job_name(v)
         before = [c for s in (old_job, new_job) for c in jobs.consumers(s, IN).values() if c.job_epoch is not None]
         at_request = max(c.job_epoch for c in before if c.job_epoch is not None)
-        frontier = led.frontier(OUT) or 0
+        frontier = led.epochs.frontier(OUT) or 0
         cadence = _cadence(led, frontier)
         started = time.monotonic()
         argv = self.cli("hotswap", "--old", old_job, "--new", new_job, "--subject", OUT, "--timeout", "240", "--json")
@@ -228,8 +227,8 @@ class Upgrades:
         swap, _ = jobs.swap(old_job)
         assert swap is not None
         s = swap.epoch
-        self.wait(lambda: (led.frontier(OUT) or -1) >= s + 2, f"{new_job} writing after S")
-        times = {e: led.committed(OUT, e).committed_at for e in range(max(0, s - 2), s + 3)}
+        self.wait(lambda: (led.epochs.frontier(OUT) or -1) >= s + 2, f"{new_job} writing after S")
+        times = {e: led.epochs.committed(OUT, e).committed_at for e in range(max(0, s - 2), s + 3)}
         gaps = [(times[e] - times[e - 1]) / 1000 for e in sorted(times)[1:]]
         row = {"version": v, "engine": self.plan[v - 1][0], "workers": self.plan[v - 1][1], "killed": killed,
                "seconds": round(time.monotonic() - started, 2), "S": s, "epoch_at_request": at_request,
@@ -252,7 +251,7 @@ class Upgrades:
 
         def done() -> bool:
             nonlocal got
-            last = led.frontier(OUT)
+            last = led.epochs.frontier(OUT)
             if last is None or time.monotonic() - read["at"] < 3.0:
                 return False
             read["at"] = time.monotonic()
@@ -278,7 +277,7 @@ class Upgrades:
             partitions.setdefault(v["n"] % KEYS, set()).add(p)
         order = [k for k, rows in by_key.items() if [c for _, c in sorted(rows)] != list(range(len(rows)))]
         moved = sorted(k for k, ps in partitions.items() if len(ps) != 1)
-        grew = led.subject(OUT).partitions != PARTITIONS
+        grew = led.subjects.subject(OUT).partitions != PARTITIONS
         for what, bad in (("duplicated", dup), ("lost", lost), ("from the wrong version", wrong_version),
                           ("keys whose counts do not run on", order), ("keys in several partitions", moved)):
             if bad:
@@ -287,7 +286,7 @@ class Upgrades:
             self.anomalies.append("the target grew")
         return {"records": len(records), "inputs_acked": len(sent["acked"]), "duplicated": len(dup),
                 "lost": len(lost), "wrong_version": len(wrong_version), "keys_out_of_order": len(order),
-                "keys_moved": len(moved), "target_partitions": led.subject(OUT).partitions}
+                "keys_moved": len(moved), "target_partitions": led.subjects.subject(OUT).partitions}
 
     def collect(self, swaps: list[dict[str, Any]]) -> dict[str, Any]:
         """``aligner gc`` keeping the last 10 epochs: the swapped-out versions' producers go (nodes and
@@ -300,11 +299,11 @@ class Upgrades:
         self.wait(lambda: gc.returncode() is not None, "aligner gc")
         if gc.returncode() != 0:
             self.anomalies.append(f"aligner gc failed: {gc.stderr_tail(500)!r}")
-        doc, _ = led.writers(OUT)
-        floor = led.first_retained(OUT)
+        doc, _ = led.subjects.writers(OUT)
+        floor = led.subjects.first_retained(OUT)
         writing = {split_writer(w)[0] for w, e in doc.writers.items() if e.finished_after is None
                    or e.finished_after >= floor}
-        producers = {s: len(led.producers(OUT, s)) for s in led.sinks(OUT)}
+        producers = {s: len(led.subjects.producers(OUT, s)) for s in led.subjects.sinks(OUT)}
         stale = sorted({split_writer(w)[0] for w in doc.writers} - writing
                        | {s for s, n in producers.items() if n and s not in writing})
         if stale:
@@ -317,7 +316,7 @@ class Upgrades:
 def _cadence(led: Ledger, frontier: int) -> float | None:
     """Median seconds between the target's last 20 committed epochs."""
     first = max(0, frontier - 20)
-    times = [led.committed(OUT, e).committed_at for e in range(first, frontier + 1)]
+    times = [led.epochs.committed(OUT, e).committed_at for e in range(first, frontier + 1)]
     diffs = [(b - a) / 1000 for a, b in itertools.pairwise(times)]
     return statistics.median(diffs) if diffs else None
 

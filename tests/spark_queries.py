@@ -108,7 +108,7 @@ def verify_running(ledger, stack, target: str, sent: int, *swaps: int) -> None:
 
 def raw_of(ledger, target: str) -> str:
     """The one input of the queries writing ``target`` (every version reads the same subject)."""
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     inputs = {s for name in jobs.job_names() for s in jobs.job(name).inputs if jobs.job(name).output == target}
     assert len(inputs) == 1, f"the jobs writing {target!r} read {sorted(inputs)}"
     return inputs.pop()
@@ -122,7 +122,7 @@ def assert_lineage_tiles(ledger, kafka: str, outputs: list[tuple[int, dict]], ra
     carried: dict[int, set[int]] = defaultdict(set)
     for epoch, value in outputs:
         carried[epoch].add(epoch_of[value["in"]["n"]])
-    committed = [e for e in ledger.epoch_numbers(target) if ledger.is_committed(target, e)]
+    committed = [e for e in ledger.subjects.epoch_numbers(target) if ledger.epochs.is_committed(target, e)]
     problems = lineage_tiling(ledger, target, committed, carried, raw)
     assert not problems, f"lineage of {target!r}:\n" + "\n".join(what for what, _ in problems)
 
@@ -147,8 +147,8 @@ class SwapPair:
             q.launch()
         for q in (self.old, self.new):
             q.ready()
-        self.jobs = JobLedger(ledger)
-        wait_for(lambda: (ledger.frontier(self.target) or -1) >= 1 and any(
+        self.jobs = ledger.jobs
+        wait_for(lambda: (ledger.epochs.frontier(self.target) or -1) >= 1 and any(
             c.job_epoch is not None for c in consumers(self.jobs, self.new.job, raw).values()), LIVE,
             "Q1 writing, Q2 following", on_wait=self.healthy)
 
@@ -162,11 +162,11 @@ class SwapPair:
         assert self.old.worker is not None
         self.old.worker.wait_line(lambda line: line == "swapped out", LIVE)
         assert self.old.worker.wait(LIVE) == 0, self.old.worker.stderr
-        wait_for(lambda: (self.ledger.frontier(self.target) or 0) >= swap_epoch + 3, LIVE,
+        wait_for(lambda: (self.ledger.epochs.frontier(self.target) or 0) >= swap_epoch + 3, LIVE,
                  "Q2 output after the swap", on_wait=self.healthy)
         self.more.set()
         sent = self.gen.finished()
-        last = self.ledger.frontier(self.raw)
+        last = self.ledger.epochs.frontier(self.raw)
         wait_for(lambda: (self.jobs.consumers(self.new.job, self.raw)[0].subject_epoch or -1) >= last, LIVE,
                  "Q2 to read the whole input", on_wait=self.healthy)
         verify_running(self.ledger, self.stack, self.target, sent, swap_epoch)

@@ -62,7 +62,7 @@ class Generator:
             led = self._ledger = Ledger.connect(self.stack.zk, self.root)
             led.stop_on(self._stop)  # close() ends ZooKeeper and Kafka waits (an outage) at once
             try:
-                parts = list(range(led.subject(self.subject).partitions))
+                parts = list(range(led.subjects.subject(self.subject).partitions))
                 with SinkProducer(led, self.stack.kafka, self.subject, "gen", 0, parts) as p:
                     i = 0
                     while self._more(i):
@@ -165,10 +165,10 @@ class JobThread(WorkerThread):
 
 def read_all(ledger: Ledger, bootstrap: str, subject: str) -> list[tuple[int, dict]]:
     """(epoch, value) of every committed record of a subject."""
-    last = ledger.frontier(subject)
+    last = ledger.epochs.frontier(subject)
     if last is None:
         return []
-    first = ledger.epoch_numbers(subject)[0]
+    first = ledger.subjects.epoch_numbers(subject)[0]
     with EpochReader(ledger, bootstrap) as reader:
         return [(r.epoch, json_value(r.value)) for r in reader.read(subject, first, last)]
 

@@ -14,7 +14,6 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from aligner.alignment import Command, ConsumerAlignment, aggregate
 from aligner.errors import AlignerError, MalformedNodeError, UnknownJobError, UnknownSubjectError
-from aligner.ledger import Ledger
 from aligner.models import (
     AlignmentDecision,
     CommandNode,
@@ -27,13 +26,18 @@ from aligner.models import (
     parse,
 )
 from aligner.ops import Create, Op, raise_failure
+from aligner.recipes.store import Store
+from aligner.recipes.subjects import SubjectRecipes
 
 log = logging.getLogger("aligner.jobs")
 
 
 class JobLedger:
-    def __init__(self, ledger: Ledger) -> None:
+    """Jobs' recipes over a ledger's store (``ledger.jobs``: one per ledger, shared)."""
+
+    def __init__(self, ledger: Store, subjects: SubjectRecipes | None = None) -> None:
         self.ledger = ledger
+        self.subjects = subjects or SubjectRecipes(ledger)
         self.zk = ledger.zk
         self.layout = ledger.layout
 
@@ -41,7 +45,7 @@ class JobLedger:
 
     def register(self, node: JobNode) -> JobNode:
         for subject in (*node.inputs, node.output):
-            self.ledger.subject(subject)
+            self.subjects.subject(subject)
         lay = self.layout
         self.zk.ensure_path(lay.jobs)
         # One multi-op: a visible job node always has its sources, command and consumer nodes.

@@ -19,9 +19,12 @@ An epoch is committed once every expected writer's contribution exists. Writers 
 multi-op that updates the writers document and creates the first epoch they write, so no epoch
 can be created with a stale list of writers. There are no locks anywhere.
 
-:class:`Ledger` is the facade: each recipe lives in its own module of :mod:`aligner.recipes` (the
-session and typed operations, subjects, committed epochs, claims, commits, watches, a Spark sink's
-batch commit), stacked so that every public method is reached through one object and one session.
+:class:`Ledger` is the session (:class:`aligner.recipes.store.Store`: typed reads and writes, one retrying client)
+and holds the recipes as objects over it, as kazoo's recipes are objects over one client: ``ledger.subjects``,
+``ledger.epochs``, ``ledger.claims``, ``ledger.commits`` and ``ledger.watches``, each defined in its module of
+:mod:`aligner.recipes`, so a reader following a call lands in the file that defines it; ``ledger.jobs`` is its one
+:class:`aligner.jobs.JobLedger`. The recipes keep no state of their own: what they remember (committed epochs, known
+buckets, watched writers and frontiers) lives on the store, so every recipe of a ledger sees the same.
 """
 
 from __future__ import annotations
@@ -34,10 +37,14 @@ from kazoo.retry import KazooRetry
 
 from aligner.acl_policy import CREATOR_ONLY, AclPolicy
 from aligner.errors import StoppedError, UnreachableError
+from aligner.jobs import JobLedger
 from aligner.layout import DEFAULT_ROOT, Layout, epoch_name
-from aligner.recipes.claims import Claim, Lease
-from aligner.recipes.commits import Contribution, PendingCommit, PendingEpoch
-from aligner.recipes.spark import SparkBatchRecipes
+from aligner.recipes.claims import Claim, ClaimRecipes, Lease
+from aligner.recipes.commits import CommitRecipes, Contribution, PendingCommit, PendingEpoch
+from aligner.recipes.reads import EpochReads
+from aligner.recipes.store import Store
+from aligner.recipes.subjects import SubjectRecipes
+from aligner.recipes.watches import WatchRecipes
 from aligner.settings import zk_security
 from aligner.zk import RetryingClient
 from aligner.zk_tls import tls_mismatch
@@ -48,8 +55,18 @@ TLS_PROBE_AFTER, TLS_PROBE_EVERY = 1.0, 3.0
 """Seconds a first session may be late before ZooKeeper is probed for a TLS mismatch, and between probes."""
 
 
-class Ledger(SparkBatchRecipes):
-    """The subject epoch ledger: every recipe, on one session (see the module docstring)."""
+class Ledger(Store):
+    """The subject epoch ledger: one session and its recipes (see the module docstring)."""
+
+    def __init__(self, zk: KazooClient | RetryingClient, layout: Layout | None = None,
+                 stop: threading.Event | None = None) -> None:
+        super().__init__(zk, layout, stop)
+        self.subjects = SubjectRecipes(self)
+        self.epochs = EpochReads(self, self.subjects)
+        self.claims = ClaimRecipes(self, self.subjects)
+        self.commits = CommitRecipes(self, self.subjects, self.epochs, self.claims)
+        self.watches = WatchRecipes(self, self.epochs)
+        self.jobs = JobLedger(self, self.subjects)
 
     @classmethod
     def connect(cls, hosts: str, root: str = DEFAULT_ROOT, timeout: float | None = 15.0,

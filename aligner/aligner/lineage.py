@@ -17,7 +17,6 @@ from typing import Any
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from aligner.errors import EpochCollectedError, EpochNotCommittedError, LineageError, UnknownJobError
-from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Ledger
 from aligner.lineage_models import SparkSinkEpochNode, SparkSourceBatchNode
@@ -37,10 +36,10 @@ epoch ({"subject", "epoch", "producers"}), nested; :func:`flatten` turns it into
 
 def job_epoch_lineage(ledger: Ledger, job: str, epoch: int, depth: int = 16) -> Tree:
     """The tree of subject epochs that epoch ``epoch`` of ``job`` derives from (``depth`` levels)."""
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     node = jobs.job(job)
     try:
-        committed = ledger.is_committed(node.output, epoch)
+        committed = ledger.epochs.is_committed(node.output, epoch)
     except EpochNotCommittedError as exc:  # no such epoch at all
         raise LineageError(f"job {job!r} has no epoch {epoch}: {exc}") from None
     if not committed:
@@ -98,7 +97,7 @@ def subject_epoch_lineage(ledger: Ledger, subject: str, epoch: int, depth: int =
     """The tree of an epoch of ``subject``: the jobs and Spark sinks that wrote it and, through them,
     their inputs. A writer that is neither (a plain producer, the epoch marker) ends the walk."""
     try:
-        if not ledger.is_committed(subject, epoch):
+        if not ledger.epochs.is_committed(subject, epoch):
             raise LineageError(f"epoch {epoch} of {subject!r} is not committed; it has no lineage yet")
     except EpochCollectedError:
         if not inner:
@@ -106,9 +105,9 @@ def subject_epoch_lineage(ledger: Ledger, subject: str, epoch: int, depth: int =
         # An input of a retained epoch that retention removed: part of the cut (a read of it says "out of
         # retention"), the end of the walk.
         return {"subject": subject, "epoch": epoch, "producers": [], "collected": True}
-    records, jobs = SparkLineageLedger(ledger), JobLedger(ledger)
+    records, jobs = SparkLineageLedger(ledger), ledger.jobs
     producers: list[Tree] = []
-    for sink in sorted({split_writer(w)[0] for w in ledger.epoch_node(subject, epoch).writers}):
+    for sink in sorted({split_writer(w)[0] for w in ledger.epochs.epoch_node(subject, epoch).writers}):
         if depth <= 0:
             break
         # A job's epoch records what it covered before it ran, for every engine: exact even where a Spark
@@ -135,7 +134,7 @@ def epoch_lineage(ledger: Ledger, job: str, epoch: int, subject: str | None = No
     Spark query running as a job) or a Spark sink id (``subject`` picks the target when the same sink id
     writes several subjects)."""
     try:
-        node = JobLedger(ledger).job(job)
+        node = ledger.jobs.job(job)
     except UnknownJobError:
         targets = spark_sink_subjects(ledger, job)
         if not targets:
@@ -182,7 +181,7 @@ def lineage_epochs(ledger: Ledger, spec: str, subject: str) -> list[int]:
     if not sep or not job or not raw.strip().isdigit():
         raise LineageError(f"option lineage={spec!r} must be 'JOB:EPOCH' (a job or Spark sink id and its epoch)")
     epoch = int(raw)
-    ledger.subject(subject)  # raises UnknownSubjectError
+    ledger.subjects.subject(subject)  # raises UnknownSubjectError
     found = cut(ledger, job, epoch, subject)
     if subject not in found:
         raise LineageError(
@@ -305,7 +304,7 @@ class SparkLineageLedger:
 
     def sink_subjects(self, sink: str) -> list[str]:
         """Subjects that a Spark sink with this id writes."""
-        return [s for s in self.ledger.subject_names() if self.ledger.zk.exists(self.progress_path(s, sink))]
+        return [s for s in self.ledger.subjects.subject_names() if self.ledger.zk.exists(self.progress_path(s, sink))]
 
 
 # ---- recording and reading Spark lineage ----------------------------------------------------------
@@ -359,11 +358,11 @@ def query_status(ledger: Ledger, query: str) -> dict[str, Any]:
     read = spark.source_batch(query, batch) if batch is not None else {}
     subjects = {}
     for subject, node in read.items():
-        frontier = ledger.frontier(subject)
+        frontier = ledger.epochs.frontier(subject)
         behind = 0 if frontier is None else max(0, frontier - node.last)
         seconds = 0.0
         if behind:
-            oldest = ledger.committed(subject, node.last + 1)
+            oldest = ledger.epochs.committed(subject, node.last + 1)
             seconds = max(0.0, (now_ms() - oldest.committed_at) / 1000)
         subjects[subject] = {"first": node.first, "last": node.last, "behind_epochs": behind,
                              "behind_seconds": round(seconds, 2)}

@@ -16,7 +16,6 @@ from collections.abc import Collection, Mapping
 
 from kazoo.exceptions import NoNodeError, NotEmptyError
 
-from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Ledger
 from aligner.lineage_models import SparkSourceBatchNode
@@ -32,7 +31,7 @@ _IN_FLIGHT = 4000
 class Retention:
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
-        self.jobs = JobLedger(ledger)
+        self.jobs = ledger.jobs
 
     # ---- subjects -----------------------------------------------------------------------------
 
@@ -57,7 +56,7 @@ class Retention:
         """Lineage records of the subject's Spark sinks for epochs below ``floor`` (their epochs are gone)."""
         lay = self.ledger.layout
         out: list[str] = []
-        for sink in self.ledger.sinks(subject):
+        for sink in self.ledger.subjects.sinks(subject):
             with contextlib.suppress(NoNodeError):
                 numbers = self.ledger.numbers(lay.spark_sink_epochs(subject, sink))
                 out += [lay.spark_sink_epoch(subject, sink, n) for n in numbers if n < floor]
@@ -67,7 +66,7 @@ class Retention:
         """The writers of ``sinks`` (sinks that never write again: swapped-out jobs) that finished before
         ``floor``: no epoch they wrote is retained. Another finished writer stays, which a restart of it
         re-opens."""
-        doc, _ = self.ledger.writers(subject)
+        doc, _ = self.ledger.subjects.writers(subject)
         return [w for w, e in doc.writers.items()
                 if split_writer(w)[0] in sinks and e.finished_after is not None and e.finished_after < floor]
 

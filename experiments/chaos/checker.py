@@ -42,7 +42,6 @@ from typing import Any
 from aligner.connectors.reader import EpochReader
 from aligner.epochs import CommittedEpoch
 from aligner.errors import AlignerError
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.lineage import flatten, subject_epoch_lineage
 from aligner.models import WorkerEpochNode
@@ -91,8 +90,9 @@ class Subject:
 
     def __init__(self, led: Ledger, reader: EpochReader, name: str, anomalies: Anomalies) -> None:
         self.name = name
-        numbers, last = led.epoch_numbers(name), led.frontier(name)
-        self.epochs: list[CommittedEpoch] = led.committed_many(name, numbers[0], last) if numbers and last is not None \
+        numbers, last = led.subjects.epoch_numbers(name), led.epochs.frontier(name)
+        self.epochs: list[CommittedEpoch] = led.epochs.committed_many(name, numbers[0],
+                                                                      last) if numbers and last is not None \
             else []
         self.by_epoch = {ce.epoch: ce for ce in self.epochs}
         self.records: list[Rec] = []
@@ -168,7 +168,7 @@ def monotonic(an: Anomalies, subject: str, pairs: list[tuple[tuple[int, int], in
 
 
 def worker_epochs(led: Ledger, job: str, worker: int) -> dict[int, WorkerEpochNode]:
-    return JobLedger(led).worker_epochs(job, worker)
+    return led.jobs.worker_epochs(job, worker)
 
 
 class Positions:
@@ -230,7 +230,7 @@ class Positions:
 
 def contiguous(an: Anomalies, label: str, led: Ledger, job: str, source: str) -> None:
     """Consecutive aligned job epochs cover consecutive subject epochs."""
-    jobs = JobLedger(led)
+    jobs = led.jobs
     spans = []
     for e in jobs.job_epoch_numbers(job):
         node = jobs.job_epoch(job, e)

@@ -62,13 +62,13 @@ class History:
     def look(self, led: Ledger) -> None:
         for subject in self.subjects:
             known = self.seen[subject]
-            last = led.frontier(subject)
+            last = led.epochs.frontier(subject)
             if last is None:
                 continue
-            first = max(known) + 1 if known else (led.epoch_numbers(subject) or [last])[0]
+            first = max(known) + 1 if known else (led.subjects.epoch_numbers(subject) or [last])[0]
             if first > last:
                 continue
-            for ce in led.committed_many(subject, first, last):
+            for ce in led.epochs.committed_many(subject, first, last):
                 known.setdefault(ce.epoch, slices_of(ce))
         self.looks += 1
 

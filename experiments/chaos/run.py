@@ -28,7 +28,6 @@ from aligner.coordinator.netns import NetLab
 from aligner.coordinator.spark_cluster import SparkCluster
 from aligner.coordinator.stack import EmbeddedStack, StackInfo
 from aligner.errors import StackError
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from experiments.chaos.nemesis import KILLS, NETWORK, Fault
 from experiments.chaos.procs import Proc, python, signal_group
@@ -385,7 +384,7 @@ class Run:
 
         assert self.led is not None
         led = self.led
-        return bool((yield from self.ask(lambda: JobLedger(led).source_state(job, subject).state is State.ALIGNED)))
+        return bool((yield from self.ask(lambda: led.jobs.source_state(job, subject).state is State.ALIGNED)))
 
     def lane(self, ops: list[Fault], until_all: bool = True) -> Step:
         """The coordinator: each operation at its time (at once when late), one at a time."""
@@ -429,7 +428,7 @@ class Run:
         workers = workers_of(self.generation + 1, self.rescale)
 
         def follows() -> bool:
-            c = JobLedger(led).consumers(new, IN)
+            c = led.jobs.consumers(new, IN)
             return len(c) == workers and all(n.job_epoch is not None for n in c.values())
 
         deadline = time.time() + 180
@@ -737,7 +736,8 @@ def _hard_stop(run: Run) -> None:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     if run.lab is not None:
-        run.lab.close()
+        with contextlib.suppress(Exception):  # the exit below must happen whatever the lab's removal meets
+            run.lab.close()
     run.say(f"[red]stopped[/]: the run did not unwind within {STOP_GRACE:.0f}s of the signal; everything was killed")
     os._exit(130)
 

@@ -25,7 +25,7 @@ def read_through(zk: str, root: str, source: str, target: str, sink: str) -> tup
     from aligner.connectors.spark.writer import read_progress
 
     ledger = ledger_for(zk, root)
-    finished = ledger.finished(source)
+    finished = ledger.epochs.finished(source)
     progress, _ = read_progress(ledger, target, sink)
     if progress is None or progress.query is None:
         return finished, -1

@@ -256,6 +256,6 @@ def frontiers(led: Ledger, subjects: list[str]) -> dict[str, int]:
     """Every subject's last committed epoch (-1 before the first)."""
     out = {}
     for s in subjects:
-        last = led.frontier(s)
+        last = led.epochs.frontier(s)
         out[s] = -1 if last is None else last
     return out

@@ -63,7 +63,7 @@ def test_two_independent_jobs_align_on_identical_epochs(stack, ledger, subject_n
     aligned = threading.Event()
     gen = spawn.generator(raw, epochs=40, pace=0.04, hold=aligned)
     a = spawn.job(JobSpec(job=f"{raw}-a", inputs=(raw,), output=x1, interval=0.15), tag_v1)
-    wait_for(lambda: (ledger.frontier(raw) or 0) >= 5, LIVE, "upstream epochs before the second job starts")
+    wait_for(lambda: (ledger.epochs.frontier(raw) or 0) >= 5, LIVE, "upstream epochs before the second job starts")
     b = spawn.job(JobSpec(job=f"{raw}-b", inputs=(raw,), output=x2, interval=0.35), tag_v1)
     coord = Coordinator(ledger)
     coord.align(f"{raw}-a", timeout=LIVE)
@@ -73,7 +73,7 @@ def test_two_independent_jobs_align_on_identical_epochs(stack, ledger, subject_n
     a.join()
     b.join()
 
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     map_a, map_b = _aligned_epochs(jobs, f"{raw}-a"), _aligned_epochs(jobs, f"{raw}-b")
     common = sorted(set(map_a) & set(map_b))
     assert len(common) >= 20, f"only {len(common)} subject epochs covered by both aligned jobs"
@@ -82,7 +82,7 @@ def test_two_independent_jobs_align_on_identical_epochs(stack, ledger, subject_n
         wa = jobs.worker_epoch(f"{raw}-a", 0, map_a[s])
         wb = jobs.worker_epoch(f"{raw}-b", 0, map_b[s])
         assert wa.offsets == wb.offsets, f"subject epoch {s}: offsets differ"
-        assert wa.offsets[raw] == {p: e for p, (_s, e) in ledger.committed(raw, s).offsets.items()}
+        assert wa.offsets[raw] == {p: e for p, (_s, e) in ledger.epochs.committed(raw, s).offsets.items()}
     for out in (x1, x2):
         assert_exactly_once(read_all(ledger, stack.kafka, out), gen.sent)
 
@@ -102,7 +102,7 @@ def test_chain_lineage_reads_a_consistent_cut(stack, ledger, subject_name, spawn
     a.join()
     b.join()
 
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     outputs = read_all(ledger, stack.kafka, y)
     assert_exactly_once([(e, v["in"]) for e, v in outputs], gen.sent)
     aligned_b = jobs.job_epoch_numbers(f"{raw}-B")
@@ -139,7 +139,7 @@ def test_abort_in_every_state_loses_and_duplicates_nothing(stack, ledger, subjec
     walked = threading.Event()
     gen = spawn.generator(raw, epochs=10, pace=0.04, hold=walked)
     t = spawn.job(JobSpec(job=job, inputs=(raw,), output=x, interval=0.15), tag_v1)
-    jobs, coord = JobLedger(ledger), Coordinator(ledger)
+    jobs, coord = ledger.jobs, Coordinator(ledger)
 
     def state() -> State:
         return jobs.source_state(job, raw).state
@@ -198,7 +198,7 @@ def test_variable_interval_spans_k_subject_epochs(stack, ledger, subject_name, s
     aligned.set()  # 30 more subject epochs: at least 9 full job epochs of 3
     gen.finished()
     t.join()
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     spans = [_job_epoch(jobs, job, e).covered[raw] for e in jobs.job_epoch_numbers(job)]
     full = [s for s in spans[:-1] if s is not None]
     assert len(full) >= 5 and all(s.last - s.first + 1 == 3 for s in full)
@@ -220,7 +220,7 @@ def test_multi_subject_job_aligns_on_an_epoch_vector(stack, ledger, subject_name
     gl.finished()
     gr.finished()
     t.join()
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     vectors = [_job_epoch(jobs, job, e) for e in jobs.job_epoch_numbers(job)]
     assert len(vectors) >= 10
     nxt = dict(vectors[0].next)
@@ -245,7 +245,7 @@ def _send(jobs: JobLedger, job: str, subject: str, command: Command) -> None:
 
 
 def _ends(ledger: Ledger, subject: str, epoch: int, partitions: list[int]) -> dict[int, int]:
-    slices = ledger.committed(subject, epoch).slices
+    slices = ledger.epochs.committed(subject, epoch).slices
     return {p: slices[p].end for p in partitions if p in slices}
 
 
@@ -262,10 +262,10 @@ def test_align_arriving_during_the_epoch_before_j_extends_it_to_k(stack, ledger,
     _subjects(ledger, stack, raw, x)
     spawn.generator(raw, epochs=100_000, per_epoch=5, pace=0.02)
     spec = JobSpec(job=f"{raw}-m", inputs=(raw,), output=x, interval=3.0)  # long: the Align lands within it
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     stop = threading.Event()
     worker = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
-    wait_for(lambda: ledger.frontier(raw) is not None, LIVE, "the input's first epoch")
+    wait_for(lambda: ledger.epochs.frontier(raw) is not None, LIVE, "the input's first epoch")
     _send(jobs, spec.job, raw, Command(kind="catch_up"))
     wait_for(lambda: worker.step(stop) and worker.alignment[raw].state is State.READY, LIVE, "Ready")
     before_j = worker.sink.next_epoch
@@ -280,7 +280,7 @@ def test_align_arriving_during_the_epoch_before_j_extends_it_to_k(stack, ledger,
     stepping.start()
     try:
         wait_for(lambda: worker.records_in > seen, LIVE, "epoch J - 1 to be under way")
-        k = (ledger.frontier(raw) or 0) + 60  # further than one 3 s timer's worth of input epochs (0.1 s each)
+        k = (ledger.epochs.frontier(raw) or 0) + 60  # further than one 3 s timer's worth of input epochs (0.1 s each)
         _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=k, job_epoch=before_j + 1))
         wait_for(done.is_set, LIVE, "epoch J - 1 to end")
     finally:
@@ -302,17 +302,17 @@ def test_worker_restarted_while_aligning_ends_its_first_aligned_epoch_on_k(stack
     _subjects(ledger, stack, raw, x)
     spawn.generator(raw, epochs=100_000, per_epoch=5, pace=0.02)  # epochs commit faster than job epochs
     spec = JobSpec(job=f"{raw}-r", inputs=(raw,), output=x, interval=0.3)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     stop = threading.Event()
     worker = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
-    wait_for(lambda: ledger.frontier(raw) is not None, LIVE, "the input's first epoch")
+    wait_for(lambda: ledger.epochs.frontier(raw) is not None, LIVE, "the input's first epoch")
 
     def send(command: Command) -> None:
         _send(jobs, spec.job, raw, command)
 
     send(Command(kind="catch_up"))
     wait_for(lambda: _step_into(worker, stop, raw, State.READY), LIVE, "the consumer to be Ready")
-    k, j = (ledger.frontier(raw) or 0) + 3, worker.sink.next_epoch + 6
+    k, j = (ledger.epochs.frontier(raw) or 0) + 3, worker.sink.next_epoch + 6
     send(Command(kind="align", subject_epoch=k, job_epoch=j))
     wait_for(lambda: _step_into(worker, stop, raw, State.ALIGNING), LIVE, "the consumer to accept Align")
 
@@ -341,10 +341,10 @@ def test_split_alignment_is_aborted_and_aligned_again(stack, ledger, subject_nam
     enough = threading.Event()
     gen = spawn.generator(raw, epochs=100_000, per_epoch=5, pace=0.02, until=enough)
     spec = JobSpec(job=f"{raw}-s", inputs=(raw,), output=x, parallelism=2, interval=0.3)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     stop = threading.Event()
     w0, w1 = (spawn(JobWorker(ledger, stack.kafka, spec, i, tag_v1)).open() for i in range(2))
-    wait_for(lambda: ledger.frontier(raw) is not None, LIVE, "the input's first epoch")
+    wait_for(lambda: ledger.epochs.frontier(raw) is not None, LIVE, "the input's first epoch")
 
     def state(w: JobWorker) -> State:
         return w.alignment[raw].state
@@ -356,11 +356,12 @@ def test_split_alignment_is_aborted_and_aligned_again(stack, ledger, subject_nam
     j = w0.sink.next_epoch + 1
     # k well in the future (AHEAD input epochs, ~2 s of input): w0 takes the Align whenever its watch
     # delivers it within that time, rather than racing the generator to k (w1 rejects it for J alone).
-    _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.frontier(raw) or 0) + AHEAD, job_epoch=j))
+    _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.epochs.frontier(raw) or 0) + AHEAD,
+                                       job_epoch=j))
     wait_for(lambda: (w0.step(stop), w1.step(stop)) and state(w0) is State.ALIGNED, LIVE, "w0 to start J")
     assert state(w1) is State.READY  # rejected: too late
     later = max(w0.sink.next_epoch, w1.sink.next_epoch) + 3
-    _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.frontier(raw) or 0) + AHEAD,
+    _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.epochs.frontier(raw) or 0) + AHEAD,
                                        job_epoch=later))
     wait_for(lambda: w1.step(stop) and state(w1) is State.ALIGNING, LIVE, "w1 to take the later Align")
     with pytest.raises(AlignmentSplitError):
@@ -407,10 +408,11 @@ def test_sources_aligned_at_different_job_epochs_are_aborted_and_aligned_again(s
     enough = threading.Event()
     gens = [spawn.generator(s, epochs=100_000, per_epoch=5, pace=0.02, until=enough) for s in (left, right)]
     spec = JobSpec(job=f"{subject_name}-v", inputs=(left, right), output=x, interval=0.3)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     stop = threading.Event()
     w = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
-    wait_for(lambda: ledger.frontier(left) is not None and ledger.frontier(right) is not None, LIVE, "input")
+    wait_for(lambda: ledger.epochs.frontier(left) is not None and ledger.epochs.frontier(right) is not None, LIVE,
+             "input")
 
     def state(s: str) -> State:
         return w.alignment[s].state
@@ -419,12 +421,13 @@ def test_sources_aligned_at_different_job_epochs_are_aborted_and_aligned_again(s
         _send(jobs, spec.job, s, Command(kind="catch_up"))
     wait_for(lambda: w.step(stop) and state(left) is state(right) is State.READY, LIVE, "Ready")
     j = w.sink.next_epoch + 1
-    _send(jobs, spec.job, left, Command(kind="align", subject_epoch=(ledger.frontier(left) or 0) + AHEAD, job_epoch=j))
+    _send(jobs, spec.job, left, Command(kind="align", subject_epoch=(ledger.epochs.frontier(left) or 0) + AHEAD,
+                                        job_epoch=j))
     _send(jobs, spec.job, right, Command(kind="align", subject_epoch=0, job_epoch=j))  # k already read: rejected
     wait_for(lambda: w.step(stop) and state(left) is State.ALIGNED, LIVE, "the left source to start J")
     assert state(right) is State.READY
     later = w.sink.next_epoch + 2
-    k = (ledger.frontier(right) or 0) + AHEAD
+    k = (ledger.epochs.frontier(right) or 0) + AHEAD
     _send(jobs, spec.job, right, Command(kind="align", subject_epoch=k, job_epoch=later))
     wait_for(lambda: w.step(stop) and state(right) is State.ALIGNED, LIVE, "the right source to start its J")
     for _ in range(3):
@@ -433,7 +436,8 @@ def test_sources_aligned_at_different_job_epochs_are_aborted_and_aligned_again(s
     _, version = jobs.decision(spec.job)
     jobs.decide(AlignmentDecision(job=spec.job, subjects=(left, right), phase=DecisionPhase.ALIGNING,
                                   seq=jobs.command(spec.job, right)[0].seq, job_epoch=later,
-                                  subject_epochs={left: (ledger.frontier(left) or 0) + AHEAD, right: k}), version)
+                                  subject_epochs={left: (ledger.epochs.frontier(left) or 0) + AHEAD,
+                                                  right: k}), version)
 
     result: list[AlignmentDecision] = []
     coordinator = threading.Thread(target=lambda: result.append(Coordinator(ledger).align(spec.job, timeout=LIVE)),
@@ -467,7 +471,7 @@ def test_align_a_job_aligned_by_construction_records_it_and_returns(stack, ledge
     create_subject(ledger, stack.kafka, raw, 2)
     create_subject(ledger, stack.kafka, out, 2)
     node = register_query(ledger, f"{raw}-q", [raw], out)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     jobs.fix_job_epoch(node.job, 4, {raw: None}, {raw: 9})  # its first batch: nothing new, stands at epoch 9
     report(ledger, node, job_epoch=4)
     done = run_cli(cli_env, "align", node.job, "--json")
@@ -489,7 +493,7 @@ def test_a_query_batch_reading_one_of_two_subjects_keeps_the_others_position(sta
     node = register_query(ledger, f"{a}-q", [a, b], out)
     report(ledger, node, job_epoch=1, subject_epoch={a: 5, b: 7})
     report(ledger, node, job_epoch=2, subject_epoch={a: 6})
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     assert jobs.consumers(node.job, a)[0].subject_epoch == 6
     assert jobs.consumers(node.job, b)[0].subject_epoch == 7
     assert jobs.consumers(node.job, b)[0].job_epoch == 2
@@ -507,20 +511,20 @@ def test_a_coverage_record_that_differs_from_the_workers_own_aborts_the_epoch_an
     aligned = threading.Event()
     gen = spawn.generator(raw, epochs=20, per_epoch=5, pace=0.02, hold=aligned)
     spec = JobSpec(job=f"{raw}-c", inputs=(raw,), output=x, interval=0.3, epochs_per_checkpoint=2)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     stop = threading.Event()
     worker = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
-    wait_for(lambda: ledger.frontier(raw) is not None, LIVE, "the input's first epoch")
+    wait_for(lambda: ledger.epochs.frontier(raw) is not None, LIVE, "the input's first epoch")
 
     _send(jobs, spec.job, raw, Command(kind="catch_up"))
     wait_for(lambda: _step_into(worker, stop, raw, State.READY), LIVE, "the consumer to be Ready")
-    _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.frontier(raw) or 0) + 3,
+    _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.epochs.frontier(raw) or 0) + 3,
                                        job_epoch=worker.sink.next_epoch + 2))
     wait_for(lambda: _step_into(worker, stop, raw, State.ALIGNED), LIVE, "the consumer to be Aligned")
     aligned.set()
     e = worker.sink.next_epoch
     start = _job_epoch(jobs, spec.job, e - 1).next[raw]
-    wait_for(lambda: (ledger.frontier(raw) or 0) >= start + 1, LIVE, "both subject epochs of the next job epoch")
+    wait_for(lambda: (ledger.epochs.frontier(raw) or 0) >= start + 1, LIVE, "both subject epochs of the next job epoch")
     jobs.fix_job_epoch(spec.job, e, {raw: Span(first=start, last=start)}, {raw: start + 1})
 
     attempt = worker.sink.attempt

@@ -27,7 +27,6 @@ from aligner.connectors.marker import EpochMarker
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack, StackInfo, free_port
 from aligner.errors import StoppedError
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import JobNode, SubjectNode
 from aligner.session import OutageLimit
@@ -69,13 +68,14 @@ def world(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             marker.mark()  # epoch 0: JSON
             _produce(stack.kafka, js, [(0, b"plain text from an outside producer")])
             marker.mark()  # epoch 1: holds a record that is not JSON
-            led.ensure_epoch(js, 2)  # epoch 2: exists, never committed
+            led.commits.ensure_epoch(js, 2)  # epoch 2: exists, never committed
         finally:
             marker.close()
         create_subject(led, stack.kafka, names["out"], 1)
-        led.register_subject(SubjectNode(name=names["nt"], topic=names["nt"], partitions=1))  # no topic: as after
+        led.subjects.register_subject(SubjectNode(name=names["nt"], topic=names["nt"],
+                                                  partitions=1))  # no topic: as after
         # an embedded broker's restart (topics in memory) under a kept ZooKeeper
-        JobLedger(led).register(JobNode(job=names["jb"], inputs=(js,), output=names["out"], parallelism=1))
+        led.jobs.register(JobNode(job=names["jb"], inputs=(js,), output=names["out"], parallelism=1))
         for subject in ("je", "bad"):
             create_subject(led, stack.kafka, names[subject], 1)
         je = EpochMarker(led, stack.kafka, names["je"]).open()
@@ -84,7 +84,7 @@ def world(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         finally:
             je.close()
         create_subject(led, stack.kafka, names["cl"], 2)
-        led.claim(names["cl"], "job-x", "0", [0], lambda: {0: 0})
+        led.claims.claim(names["cl"], "job-x", "0", [0], lambda: {0: 0})
         raw = KazooClient(hosts=stack.zk)
         raw.start(timeout=15)
         try:
@@ -280,7 +280,7 @@ def test_a_command_gives_up_once_zookeeper_is_down_for_its_outage_limit(
         os.kill(pid, signal.SIGSTOP)
         started = time.monotonic()
         with pytest.raises(StoppedError):
-            led.subject_names()  # blocks in the ledger's retries until the limit stops it
+            led.subjects.subject_names()  # blocks in the ledger's retries until the limit stops it
         assert bound.gave_up.is_set()
         assert time.monotonic() - started < BOUND_S  # the loss is noticed within the session's read timeout
     finally:

@@ -18,7 +18,6 @@ from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.lineage import flatten, subject_epoch_lineage
 from aligner.models import JobNode, SubjectNode
@@ -71,7 +70,7 @@ def test_the_chain_and_a_hotswap_started_from_the_cli_show_live(stack, ledger, r
     # Lineage by clicks: the target's newest epoch, then one of its inputs.
     swap, _ = swapper.jobs.swap(old.job)
     assert swap is not None and swap.phase == "done"
-    wait_for(lambda: (ledger.frontier(target) or 0) > swap.epoch, LIVE, "v2 output")
+    wait_for(lambda: (ledger.epochs.frontier(target) or 0) > swap.epoch, LIVE, "v2 output")
     by_id(page, f"subject-{target}").locator("button.link").click()
     tree = page.locator("[data-testid=lineage-tree]")
     tree.wait_for()
@@ -112,7 +111,7 @@ def test_an_alignment_started_from_the_page_completes(stack, ledger, root, subje
     page.locator("#confirm-ok").click()
     page.locator('#action [data-state="done"]').wait_for()
     row.locator("[data-field=state]").filter(has_text=re.compile(r"^aligned")).wait_for()
-    decision, _ = JobLedger(ledger).decision(spec.job)
+    decision, _ = ledger.jobs.decision(spec.job)
     assert decision is not None and decision.phase == "aligned"
     more.set()
     gen.finished()
@@ -123,8 +122,8 @@ def test_actions_are_refused_to_an_identity_that_is_not_the_admin(stack, root, s
     admin = Ledger.connect(stack.zk, root, auth=ADMIN)
     try:
         for s in ("in-a", "in-b"):
-            admin.register_subject(SubjectNode(name=s, topic=s, partitions=2))
-        JobLedger(admin).register(JobNode(job="job-a", inputs=("in-b",), output="in-a", parallelism=1))
+            admin.subjects.register_subject(SubjectNode(name=s, topic=s, partitions=2))
+        admin.jobs.register(JobNode(job="job-a", inputs=("in-b",), output="in-a", parallelism=1))
         AclLedger(admin).grant(parse_zk_auth(ADMIN), OTHER.removeprefix("digest:"), subjects=["in-a"], jobs=["job-a"])
     finally:
         admin.close()
@@ -144,7 +143,7 @@ def test_the_page_rides_out_a_zookeeper_restart(spawn, page):
     try:
         root = "/console-restart"
         with Ledger.connect(info.zk, root) as led:
-            led.register_subject(SubjectNode(name="before", topic="before", partitions=1))
+            led.subjects.register_subject(SubjectNode(name="before", topic="before", partitions=1))
         console = start_console(spawn, info, root)
         page.goto(console.url)
         by_id(page, "subject-before").wait_for()
@@ -155,7 +154,7 @@ def test_the_page_rides_out_a_zookeeper_restart(spawn, page):
         assert by_id(page, "subject-before").is_visible(), "the last picture went away in the outage"
         own.restart(ZOOKEEPER)
         with Ledger.connect(info.zk, root) as led:
-            led.register_subject(SubjectNode(name="after", topic="after", partitions=1))
+            led.subjects.register_subject(SubjectNode(name="after", topic="after", partitions=1))
         by_id(page, "subject-after").wait_for()
         page.locator("#zk-status").filter(has_text="ZooKeeper connected").wait_for()
     finally:
@@ -166,7 +165,7 @@ def test_twenty_viewers_cost_zookeeper_what_one_does(stack, ledger, root, subjec
     """The same ZooKeeper requests per picture with 1 and with 20 open pages (each also asking for the JSON):
     pages read the shared picture, never ZooKeeper. Counts, not timings."""
     for name in (subject_name, f"{subject_name}-2"):
-        ledger.register_subject(SubjectNode(name=name, topic=name, partitions=2))
+        ledger.subjects.register_subject(SubjectNode(name=name, topic=name, partitions=2))
     console = start_console(spawn, stack, root)
 
     def per_picture(viewers: int) -> float:

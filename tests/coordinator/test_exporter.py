@@ -10,7 +10,6 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from aligner.coordinator.exporter import LedgerCollector
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import ConsumerNode, JobNode, Range, SubjectNode, SwapNode
 from tests.helpers import wait_for
@@ -28,19 +27,19 @@ def _key(name: str, **labels: str) -> tuple[str, tuple[tuple[str, str], ...]]:
 
 
 def _commit_marker_epochs(ledger: Ledger, subject: str, n: int) -> None:
-    lease = ledger.claim(subject, "m", "0", [0], lambda: {0: 0})
+    lease = ledger.claims.claim(subject, "m", "0", [0], lambda: {0: 0})
     for _ in range(n):
         epoch = lease.next_epoch
-        ledger.ensure_epoch(subject, epoch)
-        lease = ledger.commit(lease, epoch, None, {0: Range(start=epoch, end=epoch + 1)})
+        ledger.commits.ensure_epoch(subject, epoch)
+        lease = ledger.commits.commit(lease, epoch, None, {0: Range(start=epoch, end=epoch + 1)})
 
 
 def _deployment(ledger: Ledger, subject: str) -> None:
     """A subject with epochs 0..2 committed, a job that consumed epoch 0 only, and a pre-committed swap."""
     for name in (subject, f"{subject}-out"):
-        ledger.register_subject(SubjectNode(name=name, topic=name, partitions=1))
+        ledger.subjects.register_subject(SubjectNode(name=name, topic=name, partitions=1))
     _commit_marker_epochs(ledger, subject, 3)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     jobs.register(JobNode(job="j", inputs=(subject,), output=f"{subject}-out", parallelism=1))
     jobs.report("j", subject, 0, ConsumerNode(job_epoch=0, subject_epoch=0))
     jobs.write_swap(SwapNode(old="j", new="j2", target=f"{subject}-out", epoch=7, phase="precommit"), -1)
@@ -89,9 +88,9 @@ def test_exporter_command_serves_metrics_and_stops_on_sigterm(spawn, stack, root
 
     wait_for(lambda: (s := scrape()) is not None and s.get(_key("aligner_exporter_up")) == 1, 60,
              "the exporter to serve a snapshot")
-    lease = ledger.claim(subject_name, "m", "0", [0], lambda: {0: 0})
-    ledger.ensure_epoch(subject_name, 3)
-    ledger.commit(lease, 3, None, {0: Range(start=3, end=4)})
+    lease = ledger.claims.claim(subject_name, "m", "0", [0], lambda: {0: 0})
+    ledger.commits.ensure_epoch(subject_name, 3)
+    ledger.commits.commit(lease, 3, None, {0: Range(start=3, end=4)})
     wait_for(lambda: (scrape() or {}).get(_key("aligner_subject_last_epoch", subject=subject_name)) == 3, 60,
              "the exporter to see epoch 3")
     exporter.proc.send_signal(signal.SIGTERM)

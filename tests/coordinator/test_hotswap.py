@@ -61,8 +61,8 @@ def _verify(ledger, stack, target, gen, swap_epoch):
     assert_exactly_once(outputs, gen.sent)
     for epoch, value in outputs:
         assert value["v"] == (1 if epoch <= swap_epoch else 2), f"epoch {epoch} has a v{value['v']} result"
-    epochs = ledger.epoch_numbers(target)
-    assert ledger.frontier(target) == epochs[-1]
+    epochs = ledger.subjects.epoch_numbers(target)
+    assert ledger.epochs.frontier(target) == epochs[-1]
     assert any(e > swap_epoch for e, _ in outputs) and any(e <= swap_epoch for e, _ in outputs)
     return assert_s_before_s_plus_1(ledger, target, swap_epoch)
 
@@ -77,7 +77,7 @@ def test_hotswap_under_continuous_input_is_exactly_once(stack, ledger, subject_n
     # S is a future epoch: after everything either job had committed when the swap was accepted. How
     # many epochs later it lands is a timing figure (printed below; measured by the hotswap experiment).
     assert swap.epoch > before, f"swap at {swap.epoch}, but the jobs had committed {before} when accepted"
-    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 5, LIVE, "v2 output after the swap")
+    wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= swap.epoch + 5, LIVE, "v2 output after the swap")
     _finish(more, gen, v1, v2)
     gap = _verify(ledger, stack, target, gen, swap.epoch)
     print(f"hot-swap accepted with the jobs at epoch {before}, S = {swap.epoch}, epochs S and S+1 {gap:.3f}s apart")
@@ -93,12 +93,12 @@ def test_new_version_inheriting_the_old_state_continues_it_exactly(stack, ledger
     first (read exactly from v1's changelog) instead of replaying the input; after the swap its running
     counts continue v1's without a gap or a repeat, and its first epoch records where its state came from."""
     def some_state(target: str) -> None:
-        wait_for(lambda: (ledger.frontier(target) or 0) >= 5, LIVE, "v1 to build up some state")
+        wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= 5, LIVE, "v1 to build up some state")
 
     target, more, gen, old, new, v1, v2 = _setup(stack, ledger, spawn, subject_name, count_v1, count_v2,
                                                  inherit_state=True, before_v2=some_state)
     swap = HotSwap(ledger).run(old.job, new.job, target, timeout=LIVE)
-    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
+    wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
     _finish(more, gen, v1, v2)
     outputs = read_all(ledger, stack.kafka, target)
     assert_exactly_once(outputs, gen.sent)
@@ -130,7 +130,7 @@ def test_shadow_is_verified_before_the_swap(stack, ledger, subject_name, spawn, 
     report = verify_before_swap(ledger, stack.kafka, old.job, new.job, 3, ignore=["v"], timeout=LIVE)
     assert report is not None and report["first_difference"] is None and report["epochs"] == 3
     swap = HotSwap(ledger).run(old.job, new.job, target, timeout=LIVE)
-    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
+    wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
     _finish(more, gen, v1, v2)
     _verify(ledger, stack, target, gen, swap.epoch)
     span = shadow_span(ledger, old.job, new.job)
@@ -138,7 +138,7 @@ def test_shadow_is_verified_before_the_swap(stack, ledger, subject_name, spawn, 
     whole = verify_outputs(ledger, stack.kafka, [old.job, new.job], *span, by_job=True, ignore=["v"])
     assert whole["first_difference"] is None and whole["records"] > 0
     assert all(epoch <= swap.epoch for epoch, _ in read_all(ledger, stack.kafka, new.shadow_subject))
-    ended = ledger.writers(new.shadow_subject)[0].writers
+    ended = ledger.subjects.writers(new.shadow_subject)[0].writers
     assert ended and all(e.finished_after == swap.epoch for e in ended.values()), f"the shadow lives on: {ended}"
 
 
@@ -155,10 +155,10 @@ def test_a_job_upgraded_twice_is_exactly_once(stack, ledger, subject_name, spawn
         swapper.check(new.job, newest.job, target)
     first = swapper.run(old.job, new.job, target, timeout=LIVE)
     v3 = spawn.job(newest, tag_v3)
-    wait_for(lambda: (ledger.frontier(target) or 0) >= first.epoch + 2, LIVE, "v2 output after the first swap")
+    wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= first.epoch + 2, LIVE, "v2 output after the first swap")
     second = HotSwap(ledger).run(new.job, newest.job, target, timeout=LIVE)
     assert second.phase == "done" and second.epoch > first.epoch
-    wait_for(lambda: (ledger.frontier(target) or 0) >= second.epoch + 3, LIVE, "v3 output after the second swap")
+    wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= second.epoch + 3, LIVE, "v3 output after the second swap")
     _finish(more, gen, v1, v2)
     v3.join()
     outputs = read_all(ledger, stack.kafka, target)
@@ -187,7 +187,7 @@ def test_coordinator_killed_after_precommit_resumes_the_swap(stack, ledger, subj
     assert second.wait(LIVE) == 0, second.stderr
     swap = HotSwap(ledger).jobs.swap(old.job)[0]
     assert swap is not None and swap.phase == "done"
-    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
+    wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
     _finish(more, gen, v1, v2)
     _verify(ledger, stack, target, gen, swap.epoch)
 
@@ -245,7 +245,7 @@ def test_job_killed_at_a_swap_step_still_swaps_exactly_once(stack, root, ledger,
     procs[who].wait_line(lambda line: line.startswith("open"))
     done = swapper.run(o.job, n.job, target, timeout=LIVE)
     assert done.phase == "done" and done.epoch == swap.epoch
-    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap",
+    wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap",
              on_wait=healthy)
     more.set()
     gen.finished()
@@ -265,7 +265,7 @@ def test_hotswap_refuses_a_target_with_other_producers(stack, root, ledger, subj
     for act in (Coordinator(ledger).align, Coordinator(ledger).abort):  # a follower is aligned by following
         with pytest.raises(AlignerError, match=r"new version of .*align or abort"):
             act(f"{raw}-b")
-    ledger.claim(target, "someone-else", "0", [3], lambda: {3: 0})
+    ledger.claims.claim(target, "someone-else", "0", [3], lambda: {3: 0})
     with pytest.raises(HotSwapRefused, match=r"other producers \['someone-else'\]"):
         HotSwap(ledger).check(f"{raw}-a", f"{raw}-b", target)
     assert HotSwap(ledger).jobs.swap(f"{raw}-a")[0] is None  # refused before anything was written
@@ -285,7 +285,7 @@ def test_verify_reports_the_first_differing_epoch(stack, ledger, subject_name, c
     da, db = coord.align(f"{raw}-ja", timeout=LIVE), coord.align(f"{raw}-jb", timeout=LIVE)
     ja_epoch, jb_epoch = da.job_epoch, db.job_epoch
     assert ja_epoch is not None and jb_epoch is not None, "a done alignment names its job epoch"
-    wait_for(lambda: (ledger.frontier(a) or 0) >= ja_epoch + 5, LIVE, "aligned output")
+    wait_for(lambda: (ledger.epochs.frontier(a) or 0) >= ja_epoch + 5, LIVE, "aligned output")
     _finish(more, gen, ja, jb)
     jobs = HotSwap(ledger).jobs
     # Both are aligned on the same input: compare the job epochs covering the same subject epochs.
@@ -324,7 +324,7 @@ def test_coordinator_lost_after_commit_is_resumed_by_the_next(stack, ledger, sub
     assert resumed.wait(LIVE) == 0, resumed.stderr
     done = swapper.jobs.swap(old.job)[0]
     assert done is not None and done.phase == "done" and done.epoch == swap.epoch
-    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
+    wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
     _finish(more, gen, v1, v2)
     _verify(ledger, stack, target, gen, swap.epoch)
 
@@ -342,17 +342,18 @@ def test_a_new_version_started_before_the_old_is_aligned_waits_to_join(stack, le
     new = JobSpec(job=f"{raw}-v2", inputs=(raw,), output=target, interval=0.2, output_partitions=(2, 3),
                   version="2", follows=old.job)
     v1 = spawn.job(old, tag_v1)
-    wait_for(lambda: (ledger.frontier(target) or 0) >= 3, LIVE, "v1's unaligned epochs")
+    wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= 3, LIVE, "v1's unaligned epochs")
     swapper = HotSwap(ledger)
     v2 = spawn.job(new, tag_v2)
     wait_for(lambda: new.job in swapper.jobs.job_names(), LIVE, "v2 registered")
-    joined = (ledger.frontier(target) or 0) + 5
-    wait_for(lambda: (ledger.frontier(target) or 0) >= joined, LIVE, "v1's output moving on while v2 waits")
-    assert not any(w.startswith(f"{new.job}:") for w in ledger.writers(target)[0].writers), "v2 joined unaligned"
+    joined = (ledger.epochs.frontier(target) or 0) + 5
+    wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= joined, LIVE, "v1's output moving on while v2 waits")
+    writers = ledger.subjects.writers(target)[0].writers
+    assert not any(w.startswith(f"{new.job}:") for w in writers), "v2 joined unaligned"
     Coordinator(ledger).align(old.job, timeout=LIVE)
     wait_for(lambda: swapper.committed(new.job, new.inputs) >= 0, LIVE, "v2 following")
     swap = swapper.run(old.job, new.job, target, timeout=LIVE)
-    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
+    wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
     _finish(more, gen, v1, v2)
     _verify(ledger, stack, target, gen, swap.epoch)
 
@@ -376,23 +377,23 @@ def test_new_version_takes_the_old_versions_partitions_over(stack, ledger, subje
     swapper = HotSwap(ledger)
 
     def following() -> dict:
-        return {w: e for w, e in ledger.writers(target)[0].writers.items() if w.startswith(f"{new.job}:")}
+        return {w: e for w, e in ledger.subjects.writers(target)[0].writers.items() if w.startswith(f"{new.job}:")}
 
     wait_for(lambda: len(following()) == 2, LIVE, "both v2 workers following")  # writers of no partition
     assert not any(e.partitions for e in following().values())
     swap = swapper.run(old.job, new.job, target, timeout=LIVE)
-    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 5, LIVE, "v2 output after the swap")
+    wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= swap.epoch + 5, LIVE, "v2 output after the swap")
     more.set()
     gen.finished()
     for thread in (*v1, *v2):
         thread.join()
     _verify(ledger, stack, target, gen, swap.epoch)
-    doc, _ = ledger.writers(target)
+    doc, _ = ledger.subjects.writers(target)
     for p in (0, 1):
         assert doc.owner_of(p, swap.epoch) == f"{old.job}:{p}" and doc.owner_of(p, swap.epoch + 1) == f"{new.job}:{p}"
-        before, after = ledger.committed(target, swap.epoch), ledger.committed(target, swap.epoch + 1)
+        before, after = ledger.epochs.committed(target, swap.epoch), ledger.epochs.committed(target, swap.epoch + 1)
         assert after.slices[p].start == before.slices[p].end
-    assert ledger.subject(target).partitions == 2
+    assert ledger.subjects.subject(target).partitions == 2
     status = json.loads(run_cli(cli_env, "status", "--json").stdout)
     (row,) = [r for r in status["subjects"] if r["subject"] == target]
     last = max(e.finished_after or 0 for w, e in doc.writers.items() if w.startswith(f"{new.job}:"))  # input done
@@ -432,7 +433,7 @@ def test_swaps_rescale_keyed_state_and_keep_per_key_order(stack, ledger, subject
         swap = swapper.run(old.job, new.job, target, timeout=LIVE)
 
         def swapped(s: int = swap.epoch) -> bool:
-            return (ledger.frontier(target) or 0) >= s + 3
+            return (ledger.epochs.frontier(target) or 0) >= s + 3
 
         wait_for(swapped, LIVE, f"v{v} output after the swap")
         swaps.append(swap.epoch)
@@ -441,7 +442,7 @@ def test_swaps_rescale_keyed_state_and_keep_per_key_order(stack, ledger, subject
     for thread in threads:
         thread.join()
     with EpochReader(ledger, stack.kafka) as reader:
-        records = list(reader.read(target, 0, ledger.frontier(target)))
+        records = list(reader.read(target, 0, ledger.epochs.frontier(target)))
     outputs = [(r.epoch, json_value(r.value)) for r in records]
     assert_exactly_once(outputs, gen.sent)
     counts: dict[str, list[int]] = {}
@@ -453,7 +454,7 @@ def test_swaps_rescale_keyed_state_and_keep_per_key_order(stack, ledger, subject
     assert len(counts) == 12 and all(len(p) == 1 for p in partition_of.values()), partition_of
     for key, seq in counts.items():
         assert seq == list(range(1, len(seq) + 1)), f"key {key}: counts {seq[:50]} do not run on across the swaps"
-    assert ledger.subject(target).partitions == 4
+    assert ledger.subjects.subject(target).partitions == 4
     jobs = swapper.jobs
     for new in versions[1:]:
         first = min(jobs.worker_epoch_numbers(new.job, 0))

@@ -15,7 +15,6 @@ from aligner.connectors.runtime import JobSpec
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
-from aligner.jobs import JobLedger
 from aligner.models import JobNode, Span
 from tests.conftest import run_cli
 from tests.helpers import wait_for
@@ -43,9 +42,9 @@ def test_two_aligned_runtime_jobs_consumed_identical_epochs(stack, root, ledger,
         assert coordinator.align(f"{raw}-{job}", timeout=LIVE).job_epoch is not None
     aligned.set()
     gen.finished()
-    last = ledger.frontier(raw)
+    last = ledger.epochs.frontier(raw)
     assert last is not None
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     for job in ("a", "b"):
         def consumed_all(job: str = job) -> bool:
             return (jobs.consumers(f"{raw}-{job}", raw)[0].subject_epoch or -1) >= last
@@ -68,10 +67,10 @@ def _job_with_epochs(ledger, kafka: str, raw: str, job: str, spans: list[tuple[i
     """A registered aligned job whose job epochs cover ``spans`` of ``raw``, its output committed for each."""
     out = f"{job}-out"
     create_subject(ledger, kafka, out, 1)
-    JobLedger(ledger).register(JobNode(job=job, inputs=(raw,), output=out, parallelism=1, mode="aligned"))
+    ledger.jobs.register(JobNode(job=job, inputs=(raw,), output=out, parallelism=1, mode="aligned"))
     with SinkProducer(ledger, kafka, out, job, 0, [0]) as producer:
         for e, (first, last) in enumerate(spans):
-            JobLedger(ledger).fix_job_epoch(job, e, {raw: Span(first=first, last=last)}, {raw: last + 1})
+            ledger.jobs.fix_job_epoch(job, e, {raw: Span(first=first, last=last)}, {raw: last + 1})
             producer.begin()
             producer.commit()
 

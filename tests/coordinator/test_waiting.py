@@ -27,8 +27,8 @@ WOKEN_WITHIN = 5.0
 def jobs(ledger: Ledger, subject_name: str, monkeypatch: pytest.MonkeyPatch) -> JobLedger:
     monkeypatch.setattr(waiting, "TICK", 60.0)
     for name in (subject_name, f"{subject_name}-out"):
-        ledger.register_subject(SubjectNode(name=name, topic=name, partitions=1))
-    led = JobLedger(ledger)
+        ledger.subjects.register_subject(SubjectNode(name=name, topic=name, partitions=1))
+    led = ledger.jobs
     led.register(JobNode(job="j", inputs=(subject_name,), output=f"{subject_name}-out", parallelism=2))
     return led
 
@@ -113,7 +113,7 @@ def test_align_settles_when_the_sources_are_aligned_already(ledger: Ledger, jobs
     from aligner.coordinator.alignment import Coordinator
     from aligner.models import AlignmentDecision, DecisionPhase
 
-    ledger.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
+    ledger.subjects.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
     job = f"{subject_name}-j"
     jobs.register(JobNode(job=job, inputs=(subject_name,), output=subject_name, parallelism=1))
     jobs.decide(AlignmentDecision(job=job, subjects=(subject_name,), phase=DecisionPhase.ALIGNING, seq=7,

@@ -32,7 +32,6 @@ from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.stack import free_port
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from tests.helpers import Worker, faust_env, faust_worker, json_value, raw_count, wait_for
 
@@ -164,10 +163,10 @@ def _last_committed(lines: list[str]) -> int | None:
 def _check_exactly_once(ledger: Ledger, kafka: str, src: str, out: str, feeder: Feeder) -> dict[int, list[Any]]:
     """Every input record's result exactly once in the output read by epoch, with its content; per key,
     the keyed state ("seen") counts 1..n without gaps or repeats. Returns the output values by epoch."""
-    in_epochs = ledger.epoch_numbers(src)
-    out_epochs = ledger.epoch_numbers(out)
-    assert ledger.finished(src) == in_epochs[-1] == feeder.last
-    assert ledger.finished(out) == out_epochs[-1]
+    in_epochs = ledger.subjects.epoch_numbers(src)
+    out_epochs = ledger.subjects.epoch_numbers(out)
+    assert ledger.epochs.finished(src) == in_epochs[-1] == feeder.last
+    assert ledger.epochs.finished(out) == out_epochs[-1]
     with EpochReader(ledger, kafka) as reader:
         inputs = {(r.partition, r.offset): r for r in reader.read(src, 0, in_epochs[-1])}
         by_epoch = {e: [json_value(r.value) for r in reader.read(out, e)] for e in out_epochs}
@@ -252,7 +251,7 @@ def test_faust_worker_stops_on_sigterm_and_sigint_within_5s_and_resumes_exactly_
     input both stop the worker within 5 s with exit code 0; the open epoch is aborted and the next
     start resumes from the last committed epoch; nothing is lost or repeated."""
     home, src, out, job, feeder = _fed_job(stack, root, ledger, subject_name, tmp_path, spawn, "plain")
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
 
     # 1. SIGTERM while input flows: the open epoch is aborted.
     worker = _start_plain(spawn, root, home, job, src, out)
@@ -410,9 +409,9 @@ def test_faust_worker_killed_restarted_and_aligned_exactly_once(stack, root, led
     worker.wait_line(_is("finished"), timeout=60)
     _stop(worker, signal.SIGTERM)
 
-    jobs = JobLedger(ledger)
-    in_epochs = ledger.epoch_numbers(src)
-    out_epochs = ledger.epoch_numbers(out)
+    jobs = ledger.jobs
+    in_epochs = ledger.subjects.epoch_numbers(src)
+    out_epochs = ledger.subjects.epoch_numbers(out)
     # Every input's result exactly once, across three kills, with keyed state consistent with the last
     # committed epoch after every crash.
     by_epoch = _check_exactly_once(ledger, stack.kafka, src, out, feeder)
@@ -421,7 +420,7 @@ def test_faust_worker_killed_restarted_and_aligned_exactly_once(stack, root, led
         assert max(v["n"] for rs in by_epoch.values() for v in rs) > 1, "every call got one record: no batch path"
 
     # The broker holds more than that (the attempt killed after its Kafka commit); the stamps drop it.
-    assert raw_count(stack.kafka, ledger.subject(out).topic, 4) > results
+    assert raw_count(stack.kafka, ledger.subjects.subject(out).topic, 4) > results
 
     # Aligned epochs map onto input epochs: job epoch e holds exactly the results of the input epochs it covers.
     assert out_epochs[-1] >= aligned_from + 2
@@ -460,8 +459,8 @@ def test_faust_workers_hot_swapped_v1_to_v2_exactly_once(stack, root, ledger, su
     line = new.wait_line(lambda line: _committed(line) is not None, timeout=60)
     assert "aligned=True" in line, line
 
-    fed_before, frontier_before = feeder.last, ledger.frontier(target)
-    accepted = max(c.job_epoch or 0 for j in (v1, v2) for c in JobLedger(ledger).consumers(j, src).values())
+    fed_before, frontier_before = feeder.last, ledger.epochs.frontier(target)
+    accepted = max(c.job_epoch or 0 for j in (v1, v2) for c in ledger.jobs.consumers(j, src).values())
     swap = HotSwap(ledger).run(v1, v2, target, timeout=60)
     fed_after = feeder.last
     assert swap.phase == "done" and swap.old == v1 and swap.new == v2
@@ -472,7 +471,7 @@ def test_faust_workers_hot_swapped_v1_to_v2_exactly_once(stack, root, ledger, su
     assert done.endswith(f"last={swap.epoch}"), done
     assert fed_after > fed_before, "no input epoch was written during the swap"
     _stop(old, signal.SIGTERM)
-    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, 60, "v2 output after the swap",
+    wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= swap.epoch + 3, 60, "v2 output after the swap",
              on_wait=lambda: _alive(new))
 
     # Finite input: v2 drains the last input epoch and finishes the target.
@@ -480,10 +479,10 @@ def test_faust_workers_hot_swapped_v1_to_v2_exactly_once(stack, root, ledger, su
     new.wait_line(_is("finished"), timeout=60)
     _stop(new, signal.SIGTERM)
 
-    in_epochs = ledger.epoch_numbers(src)
-    out_epochs = ledger.epoch_numbers(target)
-    assert ledger.finished(src) == in_epochs[-1] == feeder.last
-    assert ledger.finished(target) == out_epochs[-1] == ledger.frontier(target)
+    in_epochs = ledger.subjects.epoch_numbers(src)
+    out_epochs = ledger.subjects.epoch_numbers(target)
+    assert ledger.epochs.finished(src) == in_epochs[-1] == feeder.last
+    assert ledger.epochs.finished(target) == out_epochs[-1] == ledger.epochs.frontier(target)
     with EpochReader(ledger, stack.kafka) as reader:
         inputs = {(r.partition, r.offset): r for r in reader.read(src, 0, in_epochs[-1])}
         outputs = [(e, r.partition, json_value(r.value)) for e in out_epochs for r in reader.read(target, e)]

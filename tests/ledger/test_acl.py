@@ -21,7 +21,6 @@ from aligner.acl import AclLedger, Grants, acl_for, digest_id, rule
 from aligner.alignment import Command
 from aligner.coordinator.stack import StackInfo
 from aligner.errors import AccessDeniedError, AlignerError
-from aligner.jobs import JobLedger
 from aligner.layout import Layout, writer_id
 from aligner.ledger import Lease, Ledger
 from aligner.models import (
@@ -172,13 +171,13 @@ def secured(stack: StackInfo, root: str) -> Iterator[Secured]:
     admin = Ledger.connect(stack.zk, root, auth=ADMIN)
     try:
         for s in ("in-a", "in-b"):
-            admin.register_subject(SubjectNode(name=s, topic=s, partitions=2))
-        JobLedger(admin).register(JobNode(job="job-a", inputs=("in-b",), output="in-a", parallelism=1))
+            admin.subjects.register_subject(SubjectNode(name=s, topic=s, partitions=2))
+        admin.jobs.register(JobNode(job="job-a", inputs=("in-b",), output="in-a", parallelism=1))
         AclLedger(admin).grant(parse_zk_auth(ADMIN), SINK.removeprefix("digest:"), subjects=["in-a"],
                                jobs=["job-a"])
         with Ledger.connect(stack.zk, root, auth=SINK) as sink:
-            lease = sink.claim("in-a", "k", "0", [0, 1], lambda: {0: 0, 1: 0})
-            sink.ensure_epoch("in-a", lease.next_epoch)
+            lease = sink.claims.claim("in-a", "k", "0", [0, 1], lambda: {0: 0, 1: 0})
+            sink.commits.ensure_epoch("in-a", lease.next_epoch)
         yield Secured(root, admin, "in-a", "in-b", "job-a", lease.next_epoch, lease)
     finally:
         admin.close()
@@ -186,7 +185,7 @@ def secured(stack: StackInfo, root: str) -> Iterator[Secured]:
 
 def _attempts(led: Ledger, s: Secured) -> dict[str, tuple[str, object]]:
     """Write attempts an unauthorized client makes: name -> (path it must name, thunk)."""
-    lay, jobs = led.layout, JobLedger(led)
+    lay, jobs = led.layout, led.jobs
     command_path = lay.command(s.job, s.other)
     version = s.admin.zk.get(command_path)[1].version
     contribution = ContributionNode(sink="k", producer="0", attempt=1, ranges={0: Range(start=0, end=0)})
@@ -194,12 +193,13 @@ def _attempts(led: Ledger, s: Secured) -> dict[str, tuple[str, object]]:
     decision = AlignmentDecision(job=s.job, subjects=(s.other,), phase="catching_up", seq=1)
     return {
         "command": (command_path, lambda: jobs.send(s.job, s.other, Command(kind="abort", seq=9), version)),
-        "epoch": (lay.epoch(s.subject, s.epoch + 1), lambda: led.ensure_epoch(s.subject, s.epoch + 1)),
+        "epoch": (lay.epoch(s.subject, s.epoch + 1), lambda: led.commits.ensure_epoch(s.subject, s.epoch + 1)),
         "contribution": (lay.contribution(s.subject, s.epoch, writer_id("k", "1")),
                          lambda: led.zk.create(lay.contribution(s.subject, s.epoch, writer_id("k", "1")),
                                                contribution.dump())),
         "commit": (lay.producer(s.subject, "k", "0"),
-                   lambda: led.commit(s.lease, s.epoch, 1, {0: Range(start=0, end=0), 1: Range(start=0, end=0)})),
+                   lambda: led.commits.commit(s.lease, s.epoch, 1, {0: Range(start=0, end=0), 1: Range(start=0,
+                                                                                                       end=0)})),
         "swap": (lay.swap(s.job), lambda: jobs.write_swap(swap, -1)),
         "decision": (lay.decision(s.job), lambda: jobs.decide(decision, -1)),
     }
@@ -215,51 +215,52 @@ def test_unauthorized_writes_are_refused_and_change_nothing(stack: StackInfo, se
                 attempt()  # type: ignore[operator]
             assert info.value.path == path, name
             assert identity in str(info.value), name
-        assert led.subject(secured.subject).name == secured.subject  # reading is open (no reader grants)
+        assert led.subjects.subject(secured.subject).name == secured.subject  # reading is open (no reader grants)
         assert snapshot(secured.admin, secured.root) == before
 
 
 def test_granted_sink_commits_its_subject_only(stack: StackInfo, secured: Secured) -> None:
     with secured.client(stack, SINK) as sink:
-        lease = sink.commit(secured.lease, secured.epoch, 1, {0: Range(start=0, end=0), 1: Range(start=0, end=0)})
-        assert sink.is_committed(secured.subject, secured.epoch)
-        sink.ensure_epoch(secured.subject, lease.next_epoch)  # its next epoch too
+        lease = sink.commits.commit(secured.lease, secured.epoch, 1, {0: Range(start=0, end=0), 1: Range(start=0,
+                                                                                                         end=0)})
+        assert sink.epochs.is_committed(secured.subject, secured.epoch)
+        sink.commits.ensure_epoch(secured.subject, lease.next_epoch)  # its next epoch too
         producer, _ = sink.read(ProducerNode, sink.layout.producer(secured.subject, "k", "0"))
         assert producer.committed_epoch == secured.epoch
 
         before = snapshot(secured.admin, secured.root)
         with pytest.raises(AccessDeniedError, match="'sink-a'") as info:
-            sink.claim(secured.other, "k", "0", [0], lambda: {0: 0})
+            sink.claims.claim(secured.other, "k", "0", [0], lambda: {0: 0})
         assert info.value.path.startswith(sink.layout.sinks(secured.other))
         with pytest.raises(AccessDeniedError):
-            sink.ensure_epoch(secured.other, 0)
+            sink.commits.ensure_epoch(secured.other, 0)
         assert snapshot(secured.admin, secured.root) == before
-        other_lease = secured.admin.claim(secured.other, "adm", "0", [0], lambda: {0: 0})
-        secured.admin.ensure_epoch(secured.other, other_lease.next_epoch)
+        other_lease = secured.admin.claims.claim(secured.other, "adm", "0", [0], lambda: {0: 0})
+        secured.admin.commits.ensure_epoch(secured.other, other_lease.next_epoch)
         with pytest.raises(AccessDeniedError):
-            sink.commit(other_lease, other_lease.next_epoch, 1, {0: Range(start=0, end=0)})
-        assert not secured.admin.is_committed(secured.other, other_lease.next_epoch)
+            sink.commits.commit(other_lease, other_lease.next_epoch, 1, {0: Range(start=0, end=0)})
+        assert not secured.admin.epochs.is_committed(secured.other, other_lease.next_epoch)
 
         # its job: it reports consumer states but cannot write its own command
-        jobs = JobLedger(sink)
+        jobs = sink.jobs
         jobs.report(secured.job, secured.other, 0, ConsumerNode())
         with pytest.raises(AccessDeniedError):
             jobs.send(secured.job, secured.other, Command(kind="abort", seq=1), -1)
 
 
 def test_admin_writes_commands_and_nodes_created_later_get_acls(stack: StackInfo, secured: Secured) -> None:
-    jobs = JobLedger(secured.admin)
+    jobs = secured.admin.jobs
     _, version = jobs.command(secured.job, secured.other)
     jobs.send(secured.job, secured.other, Command(kind="abort", seq=1), version)
     assert jobs.command(secured.job, secured.other)[0].kind == "abort"
     # a subject registered after the grants: only the admin may write it until it is granted
-    secured.admin.register_subject(SubjectNode(name="late", topic="late", partitions=1))
+    secured.admin.subjects.register_subject(SubjectNode(name="late", topic="late", partitions=1))
     with secured.client(stack, SINK) as sink:
         with pytest.raises(AccessDeniedError):
-            sink.ensure_epoch("late", 0)
+            sink.commits.ensure_epoch("late", 0)
         AclLedger(secured.admin).grant(parse_zk_auth(ADMIN), "sink-a", subjects=["late"])  # known identity
-        sink.ensure_epoch("late", 0)
-        assert sink.epoch_numbers("late") == [0]
+        sink.commits.ensure_epoch("late", 0)
+        assert sink.subjects.epoch_numbers("late") == [0]
 
 
 def test_grant_needs_an_identity_and_only_the_admin_grants(stack: StackInfo, secured: Secured) -> None:
@@ -304,7 +305,7 @@ def test_an_identity_without_grants_creates_nodes_only_it_may_write(stack: Stack
     and ``aligner status`` says which of the three states the tree is in."""
     env = {**cli_env, "ALIGNER_ROOT": root}
     with Ledger.connect(stack.zk, root, auth=ADMIN) as admin:
-        admin.register_subject(SubjectNode(name="in-a", topic="in-a", partitions=1))
+        admin.subjects.register_subject(SubjectNode(name="in-a", topic="in-a", partitions=1))
         admin.zk.kazoo.ensure_path(admin.layout.election)  # as the Election recipe does, through kazoo alone
         for path in (root, admin.layout.subject("in-a"), admin.layout.election):
             acls, _ = admin.zk.get_acls(path)
@@ -314,9 +315,9 @@ def test_an_identity_without_grants_creates_nodes_only_it_may_write(stack: Stack
         assert status["mode"] == "creator-only" and status["in_force"]
         for auth, who in ((SINK, "'sink-a'"), ("", "an unauthenticated client")):
             with Ledger.connect(stack.zk, root, auth=auth) as other:
-                assert other.subject("in-a").partitions == 1  # reading stays open
+                assert other.subjects.subject("in-a").partitions == 1  # reading stays open
                 with pytest.raises(AccessDeniedError, match="ACLs are not set up yet") as info:
-                    other.claim("in-a", "k", "0", [0], lambda: {0: 0})
+                    other.claims.claim("in-a", "k", "0", [0], lambda: {0: 0})
                 assert who in str(info.value)
 
         AclLedger(admin).grant(parse_zk_auth(ADMIN), SINK.removeprefix("digest:"), subjects=["in-a"])
@@ -324,13 +325,13 @@ def test_an_identity_without_grants_creates_nodes_only_it_may_write(stack: Stack
         assert status["mode"] == "policy" and status["admin"] == "admin"
         assert "ZooKeeper ACLs: in force: admin 'admin'" in run_cli(env, "status").stdout
         with Ledger.connect(stack.zk, root, auth=SINK) as sink:
-            lease = sink.claim("in-a", "k", "0", [0], lambda: {0: 0})
-            sink.ensure_epoch("in-a", lease.next_epoch)
+            lease = sink.claims.claim("in-a", "k", "0", [0], lambda: {0: 0})
+            sink.commits.ensure_epoch("in-a", lease.next_epoch)
 
 
 def test_the_first_grant_names_a_node_another_identity_made_before_it(stack: StackInfo, root: str) -> None:
     with Ledger.connect(stack.zk, root, auth=SINK) as sink:  # a sink started before the admin set up the tree
-        sink.register_subject(SubjectNode(name="in-a", topic="in-a", partitions=1))
+        sink.subjects.register_subject(SubjectNode(name="in-a", topic="in-a", partitions=1))
     with Ledger.connect(stack.zk, root, auth=ADMIN) as admin:
         with pytest.raises(AccessDeniedError, match="identity 'sink-a' created it before the first grant") as info:
             AclLedger(admin).grant(parse_zk_auth(ADMIN), SINK.removeprefix("digest:"), subjects=["in-a"])
@@ -338,6 +339,6 @@ def test_the_first_grant_names_a_node_another_identity_made_before_it(stack: Sta
 
 
 def test_a_tree_created_without_identities_is_shown_open(ledger: Ledger, cli_env: dict[str, str]) -> None:
-    ledger.register_subject(SubjectNode(name="in-a", topic="in-a", partitions=1))
+    ledger.subjects.register_subject(SubjectNode(name="in-a", topic="in-a", partitions=1))
     status = json.loads(run_cli({**cli_env, "ALIGNER_ROOT": ledger.layout.root}, "status", "--json").stdout)
     assert status["acls"]["mode"] == "open" and not status["acls"]["in_force"]

@@ -42,7 +42,7 @@ def big_subject(stack: StackInfo, ledger: Ledger, subject_name: str) -> Iterator
         yield subject_name
     finally:
         lay, retention = ledger.layout, Retention(ledger)
-        retention.delete([lay.epoch(subject_name, e) for e in ledger.epoch_numbers(subject_name)], depth=1)
+        retention.delete([lay.epoch(subject_name, e) for e in ledger.subjects.epoch_numbers(subject_name)], depth=1)
         ledger.zk.delete(lay.root, recursive=True)
 
 
@@ -60,18 +60,18 @@ def test_status_and_retention_on_a_days_ledger(big_subject: str, ledger: Ledger,
     row = _status(cli_env, big_subject)
     assert row["epochs"] == EPOCHS + 1  # the open epoch counts: it is held in ZooKeeper
     assert row["last_committed"] == EPOCHS - 1
-    assert ledger.frontier(big_subject) == EPOCHS - 1
+    assert ledger.epochs.frontier(big_subject) == EPOCHS - 1
 
     done = run_cli(cli_env, "gc", "--keep-epochs", str(KEEP), "--json", timeout=GC_TIMEOUT)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)["subjects"][big_subject]
     floor = EPOCHS - KEEP
     assert (report["first_retained"], report["deleted_epochs"]) == (floor, floor)
-    assert ledger.first_retained(big_subject) == floor
-    assert ledger.epoch_numbers(big_subject) == list(range(floor, EPOCHS + 1))
-    assert ledger.is_committed(big_subject, floor) and not ledger.is_committed(big_subject, EPOCHS)
+    assert ledger.subjects.first_retained(big_subject) == floor
+    assert ledger.subjects.epoch_numbers(big_subject) == list(range(floor, EPOCHS + 1))
+    assert ledger.epochs.is_committed(big_subject, floor) and not ledger.epochs.is_committed(big_subject, EPOCHS)
     with pytest.raises(EpochCollectedError):
-        ledger.committed(big_subject, floor - 1)
+        ledger.epochs.committed(big_subject, floor - 1)
 
     row = _status(cli_env, big_subject)
     assert row["epochs"] == KEEP + 1

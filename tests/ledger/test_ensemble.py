@@ -65,8 +65,9 @@ def ensemble_chain(ensemble_stack: tuple[EmbeddedStack, StackInfo]) -> Iterator[
 
 def _moves(chain: Chain, what: str) -> None:
     """The job commits output epochs again: three past the frontier seen now."""
-    start = chain.ledger.frontier(chain.out) or 0
-    wait_for(lambda: (chain.ledger.frontier(chain.out) or 0) >= start + 3, LIVE, f"the job to commit again {what}",
+    start = chain.ledger.epochs.frontier(chain.out) or 0
+    wait_for(lambda: (chain.ledger.epochs.frontier(chain.out) or 0) >= start + 3, LIVE,
+             f"the job to commit again {what}",
              interval=0.2, on_wait=chain.alive)
 
 

@@ -17,7 +17,6 @@ from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.gc import collect
 from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack, StackInfo, free_port
-from aligner.jobs import JobLedger
 from aligner.ledger import Lease, Ledger
 from aligner.lineage import SparkLineageLedger
 from aligner.lineage_models import SparkSinkEpochNode, SparkSourceBatchNode
@@ -116,12 +115,12 @@ def test_gc_flags_override_the_policy_bounds():
 
 def _write_epochs(ledger: Ledger, subject: str, sink: str, partition: int, count: int) -> Lease:
     """``count`` empty epochs of one producer through the ledger's commit path (a sink's two round trips)."""
-    lease = ledger.claim(subject, sink, "0", [partition], lambda: {partition: 0})
+    lease = ledger.claims.claim(subject, sink, "0", [partition], lambda: {partition: 0})
     writers = None
     for _ in range(count):
         epoch = lease.next_epoch
-        writers = ledger.ensure_epoch(subject, epoch, writers)
-        lease = ledger.commit(lease, epoch, lease.node.incarnation, {partition: Range(start=0, end=0)})
+        writers = ledger.commits.ensure_epoch(subject, epoch, writers)
+        lease = ledger.commits.commit(lease, epoch, lease.node.incarnation, {partition: Range(start=0, end=0)})
     return lease
 
 
@@ -129,12 +128,12 @@ def test_policy_pass_keeps_min_epochs_and_what_a_consumer_needs(stack, ledger, c
 
     raw, out = subject_name, f"{subject_name}-out"
     create_subject(ledger, stack.kafka, raw, 2)
-    ledger.register_subject(SubjectNode(name=out, topic=out, partitions=1))
+    ledger.subjects.register_subject(SubjectNode(name=out, topic=out, partitions=1))
     early = _write_epochs(ledger, raw, "early", 0, 100)
-    ledger.finish(early)  # a writer that finished long ago (not a swapped-out job: a restart re-opens it)
+    ledger.commits.finish(early)  # a writer that finished long ago (not a swapped-out job: a restart re-opens it)
     _write_epochs(ledger, raw, "gen", 1, 2400)
-    assert ledger.frontier(raw) == 2499
-    jobs = JobLedger(ledger)
+    assert ledger.epochs.frontier(raw) == 2499
+    jobs = ledger.jobs
     jobs.register(JobNode(job=f"{raw}-j", inputs=(raw,), output=out, parallelism=1))
     jobs.report(f"{raw}-j", raw, 0, ConsumerNode(subject_epoch=700))  # a consumer holding an old floor
     lineage = SparkLineageLedger(ledger)
@@ -150,7 +149,7 @@ def test_policy_pass_keeps_min_epochs_and_what_a_consumer_needs(stack, ledger, c
 
     report = collect(ledger, policy=RetentionPolicy(hours=0, min_epochs=1000))
     assert report["subjects"][raw] == {"first_retained": 701, "deleted_epochs": 701}
-    assert ledger.first_retained(raw) == 701 and ledger.epoch_numbers(raw) == list(range(701, 2500))
+    assert ledger.subjects.first_retained(raw) == 701 and ledger.subjects.epoch_numbers(raw) == list(range(701, 2500))
     assert lineage.sink_epoch_numbers(raw, "gen") == [701, 2000]
     assert ledger.numbers(lay.query_batches("q")) == [2, 3]
     assert ledger.zk.exists(lay.producer(raw, "early", "0")) and ledger.zk.exists(lay.producer(raw, "gen", "0"))
@@ -159,8 +158,8 @@ def test_policy_pass_keeps_min_epochs_and_what_a_consumer_needs(stack, ledger, c
 
     jobs.report(f"{raw}-j", raw, 0, ConsumerNode(subject_epoch=2400))  # it moved on: the count bound rules
     again = collect(ledger, policy=RetentionPolicy(hours=0, min_epochs=1000))
-    assert again["subjects"][raw]["first_retained"] == 1500 and ledger.epoch_numbers(raw)[0] == 1500
-    assert ledger.committed(raw, 1500).epoch == 1500  # the first retained epoch reads as ever
+    assert again["subjects"][raw]["first_retained"] == 1500 and ledger.subjects.epoch_numbers(raw)[0] == 1500
+    assert ledger.epochs.committed(raw, 1500).epoch == 1500  # the first retained epoch reads as ever
 
 
 def test_a_retained_output_epoch_keeps_its_lineage_when_retention_removed_its_inputs(stack, ledger, subject_name):
@@ -172,7 +171,7 @@ def test_a_retained_output_epoch_keeps_its_lineage_when_retention_removed_its_in
 
     raw, out = subject_name, f"{subject_name}-out"
     create_subject(ledger, stack.kafka, raw, 1)
-    ledger.register_subject(SubjectNode(name=out, topic=out, partitions=1))
+    ledger.subjects.register_subject(SubjectNode(name=out, topic=out, partitions=1))
     _write_epochs(ledger, raw, "gen", 0, 40)  # in: 40 epochs; out: 4, each of a micro-batch reading 10
     _write_epochs(ledger, out, "sq", 0, 4)
     lay, lineage = ledger.layout, SparkLineageLedger(ledger)
@@ -185,7 +184,7 @@ def test_a_retained_output_epoch_keeps_its_lineage_when_retention_removed_its_in
     assert before == {raw: list(range(10, 20)), out: [1]}
 
     collect(ledger, policy=RetentionPolicy(hours=0, min_epochs=5))  # in keeps 35..39, out keeps all 4
-    assert ledger.first_retained(raw) == 35 and ledger.first_retained(out) == 0
+    assert ledger.subjects.first_retained(raw) == 35 and ledger.subjects.first_retained(out) == 0
     assert ledger.numbers(lay.query_batches("q")) == [3]  # batches 0..2 read only removed epochs
 
     tree = subject_epoch_lineage(ledger, out, 1)
@@ -204,9 +203,9 @@ def test_a_job_whose_workers_have_not_reported_holds_retention(ledger, subject_n
     """A worker that has not started yet reads from the start of retention: nothing moves until it reports."""
     out = f"{subject_name}-out"
     for name in (subject_name, out):
-        ledger.register_subject(SubjectNode(name=name, topic=name, partitions=1))
+        ledger.subjects.register_subject(SubjectNode(name=name, topic=name, partitions=1))
     _write_epochs(ledger, subject_name, "gen", 0, 30)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     jobs.register(JobNode(job=f"{subject_name}-j", inputs=(subject_name,), output=out, parallelism=2))
     tight = RetentionPolicy(hours=0, min_epochs=5)
     assert collect(ledger, policy=tight)["subjects"][subject_name]["deleted_epochs"] == 0
@@ -214,7 +213,7 @@ def test_a_job_whose_workers_have_not_reported_holds_retention(ledger, subject_n
     assert collect(ledger, policy=tight)["subjects"][subject_name]["deleted_epochs"] == 0  # worker 1 still missing
     jobs.report(f"{subject_name}-j", subject_name, 1, ConsumerNode(subject_epoch=22))
     assert collect(ledger, policy=tight)["subjects"][subject_name]["first_retained"] == 21
-    assert ledger.epoch_numbers(subject_name) == list(range(21, 30))
+    assert ledger.subjects.epoch_numbers(subject_name) == list(range(21, 30))
 
 
 def test_status_of_a_consumer_that_read_nothing_after_retention_took_the_first_epochs(ledger, subject_name):
@@ -223,9 +222,9 @@ def test_status_of_a_consumer_that_read_nothing_after_retention_took_the_first_e
     "epoch 0 ... is out of retention" for as long as such a worker had not read, in a soak)."""
     out = f"{subject_name}-out"
     for name in (subject_name, out):
-        ledger.register_subject(SubjectNode(name=name, topic=name, partitions=1))
+        ledger.subjects.register_subject(SubjectNode(name=name, topic=name, partitions=1))
     _write_epochs(ledger, subject_name, "gen", 0, 30)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     jobs.register(JobNode(job=f"{subject_name}-j", inputs=(subject_name,), output=out, parallelism=1))
     jobs.report(f"{subject_name}-j", subject_name, 0, ConsumerNode(subject_epoch=25))
     assert collect(ledger, policy=RetentionPolicy(hours=0, min_epochs=5))["subjects"][subject_name][
@@ -241,9 +240,9 @@ def test_a_workers_restart_point_holds_its_epochs(ledger, subject_name):
     """A consumer report may run ahead of the worker's last committed record, from which a restart loads."""
     out = f"{subject_name}-out"
     for name in (subject_name, out):
-        ledger.register_subject(SubjectNode(name=name, topic=name, partitions=1))
+        ledger.subjects.register_subject(SubjectNode(name=name, topic=name, partitions=1))
     _write_epochs(ledger, subject_name, "gen", 0, 30)
-    jobs, job = JobLedger(ledger), f"{subject_name}-j"
+    jobs, job = ledger.jobs, f"{subject_name}-j"
     jobs.register(JobNode(job=job, inputs=(subject_name,), output=out, parallelism=1))
     jobs.report(job, subject_name, 0, ConsumerNode(subject_epoch=25))
     jobs.ensure_worker_path(job, 0)
@@ -259,12 +258,12 @@ def test_a_swap_in_flight_and_a_shadow_lane_hold_their_epochs(ledger, subject_na
     raw, target, shadow = subject_name, f"{subject_name}-t", f"{subject_name}-v2.shadow"
     old, new = f"{subject_name}-v1", f"{subject_name}-v2"
     for name in (raw, shadow):
-        ledger.register_subject(SubjectNode(name=name, topic=name, partitions=1))
+        ledger.subjects.register_subject(SubjectNode(name=name, topic=name, partitions=1))
         _write_epochs(ledger, name, "gen", 0, 30)
-    ledger.register_subject(SubjectNode(name=target, topic=target, partitions=2))
-    ledger.finish(_write_epochs(ledger, target, old, 0, 15))  # v1 wrote 0..14 and finished
+    ledger.subjects.register_subject(SubjectNode(name=target, topic=target, partitions=2))
+    ledger.commits.finish(_write_epochs(ledger, target, old, 0, 15))  # v1 wrote 0..14 and finished
     _write_epochs(ledger, target, new, 1, 15)  # v2 writes on from 15, on partitions of its own
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     jobs.register(JobNode(job=old, inputs=(raw,), output=target, parallelism=1))
     jobs.register(JobNode(job=new, inputs=(raw,), output=target, parallelism=1, follows=old, shadow=shadow))
     for job in (old, new):
@@ -273,12 +272,12 @@ def test_a_swap_in_flight_and_a_shadow_lane_hold_their_epochs(ledger, subject_na
     swap = SwapNode(old=old, new=new, target=target, epoch=10, phase=Phase.PRECOMMIT)
     jobs.write_swap(swap, -1)
     shadow_floor = collect(ledger, policy=RetentionPolicy(hours=0, min_epochs=20))["subjects"][shadow]
-    assert shadow_floor["first_retained"] == 10 and ledger.first_retained(target) == 10
+    assert shadow_floor["first_retained"] == 10 and ledger.subjects.first_retained(target) == 10
     assert collect(ledger, policy=tight)["subjects"][raw]["first_retained"] == 25
-    assert ledger.first_retained(target) == 10 and ledger.first_retained(shadow) == 10
+    assert ledger.subjects.first_retained(target) == 10 and ledger.subjects.first_retained(shadow) == 10
     jobs.write_swap(swap.model_copy(update={"phase": Phase.DONE}), 0)
     report = collect(ledger, policy=tight)
-    assert ledger.first_retained(target) == 25 and ledger.first_retained(shadow) == 25
+    assert ledger.subjects.first_retained(target) == 25 and ledger.subjects.first_retained(shadow) == 25
     assert report["jobs"][old]["swapped_out"] and not ledger.zk.exists(ledger.layout.sources(old))
     lay = ledger.layout  # the swapped-out version's producer goes once its epochs have
     assert not ledger.zk.exists(lay.producer(target, old, "0")) and ledger.zk.exists(lay.producer(target, new, "0"))
@@ -295,9 +294,9 @@ def test_a_new_version_that_may_still_inherit_keeps_the_old_versions_worker_reco
     stalled in a soak with one epoch kept)."""
     raw, out = subject_name, f"{subject_name}-out"
     for name in (raw, out):
-        ledger.register_subject(SubjectNode(name=name, topic=name, partitions=1))
+        ledger.subjects.register_subject(SubjectNode(name=name, topic=name, partitions=1))
     old, new = f"{subject_name}-v1", f"{subject_name}-v2"
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     jobs.register(JobNode(job=old, inputs=(raw,), output=out, parallelism=1))
     jobs.register(JobNode(job=new, inputs=(raw,), output=out, parallelism=2, follows=old))
 
@@ -322,19 +321,19 @@ def test_batched_deletes_fall_back_one_by_one_when_a_node_changed_meanwhile(ledg
     its nodes are then deleted one by one, recursively, and only those that existed are counted."""
     from aligner.retention import Retention
 
-    ledger.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
+    ledger.subjects.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
     _write_epochs(ledger, subject_name, "gen", 0, 6)
     lay = ledger.layout
     paths = [lay.epoch(subject_name, e) for e in range(6)] + [lay.epoch(subject_name, 99)]  # 99: none
     assert Retention(ledger).delete(paths, depth=0) == 6  # depth 0: the contributions were not listed
-    assert ledger.epoch_numbers(subject_name) == []
+    assert ledger.subjects.epoch_numbers(subject_name) == []
 
 
 def test_retention_switched_off_removes_nothing(ledger, subject_name):
-    ledger.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
+    ledger.subjects.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
     _write_epochs(ledger, subject_name, "gen", 0, 30)
     report = collect(ledger, policy=RetentionPolicy(enabled=False, hours=0, min_epochs=1))
-    assert report["subjects"] == {} and ledger.epoch_numbers(subject_name) == list(range(30))
+    assert report["subjects"] == {} and ledger.subjects.epoch_numbers(subject_name) == list(range(30))
 
 
 def test_a_changelog_goes_only_below_every_workers_state_base(ledger, subject_name):
@@ -343,9 +342,9 @@ def test_a_changelog_goes_only_below_every_workers_state_base(ledger, subject_na
     inp, out, job = subject_name, f"{subject_name}-out", f"{subject_name}-j"
     changelog = f"{job}.state"
     for name, parts in ((inp, 1), (out, 1), (changelog, 2)):
-        ledger.register_subject(SubjectNode(name=name, topic=name, partitions=parts))
+        ledger.subjects.register_subject(SubjectNode(name=name, topic=name, partitions=parts))
     _write_epochs(ledger, changelog, "job", 0, 30)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     jobs.register(JobNode(job=job, inputs=(inp,), output=out, parallelism=2))
     tight = RetentionPolicy(hours=0, min_epochs=2)
 
@@ -364,7 +363,7 @@ def test_a_changelog_goes_only_below_every_workers_state_base(ledger, subject_na
     assert jobs_pruned["jobs"][job]["deleted_nodes"] >= 1
     report = collect(ledger, policy=tight, subjects=[changelog])["subjects"][changelog]
     assert report == {"first_retained": 10, "deleted_epochs": 10}  # worker 0's base 10 < worker 1's 15
-    assert ledger.epoch_numbers(changelog) == list(range(10, 30))
+    assert ledger.subjects.epoch_numbers(changelog) == list(range(10, 30))
 
 
 def test_a_swapped_out_versions_changelog_goes_once_the_new_version_has_its_own_state(ledger, subject_name):
@@ -376,31 +375,32 @@ def test_a_swapped_out_versions_changelog_goes_once_the_new_version_has_its_own_
     old, new = f"{subject_name}-v1", f"{subject_name}-v2"
     changelog = f"{old}.state"
     for name, parts in ((raw, 1), (target, 1), (changelog, 1)):
-        ledger.register_subject(SubjectNode(name=name, topic=name, partitions=parts))
+        ledger.subjects.register_subject(SubjectNode(name=name, topic=name, partitions=parts))
     _write_epochs(ledger, changelog, old, 0, 30)
-    ledger.finish(_write_epochs(ledger, target, old, 0, 15))
-    jobs = JobLedger(ledger)
+    ledger.commits.finish(_write_epochs(ledger, target, old, 0, 15))
+    jobs = ledger.jobs
     jobs.register(JobNode(job=old, inputs=(raw,), output=target, parallelism=1))
     jobs.register(JobNode(job=new, inputs=(raw,), output=target, parallelism=1, follows=old))
     jobs.write_swap(SwapNode(old=old, new=new, target=target, epoch=14, phase=Phase.DONE), -1)
     policy = RetentionPolicy(hours=0, min_epochs=1000)
     collect(ledger, policy=policy)
-    assert ledger.epoch_numbers(changelog) == list(range(30))  # v2 has no record yet: it may inherit again
+    assert ledger.subjects.epoch_numbers(changelog) == list(range(30))  # v2 has no record yet: it may inherit again
     jobs.ensure_worker_path(new, 0)
     ledger.multi(jobs.worker_epoch_op(new, 0, WorkerEpochNode(epoch=15, mode="aligned", offsets={}, load_from={},
                                                                 state_base=15)))
     report = collect(ledger, policy=policy)
     assert report["subjects"][changelog] == {"first_retained": 30, "deleted_epochs": 30}
-    assert ledger.epoch_numbers(changelog) == [] and ledger.first_retained(changelog) == 30
+    assert ledger.subjects.epoch_numbers(changelog) == [] and ledger.subjects.first_retained(changelog) == 30
     assert collect(ledger, policy=policy)["subjects"][changelog]["deleted_epochs"] == 0  # and stays so
 
 
 def test_a_changelog_no_job_owns_is_never_collected(ledger, subject_name):
     changelog = f"{subject_name}.state"
-    ledger.register_subject(SubjectNode(name=changelog, topic=changelog, partitions=1))
+    ledger.subjects.register_subject(SubjectNode(name=changelog, topic=changelog, partitions=1))
     _write_epochs(ledger, changelog, "job", 0, 30)
     collect(ledger, policy=RetentionPolicy(hours=0, min_epochs=1))
-    assert ledger.epoch_numbers(changelog) == list(range(30)) and ledger.first_retained(changelog) == 0
+    assert ledger.subjects.epoch_numbers(changelog) == list(range(30))
+    assert ledger.subjects.first_retained(changelog) == 0
 
 
 # ---- (c) the long-running command ------------------------------------------------------------------------
@@ -440,17 +440,18 @@ def test_retention_run_collects_a_running_chain_and_stops_on_sigterm(stack, ledg
     running = threading.Event()
     spawn.generator(raw, epochs=100_000, per_epoch=4, pace=0.02, until=running)
     spawn.job(JobSpec(job=f"{raw}-a", inputs=(raw,), output=out, interval=0.1), tag_v1)
-    wait_for(lambda: (ledger.frontier(out) or 0) >= 40, LIVE, "the chain to commit 40 output epochs")
+    wait_for(lambda: (ledger.epochs.frontier(out) or 0) >= 40, LIVE, "the chain to commit 40 output epochs")
     port = free_port()
     keeper = spawn.worker("aligner.coordinator", "retention", "run", "--every", "0.5", "--metrics-port", str(port),
                           env=_retention_env(cli_env, 20))
-    wait_for(lambda: ledger.first_retained(raw) > 0 and ledger.first_retained(out) > 0, LIVE,
+    wait_for(lambda: ledger.subjects.first_retained(raw) > 0 and ledger.subjects.first_retained(out) > 0, LIVE,
              "retention to collect both subjects by itself", interval=0.2)
-    moved_from = ledger.frontier(out) or 0
-    wait_for(lambda: (ledger.frontier(out) or 0) >= moved_from + 10 and ledger.first_retained(out) > moved_from - 20,
+    moved_from = ledger.epochs.frontier(out) or 0
+    wait_for(lambda: (ledger.epochs.frontier(out) or 0) >= moved_from + 10
+             and ledger.subjects.first_retained(out) > moved_from - 20,
              LIVE, "the chain to go on and retention to follow it", interval=0.2)
-    consumed = JobLedger(ledger).consumers(f"{raw}-a", raw)[0].subject_epoch or 0
-    assert ledger.first_retained(raw) <= consumed + 1, "an epoch the job had not consumed was collected"
+    consumed = ledger.jobs.consumers(f"{raw}-a", raw)[0].subject_epoch or 0
+    assert ledger.subjects.first_retained(raw) <= consumed + 1, "an epoch the job had not consumed was collected"
     assert "retention pass: removed" in keeper.stderr
     metrics = _metrics(port)
     assert metrics["aligner_retention_leader"] == 1 and metrics["aligner_retention_deleted_epochs_total"] > 0
@@ -487,23 +488,24 @@ def test_align_runs_beside_the_retention_loop_and_its_passes_wait_for_it(stack, 
 
 
 def test_only_the_leader_collects_and_a_standby_takes_over(stack, ledger, cli_env, subject_name, spawn):
-    ledger.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
+    ledger.subjects.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
     env = _retention_env(cli_env, 10)
     first = spawn.worker("aligner.coordinator", "retention", "run", "--every", "0.3", env=env)
     wait_for(lambda: "retention: leading" in first.stderr, LIVE, "the first instance to lead", on_wait=first.healthy)
     second = spawn.worker("aligner.coordinator", "retention", "run", "--every", "0.3", env=env)
     wait_for(lambda: "retention: standby" in second.stderr, LIVE, "the second to wait", on_wait=second.healthy)
     lease = _write_epochs(ledger, subject_name, "gen", 0, 50)
-    wait_for(lambda: ledger.first_retained(subject_name) == 40, LIVE, "the leader to collect", interval=0.1)
+    wait_for(lambda: ledger.subjects.first_retained(subject_name) == 40, LIVE, "the leader to collect", interval=0.1)
     assert "retention pass" not in second.stderr and "retention pass: removed" in first.stderr
     assert _sigterm(first) < STOPS_WITHIN
     wait_for(lambda: "retention: leading" in second.stderr, LIVE, "the standby to take over", on_wait=second.healthy)
     writers = None
     for _ in range(20):
         epoch = lease.next_epoch
-        writers = ledger.ensure_epoch(subject_name, epoch, writers)
-        lease = ledger.commit(lease, epoch, lease.node.incarnation, {0: Range(start=0, end=0)})
-    wait_for(lambda: ledger.first_retained(subject_name) == 60, LIVE, "the new leader to collect", interval=0.1)
+        writers = ledger.commits.ensure_epoch(subject_name, epoch, writers)
+        lease = ledger.commits.commit(lease, epoch, lease.node.incarnation, {0: Range(start=0, end=0)})
+    wait_for(lambda: ledger.subjects.first_retained(subject_name) == 60, LIVE, "the new leader to collect",
+             interval=0.1)
     assert _sigterm(second) < STOPS_WITHIN
 
 
@@ -523,11 +525,11 @@ def test_retention_run_rides_out_a_zookeeper_outage_and_stops_during_one(own_sta
     root = cli_env["ALIGNER_ROOT"]
     env = {**_retention_env(cli_env, 10), "ALIGNER_ZK": info.zk, "ALIGNER_KAFKA": info.kafka}
     with Ledger.connect(info.zk, root) as led:
-        led.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
+        led.subjects.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
         keeper = spawn.worker("aligner.coordinator", "retention", "run", "--every", "0.3", env=env)
         wait_for(lambda: "retention: leading" in keeper.stderr, LIVE, "it to lead", on_wait=keeper.healthy)
         lease = _write_epochs(led, subject_name, "gen", 0, 30)
-        wait_for(lambda: led.first_retained(subject_name) == 20, LIVE, "a first collection", interval=0.1)
+        wait_for(lambda: led.subjects.first_retained(subject_name) == 20, LIVE, "a first collection", interval=0.1)
     zk = stack.pid(ZOOKEEPER)
     assert zk is not None
     os.kill(zk, signal.SIGKILL)
@@ -539,9 +541,9 @@ def test_retention_run_rides_out_a_zookeeper_outage_and_stops_during_one(own_sta
         writers = None
         for _ in range(20):  # the same producer goes on after the outage
             epoch = lease.next_epoch
-            writers = led.ensure_epoch(subject_name, epoch, writers)
-            lease = led.commit(lease, epoch, lease.node.incarnation, {0: Range(start=0, end=0)})
-        wait_for(lambda: led.first_retained(subject_name) == 40, LIVE, "a collection after the outage",
+            writers = led.commits.ensure_epoch(subject_name, epoch, writers)
+            lease = led.commits.commit(lease, epoch, lease.node.incarnation, {0: Range(start=0, end=0)})
+        wait_for(lambda: led.subjects.first_retained(subject_name) == 40, LIVE, "a collection after the outage",
                  interval=0.1, on_wait=keeper.healthy)
     zk = stack.pid(ZOOKEEPER)
     assert zk is not None
@@ -553,7 +555,7 @@ def test_retention_run_rides_out_a_zookeeper_outage_and_stops_during_one(own_sta
 def test_gc_without_flags_applies_the_policy_and_retention_show_previews_it(ledger, cli_env, subject_name):
     import json
 
-    ledger.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
+    ledger.subjects.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
     _write_epochs(ledger, subject_name, "gen", 0, 12)
     env = _retention_env(cli_env, 3)
     shown = run_cli(env, "retention", "show", "--json")
@@ -561,12 +563,13 @@ def test_gc_without_flags_applies_the_policy_and_retention_show_previews_it(ledg
     preview = json.loads(shown.stdout)
     assert preview["subjects"][subject_name] == {"first_retained": 9, "deleted_epochs": 9}
     assert preview["policy"] == {"enabled": True, "hours": 0.0, "min_epochs": 3}
-    assert ledger.epoch_numbers(subject_name) == list(range(12)), "show removes nothing"
+    assert ledger.subjects.epoch_numbers(subject_name) == list(range(12)), "show removes nothing"
     default = run_cli(cli_env, "gc", "--json")  # the default policy: everything here is younger than 24 h
     assert json.loads(default.stdout)["subjects"][subject_name]["deleted_epochs"] == 0
     r = run_cli(env, "gc", "--json")
     assert r.returncode == 0, r.stderr
-    assert ledger.first_retained(subject_name) == 9 and ledger.epoch_numbers(subject_name) == [9, 10, 11]
+    assert ledger.subjects.first_retained(subject_name) == 9 and ledger.subjects.epoch_numbers(subject_name) == [9,
+                                                                                                                 10, 11]
     off = run_cli({**env, "ALIGNER_RETENTION_ENABLED": "false"}, "gc")
     assert off.returncode == 0 and "retention is switched off" in off.stdout
 
@@ -593,13 +596,14 @@ def test_epochs_live_in_buckets_and_retention_removes_the_buckets_it_empties(sta
     build_ledger(ledger, subject_name, 30, writers=1, partitions=2, first=19_990)  # epochs 19,990 .. 20,019
     base = ledger.layout.epochs(subject_name)
     assert [name for _, name in ledger.buckets(base)] == ["0000010000", "0000020000"]
-    assert ledger.epoch_numbers(subject_name) == list(range(19_990, 20_020))
-    assert ledger.epoch_numbers(subject_name, since=20_005) == list(range(20_000, 20_020))  # the last bucket only
-    assert ledger.frontier(subject_name) == 20_019 and ledger.epoch_count(subject_name) == 30
-    assert ledger.first_epoch(subject_name) == 19_990
+    assert ledger.subjects.epoch_numbers(subject_name) == list(range(19_990, 20_020))
+    assert ledger.subjects.epoch_numbers(subject_name, since=20_005) == list(range(20_000,
+                                                                                   20_020))  # the last bucket only
+    assert ledger.epochs.frontier(subject_name) == 20_019 and ledger.subjects.epoch_count(subject_name) == 30
+    assert ledger.subjects.first_epoch(subject_name) == 19_990
     collect(ledger, policy=RetentionPolicy(hours=0, min_epochs=10))
-    assert ledger.first_retained(subject_name) == 20_010
+    assert ledger.subjects.first_retained(subject_name) == 20_010
     assert [name for _, name in ledger.buckets(base)] == ["0000020000"]
-    assert ledger.epoch_numbers(subject_name) == list(range(20_010, 20_020))
-    assert ledger.frontier(subject_name) == 20_019 and ledger.epoch_count(subject_name) == 10
-    assert ledger.first_epoch(subject_name) == 20_010
+    assert ledger.subjects.epoch_numbers(subject_name) == list(range(20_010, 20_020))
+    assert ledger.epochs.frontier(subject_name) == 20_019 and ledger.subjects.epoch_count(subject_name) == 10
+    assert ledger.subjects.first_epoch(subject_name) == 20_010

@@ -19,7 +19,6 @@ import pytest
 
 from aligner.connectors.job_spec import JobSpec
 from aligner.connectors.subjects import create_subject
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import JobNode
 
@@ -57,7 +56,7 @@ def test_rearming_with_fresh_callbacks_keeps_one_watcher_and_the_last_fires(ledg
     def pause() -> None:  # the planner's pattern: a new event and a new lambda on every pass
         woken = threading.Event()
         events.append(woken)
-        assert not ledger.watch_node(path, lambda _e: woken.set())
+        assert not ledger.watches.watch_node(path, lambda _e: woken.set())
 
     for _ in range(200):
         pause()
@@ -79,7 +78,7 @@ def test_distinct_waiters_on_one_path_share_one_watcher_and_all_wake(ledger: Led
 
     def waiter(event: threading.Event) -> None:
         for _ in range(20):  # each waiter re-arms too: still one pending callback each
-            ledger.watch_node(path, lambda _e: event.set())
+            ledger.watches.watch_node(path, lambda _e: event.set())
         armed.wait(FIRES_WITHIN)
 
     threads = [threading.Thread(target=waiter, args=(e,), daemon=True) for e in woken]
@@ -100,9 +99,9 @@ def test_distinct_waiters_on_one_path_share_one_watcher_and_all_wake(ledger: Led
 def test_wait_committed_rearms_every_second_without_piling_up(ledger: Ledger, subject_name: str) -> None:
     from aligner.models import SubjectNode
 
-    ledger.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
+    ledger.subjects.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
     before = kazoo_watchers(ledger)
-    assert not ledger.wait_committed(subject_name, 0, timeout=3.5)  # about four wake-ups, nothing commits
+    assert not ledger.watches.wait_committed(subject_name, 0, timeout=3.5)  # about four wake-ups, nothing commits
     assert kazoo_watchers(ledger) - before <= 2  # the epoch node's data (and children, once it exists)
     assert ledger.zk.watches.pending() <= 2
 
@@ -110,7 +109,7 @@ def test_wait_committed_rearms_every_second_without_piling_up(ledger: Ledger, su
 def test_followers_of_one_node_share_one_recipe_and_see_every_change_in_order(ledger: Ledger, root: str) -> None:
     path = f"{root}/followed"
     ledger.zk.ensure_path(root)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     seen: dict[str, list[bytes | None]] = {"a": [], "b": []}
     followers = {name: (lambda data, _stat, name=name: seen[name].append(data)) for name in seen}
     for _ in range(5):  # e.g. a coordinator's waiter and a worker's swap follower on one session, subscribing again
@@ -134,7 +133,7 @@ def quiet_job(stack, ledger: Ledger, subject_name: str) -> tuple[str, str, str]:
     create_subject(ledger, stack.kafka, subject_name, 1)
     create_subject(ledger, stack.kafka, out, 1)
     job = f"{subject_name}-job"
-    JobLedger(ledger).register(JobNode(job=job, inputs=(subject_name,), output=out, parallelism=1, mode="aligned"))
+    ledger.jobs.register(JobNode(job=job, inputs=(subject_name,), output=out, parallelism=1, mode="aligned"))
     return job, subject_name, out
 
 
@@ -190,24 +189,24 @@ def test_an_idle_frontier_costs_no_round_trip_and_follows_every_commit(stack, le
                 assert sink.commit().epoch == want
 
                 def reached(want: int = want) -> bool:
-                    return ledger.frontier_watched(subject_name) == want
+                    return ledger.watches.frontier_watched(subject_name) == want
 
                 wait_for(reached, f"the kept frontier to reach epoch {want}")
                 idle = ledger.round_trips
                 for _ in range(200):
-                    assert ledger.frontier_watched(subject_name) == want
+                    assert ledger.watches.frontier_watched(subject_name) == want
                 assert ledger.round_trips == idle, "an idle frontier read ZooKeeper"
             sink.begin()  # epoch 3 exists but is open: the watch fires, the frontier stays
             sink.send(b"v", partition=0)
-            wait_for(lambda: ledger.frontier_watched(subject_name) == 2 and ledger.round_trips > idle,
+            wait_for(lambda: ledger.watches.frontier_watched(subject_name) == 2 and ledger.round_trips > idle,
                      "the kept frontier to look again at the open epoch")
             pending = ledger.zk.watches.pending()
             for _ in range(3):  # read again and again (as after FRONTIER_REREAD): one waiter, re-armed
                 ledger._frontiers[subject_name].moved.set()
-                assert ledger.frontier_watched(subject_name) == ledger.frontier(subject_name) == 2
+                assert ledger.watches.frontier_watched(subject_name) == ledger.epochs.frontier(subject_name) == 2
             assert 0 < ledger.zk.watches.pending() <= pending, "re-reading the frontier piles up watch callbacks"
             sink.commit()
-            wait_for(lambda: ledger.frontier_watched(subject_name) == 3, "the kept frontier to reach epoch 3")
+            wait_for(lambda: ledger.watches.frontier_watched(subject_name) == 3, "the kept frontier to reach epoch 3")
     finally:
         writer.close()
 
@@ -227,16 +226,16 @@ def test_a_prefetched_epoch_is_read_from_memory_and_an_open_one_is_not_kept(stac
             sink.commit()
             sink.begin()  # epoch 1: open
             sink.send(b"w", partition=1)
-            ledger.prefetch_committed(subject_name, 0)
-            ledger.prefetch_committed(subject_name, 1)
+            ledger.epochs.prefetch_committed(subject_name, 0)
+            ledger.epochs.prefetch_committed(subject_name, 1)
             wait_for(lambda: ledger.cached(subject_name, 0) is not None, "the prefetch of epoch 0 to land")
             before = ledger.round_trips
-            prefetched = ledger.committed_if(subject_name, 0)
+            prefetched = ledger.epochs.committed_if(subject_name, 0)
             assert prefetched is not None and prefetched.slices[0].count == 1
             assert ledger.round_trips == before, "a prefetched epoch was read again"
-            assert ledger.committed_if(subject_name, 1) is None and ledger.cached(subject_name, 1) is None
+            assert ledger.epochs.committed_if(subject_name, 1) is None and ledger.cached(subject_name, 1) is None
             sink.commit()
-            committed = ledger.committed_if(subject_name, 1)
+            committed = ledger.epochs.committed_if(subject_name, 1)
             assert committed is not None and committed.slices[1].count == 1
     finally:
         writer.close()
@@ -246,7 +245,7 @@ def test_pipelined_reports_arrive_in_order_and_recreate_a_removed_node(stack, le
     from aligner.jobs import PipelinedReports
     from aligner.models import ConsumerNode
 
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     reports = PipelinedReports(jobs, "job", 0)
     path = ledger.layout.consumer("job", "s", 0)
     for epoch in range(5):

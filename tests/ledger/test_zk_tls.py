@@ -77,11 +77,11 @@ def test_ledger_over_tls_registers_a_subject_and_commits_an_epoch(tls_stack: Sta
                                                                   tls_env: dict[str, str]) -> None:
     name = f"tls-{uuid.uuid4().hex[:8]}"
     with Ledger.connect(tls_stack.zk, f"/tls-{uuid.uuid4().hex[:8]}", timeout=15) as ledger:
-        ledger.register_subject(SubjectNode(name=name, topic=name, partitions=1))
-        lease = ledger.claim(name, "sink", "0", [0], lambda: {0: 0})
-        ledger.ensure_epoch(name, lease.next_epoch, None)
-        ledger.commit(lease, lease.next_epoch, lease.node.incarnation, {0: Range(start=0, end=0)})
-        assert ledger.is_committed(name, lease.next_epoch)
+        ledger.subjects.register_subject(SubjectNode(name=name, topic=name, partitions=1))
+        lease = ledger.claims.claim(name, "sink", "0", [0], lambda: {0: 0})
+        ledger.commits.ensure_epoch(name, lease.next_epoch, None)
+        ledger.commits.commit(lease, lease.next_epoch, lease.node.incarnation, {0: Range(start=0, end=0)})
+        assert ledger.epochs.is_committed(name, lease.next_epoch)
         assert ledger.zk.kazoo.use_ssl
 
 

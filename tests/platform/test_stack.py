@@ -220,7 +220,7 @@ def test_stack_up_zk_servers_runs_an_ensemble_and_restarts_a_dead_server(home_en
     os.kill(info["zk_pids"][1], signal.SIGKILL)
     wait_for(lambda: _states(env)["zookeeper-2"] == "down", 30, "server 2 to be shown down")
     with Ledger.connect(info["zk"], env["ALIGNER_ROOT"]) as led:  # two of three keep the quorum
-        led.register_subject(SubjectNode(name="s", topic="s", partitions=1))
+        led.subjects.register_subject(SubjectNode(name="s", topic="s", partitions=1))
     again = run_cli(env, "stack", "up", "--json")
     assert again.returncode == 0, again.stderr
     restarted = json.loads(again.stdout)
@@ -260,7 +260,7 @@ def test_stack_up_rebuilds_a_member_that_refuses_its_damaged_data(home_env: dict
     data = [Path(info["workdir"]) / f"zk-{i}" / "data" / "version-2" for i in range(3)]
     with Ledger.connect(info["zk"], env["ALIGNER_ROOT"]) as led:
         for n in range(300):
-            led.register_subject(SubjectNode(name=f"s{n}", topic=f"s{n}", partitions=1))
+            led.subjects.register_subject(SubjectNode(name=f"s{n}", topic=f"s{n}", partitions=1))
 
     def kill_all(pids: list[int]) -> None:
         for i, pid in enumerate(pids):
@@ -290,7 +290,7 @@ def test_stack_up_rebuilds_a_member_that_refuses_its_damaged_data(home_env: dict
         alone.close()
     with Ledger.connect(rebuilt["zk"], env["ALIGNER_ROOT"]) as led:  # every member's log has transactions
         for n in range(300, 400):
-            led.register_subject(SubjectNode(name=f"s{n}", topic=f"s{n}", partitions=1))
+            led.subjects.register_subject(SubjectNode(name=f"s{n}", topic=f"s{n}", partitions=1))
 
     kill_all(rebuilt["zk_pids"])
     _flip_log_byte(data[0])
@@ -316,7 +316,7 @@ def test_a_stack_in_a_relative_directory_starts(tmp_path: Path, monkeypatch: pyt
         assert f"dataDir={tmp_path}/rel/stack/" in (tmp_path / "rel" / "stack" / "zoo.cfg").read_text()
         ledger = Ledger.connect(info.zk, "/rel")
         try:
-            ledger.register_subject(SubjectNode(name="in", topic="in", partitions=1))
-            assert ledger.subject("in").partitions == 1
+            ledger.subjects.register_subject(SubjectNode(name="in", topic="in", partitions=1))
+            assert ledger.subjects.subject("in").partitions == 1
         finally:
             ledger.close()

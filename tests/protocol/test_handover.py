@@ -92,47 +92,47 @@ def test_a_take_over_refuses_what_it_must_not_do() -> None:
 def _commit(ledger: Ledger, lease, records: dict[int, int]):
     """Commit the producer's next epoch with ``records`` more offsets in some of its partitions."""
     epoch = lease.next_epoch
-    ledger.ensure_epoch(lease.subject, epoch)
+    ledger.commits.ensure_epoch(lease.subject, epoch)
     ranges = {p: Range(start=o, end=o + records.get(p, 0)) for p, o in lease.node.next_offsets.items()}
-    return ledger.commit(lease, epoch, lease.node.incarnation, ranges)
+    return ledger.commits.commit(lease, epoch, lease.node.incarnation, ranges)
 
 
 def test_a_new_version_takes_the_old_versions_partitions_over_after_the_swap_epoch(ledger, subject_name) -> None:
-    ledger.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=2))
-    old = dict(enumerate(ledger.claim_producers(subject_name, "old", {"0": [0], "1": [1]},
+    ledger.subjects.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=2))
+    old = dict(enumerate(ledger.claims.claim_producers(subject_name, "old", {"0": [0], "1": [1]},
                                                 lambda parts: {0: 0, 1: 100})))
     for _ in range(2):  # epochs 0, 1
         old = {i: _commit(ledger, lease, {i: 3}) for i, lease in old.items()}
-    new = ledger.claim(subject_name, "new", "0", [], dict)  # follows the old version, voided
+    new = ledger.claims.claim(subject_name, "new", "0", [], dict)  # follows the old version, voided
     assert new.next_epoch == 2 and new.node.partitions == ()
     for _ in range(2):  # epochs 2, 3 = S: the new version commits them empty
         old = {i: _commit(ledger, lease, {i: 5}) for i, lease in old.items()}
         new = _commit(ledger, new, {})
-    assert ledger.committed(subject_name, 3).offsets == {0: (11, 16), 1: (111, 116)}
+    assert ledger.epochs.committed(subject_name, 3).offsets == {0: (11, 16), 1: (111, 116)}
     with pytest.raises(AlignerError, match="has not committed epoch 4"):
-        ledger.take_over(new, [0, 1], "old", 4, dict)
-    taken = ledger.take_over(new, [0, 1], "old", 3, dict)
+        ledger.claims.take_over(new, [0, 1], "old", 4, dict)
+    taken = ledger.claims.take_over(new, [0, 1], "old", 3, dict)
     assert taken.node.partitions == (0, 1) and taken.node.next_offsets == {0: 16, 1: 116}
-    assert ledger.take_over(taken, [0, 1], "old", 3, dict) == taken  # retried after a lost reply: no change
+    assert ledger.claims.take_over(taken, [0, 1], "old", 3, dict) == taken  # retried after a lost reply: no change
     with pytest.raises(FencedError):  # the old version's producers are fenced: a zombie commits nothing more
         _commit(ledger, old[0], {0: 1})
     taken = _commit(ledger, taken, {0: 2, 1: 4})
-    restarted = ledger.claim(subject_name, "old", "0", [0], dict)  # an old worker restarted after the swap
+    restarted = ledger.claims.claim(subject_name, "old", "0", [0], dict)  # an old worker restarted after the swap
     assert restarted.node.incarnation > old[0].node.incarnation  # reopens (finished: it writes nothing more)
-    assert ledger.committed(subject_name, 4).offsets == {0: (16, 18), 1: (116, 120)}
-    doc, _ = ledger.writers(subject_name)
+    assert ledger.epochs.committed(subject_name, 4).offsets == {0: (16, 18), 1: (116, 120)}
+    doc, _ = ledger.subjects.writers(subject_name)
     assert doc.expected(4) == ("new:0",) and doc.owner_of(0, 3) == "old:0" and doc.owner_of(0, 4) == "new:0"
     assert doc.owner_of(1) == "new:0"
-    third = ledger.claim(subject_name, "v3", "0", [], dict)  # a third version follows the second: the chain
+    third = ledger.claims.claim(subject_name, "v3", "0", [], dict)  # a third version follows the second: the chain
     third = _commit(ledger, third, {})  # goes on with the target's two partitions
     taken = _commit(ledger, taken, {})
-    third = ledger.take_over(third, [1, 0], "new", 5, dict)
-    writing = {w for w, e in ledger.writers(subject_name)[0].writers.items() if e.finished_after is None}
+    third = ledger.claims.take_over(third, [1, 0], "new", 5, dict)
+    writing = {w for w, e in ledger.subjects.writers(subject_name)[0].writers.items() if e.finished_after is None}
     assert writing == {"v3:0"} and third.node.next_offsets == {0: 18, 1: 120}
     with pytest.raises(FencedError):  # the second version is fenced too: it writes no epoch after 5
         _commit(ledger, taken, {0: 1})
     third = _commit(ledger, third, {1: 1})
-    assert ledger.committed(subject_name, 6).offsets == {0: (18, 18), 1: (120, 121)}
+    assert ledger.epochs.committed(subject_name, 6).offsets == {0: (18, 18), 1: (120, 121)}
 
 
 @given(st.integers(1, 12), st.integers(1, 12), st.binary(min_size=1, max_size=16))

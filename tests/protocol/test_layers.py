@@ -245,3 +245,44 @@ def test_no_code_calls_a_client_method_known_to_crash() -> None:
              for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
              and node.func.attr in CRASHING_CALLS]
     assert not calls, f"calls known to crash the process: {calls}"
+
+
+def test_the_ledger_holds_its_recipes_as_objects() -> None:
+    """No inheritance chain: the ledger is its session, and each recipe an object over it, defined in the
+    module a reader following ``ledger.<recipe>.<method>`` lands in."""
+    from aligner.ledger import Ledger
+    from aligner.recipes.claims import ClaimRecipes
+    from aligner.recipes.commits import CommitRecipes
+    from aligner.recipes.reads import EpochReads
+    from aligner.recipes.spark import SparkBatchRecipes
+    from aligner.recipes.store import Store
+    from aligner.recipes.subjects import SubjectRecipes
+    from aligner.recipes.watches import WatchRecipes
+
+    assert Ledger.__mro__ == (Ledger, Store, object)
+    for recipe in (SubjectRecipes, EpochReads, ClaimRecipes, CommitRecipes, WatchRecipes, SparkBatchRecipes):
+        assert recipe.__mro__ == (recipe, object), f"{recipe.__name__} inherits {recipe.__mro__[1:-1]}"
+    public = {name for name in vars(Ledger) if not name.startswith("_")}
+    assert public <= {"connect"}, f"methods on Ledger beside its recipes: {sorted(public)}"
+
+
+def test_the_recipes_of_a_ledger_share_its_store_and_keep_no_state_of_their_own() -> None:
+    """What the single class used to remember (committed epochs, known buckets, watched writers and frontiers) must
+    stay on the one store: a cache on a recipe object would be a second copy that the other recipes never see."""
+    from kazoo.client import KazooClient
+
+    from aligner.jobs import JobLedger
+    from aligner.ledger import Ledger
+    from aligner.recipes.spark import SparkBatchRecipes
+
+    ledger = Ledger(KazooClient(hosts="127.0.0.1:1"))  # never started: no connection is made
+    recipes = {"subjects": ledger.subjects, "epochs": ledger.epochs, "claims": ledger.claims,
+               "commits": ledger.commits, "watches": ledger.watches,
+               "spark": SparkBatchRecipes(ledger, ledger.commits)}
+    shared = {id(ledger), *(id(r) for r in recipes.values())}
+    for name, recipe in recipes.items():
+        for attr, value in vars(recipe).items():
+            assert id(value) in shared, f"ledger.{name}.{attr} is {type(value).__name__}, not the ledger's own"
+    jobs = ledger.jobs
+    assert isinstance(jobs, JobLedger) and jobs.ledger is ledger and jobs.subjects is ledger.subjects
+    assert jobs.zk is ledger.zk and jobs.layout is ledger.layout

@@ -27,7 +27,7 @@ RECORDS = 40
 
 def _expected(ledger, subject: str, epoch: int) -> Counter:
     return Counter(
-        (w.split(":")[0], w.split(":")[1], epoch, j) for w in ledger.epoch_node(subject, epoch).writers
+        (w.split(":")[0], w.split(":")[1], epoch, j) for w in ledger.epochs.epoch_node(subject, epoch).writers
         for j in range(RECORDS)
     )
 
@@ -70,7 +70,7 @@ def test_two_sinks_two_producers_with_kills_read_exactly_once(stack, root, ledge
 
     with EpochReader(ledger, stack.kafka) as reader:
         _assert_exactly_once(reader, ledger, subject_name)
-        first_a0 = min(e for e in range(EPOCHS) if "A:0" in ledger.epoch_node(subject_name, e).writers)
+        first_a0 = min(e for e in range(EPOCHS) if "A:0" in ledger.epochs.epoch_node(subject_name, e).writers)
 
     # The broker does show the killed attempts' records: the reader dropped them by stamp.
     raw = raw_records(stack.kafka, subject_name, 8)
@@ -158,7 +158,7 @@ def test_crash_between_kafka_and_zookeeper_commit_rewrites_the_epoch(stack, ledg
     stale = first.lease
     start = stale.node.next_offsets[0]
     with pytest.raises(FencedError):
-        ledger.commit(stale, epoch, stale.node.incarnation, {0: Range(start=start, end=start + 1)})
+        ledger.commits.commit(stale, epoch, stale.node.incarnation, {0: Range(start=start, end=start + 1)})
 
 
 def test_same_read_twice_is_identical(stack, ledger, subject_name):
@@ -197,7 +197,7 @@ def test_leaked_aborted_records_inside_a_committed_range_are_dropped_by_stamp(st
         p.send(b'"other"', partition=1)
         commit = p.commit()
     assert commit.attempt == 2
-    committed = ledger.committed(subject_name, epoch)
+    committed = ledger.epochs.committed(subject_name, epoch)
     assert (committed.slices[0].count, committed.slices[1].count) == (2, 1)
     with EpochReader(ledger, stack.kafka, consumer_extra=uncommitted) as reader:
         assert [r.value for r in reader.read(subject_name, epoch)] == [b'"kept-0"', b'"kept-1"', b'"other"']
@@ -229,7 +229,7 @@ def test_a_source_skips_stamps_only_where_a_range_holds_nothing_but_the_committe
     with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0]) as p:
         for e in range(4):
             if e == 2:  # an outsider writes into the partition between two epochs
-                plain.produce(ledger.subject(subject_name).topic, b"outsider", partition=0,
+                plain.produce(ledger.subjects.subject(subject_name).topic, b"outsider", partition=0,
                               headers=[("aligner.stamp", Stamp("k", 2, 99).encode())])  # an attempt nobody committed
                 plain.flush(30)
             p.begin()
@@ -264,7 +264,7 @@ def test_a_source_skips_stamps_only_where_a_range_holds_nothing_but_the_committe
     finally:
         source.close()
     assert [(r.epoch, r.value) for r in kept] == [(e, b"%d-%d" % (e, j)) for e in range(4) for j in range(3)]
-    starts = {e: ledger.committed(subject_name, e).slices[0].start for e in range(4)}
+    starts = {e: ledger.epochs.committed(subject_name, e).slices[0].start for e in range(4)}
     by_start = {start: answer for start, _first, answer in decided}
     assert [by_start[starts[e]] for e in range(4)] == [True, True, False, False]
 
@@ -293,7 +293,7 @@ def test_a_source_fetches_past_its_bound_only_while_the_next_epoch_is_committed(
             kept.extend(source.poll(0.1))
 
     try:
-        ledger.committed(subject_name, 1)  # in the cache, as the worker's prefetch leaves it
+        ledger.epochs.committed(subject_name, 1)  # in the cache, as the worker's prefetch leaves it
         read_to(0)
         assert part.paused and part.fetching and source._consumer.assignment(), "stopped fetching at the bound"
         deadline = time.monotonic() + 60
@@ -357,7 +357,7 @@ def test_counts_are_what_each_partition_received(stack, ledger, subject_name, mo
     monkeypatch.setattr(aligner.connectors.reader, "_stamped", no_stamp_checks)
     with EpochReader(ledger, stack.kafka) as reader:
         per_partition = Counter(r.partition for r in reader.read(subject_name, epoch))
-    slices = ledger.committed(subject_name, epoch).slices
+    slices = ledger.epochs.committed(subject_name, epoch).slices
     assert sum(per_partition.values()) == commit.records == 56
     assert {q: slices[q].count for q in range(3)} == {q: per_partition[q] for q in range(3)}
     assert per_partition[1] >= sent[1]

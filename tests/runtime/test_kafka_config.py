@@ -127,7 +127,7 @@ def test_refused_setting_reaches_every_client_kind(stack: StackInfo, ledger: Led
                                                    kafka_config: Path) -> None:
     """A value librdkafka refuses makes every client the product builds fail at construction: proof that
     the file reaches producers, consumers, admin clients, sinks, sources, readers and the marker."""
-    ledger.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
+    ledger.subjects.register_subject(SubjectNode(name=subject_name, topic=subject_name, partitions=1))
     kafka_config.write_text("socket.timeout.ms=not-a-number\n")
     builders = {
         "admin": lambda: admin(stack.kafka),

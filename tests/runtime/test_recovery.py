@@ -9,7 +9,6 @@ from aligner.alignment import State
 from aligner.connectors.runtime import JobSpec
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.gc import collect
-from aligner.jobs import JobLedger
 from aligner.retention_policy import RetentionPolicy
 from tests.helpers import wait_for
 from tests.jobs import tag_v1
@@ -76,14 +75,14 @@ def test_state_bases_let_retention_collect_the_changelog_and_kills_restore_exact
             w.wait_line(lambda line: line.startswith("committed"), timeout=LIVE)
         collect(ledger, policy=tight, subjects=[changelog])  # the output stays whole, to be counted
         w.kill()
-    assert ledger.first_retained(changelog) > 0, "retention never collected the changelog"
+    assert ledger.subjects.first_retained(changelog) > 0, "retention never collected the changelog"
     kills_done.set()
     gen.finished()
     spawn.worker("aligner.connectors.worker", *args).finish(timeout=LIVE)
     outputs = read_all(ledger, stack.kafka, x)
     assert_exactly_once(outputs, gen.sent)
     assert_counts_run_on(outputs)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     records = jobs.worker_epochs(job, 0)
     assert records and all(r.state_base is not None and 0 <= r.epoch - r.state_base < 3 for r in records.values())
 
@@ -126,7 +125,7 @@ def test_coordinator_killed_between_catch_up_and_aligned_resumes(stack, ledger, 
     resumed = threading.Event()
     gen = spawn.generator(raw, epochs=20, pace=0.04, hold=resumed)
     t = spawn.job(JobSpec(job=job, inputs=(raw,), output=x, interval=0.5), tag_v1)
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     wait_for(lambda: bool(jobs.consumers(job, raw)), LIVE, "the consumer to report")
 
     def recorded_aligning() -> bool:

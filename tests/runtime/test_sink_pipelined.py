@@ -80,13 +80,13 @@ def test_a_zookeeper_commit_that_did_not_land_aborts_the_next_epoch_and_rewinds(
     with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0, 1]) as p:
         base, _ = _write(p, "a")
         p.commit()
-        real = ledger.commit_epoch_async
-        monkeypatch.setattr(ledger, "commit_epoch_async",
+        real = ledger.commits.commit_epoch_async
+        monkeypatch.setattr(ledger.commits, "commit_epoch_async",
                             lambda epoch, contributions, extra=(), writers=None: PendingCommit(
-                                epoch, contributions, ledger._commit_ops(epoch, contributions)[1], Lost()))
+                                epoch, contributions, ledger.commits._commit_ops(epoch, contributions)[1], Lost()))
         lost, _ = _write(p, "lost")
         p.commit(wait=False)
-        monkeypatch.setattr(ledger, "commit_epoch_async", real)
+        monkeypatch.setattr(ledger.commits, "commit_epoch_async", real)
         following, _ = _write(p, "aborted")
         with pytest.raises(EpochFailedError, match=f"epoch {lost} .* did not commit in ZooKeeper.*from epoch {lost}"):
             p.commit(wait=False)
@@ -136,9 +136,9 @@ def test_a_pipelined_commit_makes_the_next_epoch_one_round_trip_per_epoch(stack,
             p.commit(wait=False)
         assert p.sync() == first + 4
         assert ledger.round_trips - trips == 5  # each epoch's commit multi-op made the node of the epoch after it
-        assert ledger.epoch_node(subject_name, first + 5).writers == (p.lease.writer,)
+        assert ledger.epochs.epoch_node(subject_name, first + 5).writers == (p.lease.writer,)
         assert p.finish() == first + 4  # the epoch made ahead gets an empty contribution: it commits, empty
-    assert ledger.finished(subject_name) == first + 4 and ledger.is_committed(subject_name, first + 5)
+    assert ledger.epochs.finished(subject_name) == first + 4 and ledger.epochs.is_committed(subject_name, first + 5)
     got = _read(ledger, stack.kafka, subject_name, min(written), first + 4)
     assert got == {e: Counter(vs) for e, vs in written.items()}
 
@@ -151,13 +151,13 @@ def test_a_writer_joining_under_a_pipelined_commit_gets_the_next_epoch_made_for_
     create_subject(ledger, stack.kafka, subject_name, 2)
     written: dict[int, list[bytes]] = {}
     waited: list[tuple[int, tuple[str, ...]]] = []  # the commits made with a waited-for multi-op
-    real = ledger.commit_epoch
+    real = ledger.commits.commit_epoch
 
     def commit_epoch(epoch: int, contributions: Sequence[Contribution], extra: Sequence[Op] = ()) -> list[Lease]:
         waited.append((epoch, tuple(c.lease.writer for c in contributions)))
         return real(epoch, contributions, extra)
 
-    monkeypatch.setattr(ledger, "commit_epoch", commit_epoch)
+    monkeypatch.setattr(ledger.commits, "commit_epoch", commit_epoch)
     with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0]) as p:
         epoch, written[epoch] = _write(p, "p")  # its begin cached the writers document: p alone
         with SinkProducer(ledger, stack.kafka, subject_name, "k", 1, [1]) as q:
@@ -170,7 +170,7 @@ def test_a_writer_joining_under_a_pipelined_commit_gets_the_next_epoch_made_for_
             p.commit(wait=False)
             written[nxt] = values + q_values
             both = (p.lease.writer, q.lease.writer)
-            assert ledger.epoch_node(subject_name, nxt).writers == tuple(sorted(both))
+            assert ledger.epochs.epoch_node(subject_name, nxt).writers == tuple(sorted(both))
             p.sync()
             assert p.lease.node.committed_epoch == nxt
             assert sorted(waited) == [(epoch, (p.lease.writer,)), (nxt, (q.lease.writer,))]  # p's first, made again
@@ -182,7 +182,7 @@ def test_a_writer_joining_under_a_pipelined_commit_gets_the_next_epoch_made_for_
             p.sync()
             written[last] = values + q_values
             with pytest.raises(EpochNotCommittedError):  # p made no epoch ahead: it no longer writes alone
-                ledger.epoch_node(subject_name, last + 1)
+                ledger.epochs.epoch_node(subject_name, last + 1)
     got = _read(ledger, stack.kafka, subject_name, epoch, last)
     assert got == {e: Counter(vs) for e, vs in written.items()}
 
@@ -195,17 +195,17 @@ def test_a_writers_change_under_a_pipelined_commit_makes_it_commit_again_and_the
     create_subject(ledger, stack.kafka, subject_name, 2)
     written: dict[int, list[bytes]] = {}
     waited: list[int] = []
-    real = ledger.commit_epoch
+    real = ledger.commits.commit_epoch
 
     def commit_epoch(epoch: int, contributions: Sequence[Contribution], extra: Sequence[Op] = ()) -> list[Lease]:
         waited.append(epoch)
         return real(epoch, contributions, extra)
 
-    monkeypatch.setattr(ledger, "commit_epoch", commit_epoch)
+    monkeypatch.setattr(ledger.commits, "commit_epoch", commit_epoch)
     with SinkProducer(ledger, stack.kafka, subject_name, "k", 0, [0]) as p:
         epoch, written[epoch] = _write(p, "p")  # its begin cached the writers document
         later = epoch + 4
-        ledger.claim_producers(subject_name, "later", {"0": [1]}, lambda parts: dict.fromkeys(parts, 0),
+        ledger.claims.claim_producers(subject_name, "later", {"0": [1]}, lambda parts: dict.fromkeys(parts, 0),
                                not_before=later)
         p.commit(wait=False)
         for _ in range(3):
@@ -213,6 +213,7 @@ def test_a_writers_change_under_a_pipelined_commit_makes_it_commit_again_and_the
             p.commit(wait=False)
         assert p.sync() == later - 1
         assert waited == [epoch]  # the first commit, made again without the next epoch's node
-        assert [ledger.epoch_node(subject_name, e).writers for e in range(epoch + 1, later)] == [(p.lease.writer,)] * 3
-        assert ledger.epoch_node(subject_name, later).writers == tuple(sorted((p.lease.writer, "later:0")))
+        assert [ledger.epochs.epoch_node(subject_name, e).writers for e in range(epoch + 1,
+                                                                                 later)] == [(p.lease.writer,)] * 3
+        assert ledger.epochs.epoch_node(subject_name, later).writers == tuple(sorted((p.lease.writer, "later:0")))
     assert _read(ledger, stack.kafka, subject_name, epoch, later - 1) == {e: Counter(vs) for e, vs in written.items()}

@@ -353,7 +353,7 @@ def test_chain_moves_again_after_a_broker_pause_on_a_partition_past_30k_batches(
 
     sent = producer.close()
     wait_for(lambda: marker.covered() >= sent, LIVE, f"the marker to cover all {sent} records", interval=0.1)
-    first, last = slow_ledger.epoch_numbers(subject)[0], slow_ledger.frontier(subject)
+    first, last = slow_ledger.subjects.epoch_numbers(subject)[0], slow_ledger.epochs.frontier(subject)
     assert last is not None
     with EpochReader(slow_ledger, kafka) as epochs:
         got = numbers(epochs, subject, first, last)

@@ -90,7 +90,7 @@ def test_two_subjects_commit_the_same_epochs_in_one_multi_op(stack, ledger, two_
             assert {ledger.layout.contribution(output, epoch, "job:0"),
                     ledger.layout.contribution(second, epoch, "job:0")} <= created
         assert len(multis) == 3, "one multi-op per epoch for both subjects"
-        assert ledger.producers(second, "job")[0].committed_epoch == 4
+        assert ledger.subjects.producers(second, "job")[0].committed_epoch == 4
 
     # A run without the second subject, then with it again: the epoch it missed is closed empty.
     with SinkProducer(ledger, stack.kafka, output, "job", 0, [0, 1]) as p:
@@ -102,11 +102,11 @@ def test_two_subjects_commit_the_same_epochs_in_one_multi_op(stack, ledger, two_
         p.commit()
         p.finish()
 
-    assert ledger.epoch_numbers(second) == [2, 3, 4, 5, 6]
+    assert ledger.subjects.epoch_numbers(second) == [2, 3, 4, 5, 6]
     with EpochReader(ledger, stack.kafka) as reader:
         assert _by_epoch(reader, output, 0, 6) == _expected(outs)
         assert _by_epoch(reader, second, 2, 6) == _expected({**sides, 5: []})
-    assert ledger.finished(second) == 6 and ledger.finished(output) == 6
+    assert ledger.epochs.finished(second) == 6 and ledger.epochs.finished(output) == 6
 
 
 def test_an_aborted_epoch_shows_in_neither_subject_and_is_written_again(stack, ledger, two_subjects) -> None:

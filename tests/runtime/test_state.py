@@ -317,7 +317,7 @@ def test_worker_cycle_with_checkpoint_matches_full_replay(stack, ledger, subject
                     p.send(raw_value, key=raw_key, partition=0)
                 commit = p.commit()
                 store.mark_committed(epoch, commit.ranges[0].end)
-    last = ledger.frontier(subject_name)
+    last = ledger.epochs.frontier(subject_name)
     with RocksStore(path) as store:
         assert _state(store) == _expected()[-1] == _state(restore(ledger, stack.kafka, subject_name, 0, last))
         store.mark_committed(last, end=10**9)  # a tag ZooKeeper contradicts (another history)
@@ -349,7 +349,7 @@ def test_restore_from_a_state_base_after_the_epochs_below_it_are_collected(stack
         old.restore(ledger, stack.kafka, subject_name, 0, numbers[0])
     base = numbers[base_at]
     Retention(ledger).collect_subject(subject_name, base, numbers[:base_at])
-    assert ledger.epoch_numbers(subject_name) == numbers[base_at:]
+    assert ledger.subjects.epoch_numbers(subject_name) == numbers[base_at:]
     with pytest.raises(EpochCollectedError):
         restore(ledger, stack.kafka, subject_name, 0, numbers[-1])
     for i, upto in enumerate(numbers[base_at:], base_at):
@@ -381,7 +381,7 @@ def test_repair_marks_keys_of_uncounted_records(stack, ledger, subject_name) -> 
             zombie.commit()
     finally:
         zombie.close()
-    last = ledger.frontier(subject_name)
+    last = ledger.epochs.frontier(subject_name)
     store = restore(ledger, stack.kafka, subject_name, 0, last, repair=True)
     assert _state(store) == _expected()[1]
     assert dict(store.changes()) == {"a": b"2", "b": None}  # counted values again: newer than the strays

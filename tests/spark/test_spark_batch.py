@@ -88,7 +88,6 @@ def test_batch_read_errors_at_planning(spark, stack, root, ledger, subject_name)
 
 
 def test_batch_read_by_lineage_of_a_job_epoch(spark, stack, root, ledger, subject_name):
-    from aligner.jobs import JobLedger
     from aligner.models import JobNode, Span
 
     source, target, other = subject_name, "y" + subject_name, "z" + subject_name
@@ -100,7 +99,7 @@ def test_batch_read_by_lineage_of_a_job_epoch(spark, stack, root, ledger, subjec
             for j in range(10):
                 p.send(f"{e}:{j}".encode(), key=str(j).encode())
             p.commit()
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     jobs.register(JobNode(job="j1", inputs=(source,), output=target, parallelism=1))
     jobs.fix_job_epoch("j1", 0, {source: Span(first=1, last=2)}, {source: 3})
     with SinkProducer(ledger, stack.kafka, target, "j1", 0, [0, 1]) as p:

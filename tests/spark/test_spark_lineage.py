@@ -18,7 +18,6 @@ import pytest
 
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.hotswap import HotSwap
-from aligner.jobs import JobLedger
 from tests.helpers import as_args, wait_for
 from tests.spark_queries import LIVE, Query, consumers, verify_running
 from tests.swaps import committed, precommit_acked
@@ -56,18 +55,18 @@ def test_lineage_of_every_target_epoch_is_what_its_rows_read(stack, root, ledger
         (the swap epoch); when it wrote that one before a batch could hold, it is killed where it stands."""
         held.unlink(missing_ok=True)
         arm.write_text("")
-        wait_for(lambda: held.exists() or (last is not None and (ledger.frontier(target) or -1) >= last), LIVE,
+        wait_for(lambda: held.exists() or (last is not None and (ledger.epochs.frontier(target) or -1) >= last), LIVE,
                  "Q1's write task to hold inside a micro-batch", on_wait=healthy)
         arm.unlink(missing_ok=True)
         old.kill()
         old.launch().ready()
 
     old.launch().ready()
-    wait_for(lambda: (ledger.frontier(target) or -1) >= 2, LIVE, "Q1 writing", on_wait=healthy)
+    wait_for(lambda: (ledger.epochs.frontier(target) or -1) >= 2, LIVE, "Q1 writing", on_wait=healthy)
     kill_in_a_batch()
-    wait_for(lambda: (ledger.frontier(target) or -1) >= 6, LIVE, "Q1 writing after its restart", on_wait=healthy)
+    wait_for(lambda: (ledger.epochs.frontier(target) or -1) >= 6, LIVE, "Q1 writing after its restart", on_wait=healthy)
 
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     new.launch().ready()  # late: its first batch covers every job epoch Q1 fixed so far
     wait_for(lambda: any(c.job_epoch is not None for c in consumers(jobs, new.job, raw).values()), LIVE,
              "Q2 following", on_wait=healthy)
@@ -83,11 +82,11 @@ def test_lineage_of_every_target_epoch_is_what_its_rows_read(stack, root, ledger
     assert old.worker is not None
     old.worker.wait_line(lambda line: line == "swapped out", LIVE)
     assert old.worker.wait(LIVE) == 0, old.worker.stderr
-    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "Q2 output after the swap",
+    wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= swap.epoch + 3, LIVE, "Q2 output after the swap",
              on_wait=healthy)
     more.set()
     sent = gen.finished()
-    last = ledger.frontier(raw)
+    last = ledger.epochs.frontier(raw)
     wait_for(lambda: (jobs.consumers(new.job, raw)[0].subject_epoch or -1) >= last, LIVE,
              "Q2 to read the whole input", on_wait=healthy)
     verify_running(ledger, stack, target, sent, swap.epoch)  # exactly once, and every epoch's lineage

@@ -209,7 +209,7 @@ def test_pr_hotness_job_on_spark_reduces_both_subjects_exactly_once(spark, stack
     assert query.awaitTermination(LIVE), "availableNow query did not finish"
     assert query.exception() is None, query.exception()
     with EpochReader(ledger, stack.kafka) as reader:
-        rows = [json_value(r.value) for r in reader.read(out, 0, ledger.frontier(out))]
+        rows = [json_value(r.value) for r in reader.read(out, 0, ledger.epochs.frontier(out))]
     final: dict = {}
     for r in rows:
         final[r["pr"]] = max(final.get(r["pr"], (0, 0, 0)), (r["hotness"], r["comments"], r["hot"]))

@@ -23,7 +23,6 @@ from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
 from aligner.coordinator.verify import shadow_span, verify_before_swap, verify_outputs
 from aligner.errors import HotSwapRefused
-from aligner.jobs import JobLedger
 from tests.helpers import faust_worker, wait_for
 from tests.jobs import tag_v1
 from tests.spark_queries import LIVE, Query, consumers, verify_running
@@ -74,8 +73,8 @@ def test_spark_query_hotswap_survives_kills_exactly_once(stack, root, ledger, su
         for q in queries.values():
             q.healthy()
 
-    jobs = JobLedger(ledger)
-    wait_for(lambda: (ledger.frontier(target) or -1) >= 1 and any(
+    jobs = ledger.jobs
+    wait_for(lambda: (ledger.epochs.frontier(target) or -1) >= 1 and any(
         c.job_epoch is not None for c in jobs.consumers(new.job, raw).values()), LIVE, "Q1 writing, Q2 following",
         on_wait=healthy)
     mark("Q1 writing, Q2 following")
@@ -109,12 +108,12 @@ def test_spark_query_hotswap_survives_kills_exactly_once(stack, root, ledger, su
     old.worker.wait_line(lambda line: line == "swapped out", LIVE)
     assert old.worker.wait(LIVE) == 0, old.worker.stderr
     assert "failed to abort" not in old.worker.stderr, old.worker.stderr
-    wait_for(lambda: (ledger.frontier(target) or 0) >= swap.epoch + 3, LIVE, "Q2 output after the swap",
+    wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= swap.epoch + 3, LIVE, "Q2 output after the swap",
              on_wait=healthy)
     mark("Q1 ended, Q2 writing")
     more.set()
     sent = gen.finished()
-    last = ledger.frontier(raw)
+    last = ledger.epochs.frontier(raw)
     wait_for(lambda: (jobs.consumers(new.job, raw)[0].subject_epoch or -1) >= last, LIVE,
              "Q2 to read the whole input", on_wait=healthy)
     mark("Q2 read everything")
@@ -147,7 +146,7 @@ def test_runtime_job_swapped_for_a_spark_query_and_the_query_for_a_faust_job_exa
                   follows=spec.job, shadow=True).launch()
     Coordinator(ledger).align(spec.job, timeout=LIVE)
     spark.ready()
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     wait_for(lambda: any(c.job_epoch is not None for c in jobs.consumers(spark.job, raw).values()), LIVE,
              "the Spark query following", on_wait=spark.healthy)
     mark("Spark following")
@@ -166,7 +165,7 @@ def test_runtime_job_swapped_for_a_spark_query_and_the_query_for_a_faust_job_exa
     back = f"{raw}-v3"
     v3 = faust_worker(spawn, root, str(tmp_path / "home"), back, raw, target, interval="0.3", version="3",
                       follows=spark.job)
-    wait_for(lambda: (ledger.frontier(target) or 0) >= first.epoch + 3 and any(
+    wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= first.epoch + 3 and any(
         c.job_epoch is not None for c in consumers(jobs, back, raw).values()), LIVE,
         "Spark output after the swap, and v3 following", on_wait=spark.healthy)
     mark("v3 following")
@@ -175,22 +174,23 @@ def test_runtime_job_swapped_for_a_spark_query_and_the_query_for_a_faust_job_exa
     assert spark.worker is not None
     spark.worker.wait_line(lambda line: line == "swapped out", LIVE)
     assert spark.worker.wait(LIVE) == 0, spark.worker.stderr
-    wait_for(lambda: (ledger.frontier(target) or 0) >= second.epoch + 3, LIVE, "v3 output after the second swap")
+    wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= second.epoch + 3, LIVE, "v3 output after the second swap")
     mark("second swap done, v3 writing")
     more.set()
     sent = gen.finished()
     v3.wait_line(lambda line: line.startswith("finished "), LIVE)  # the input finished: v3 drains it
     mark("v3 finished")
     verify_running(ledger, stack, target, sent, first.epoch, second.epoch)
-    doc, _ = ledger.writers(target)
-    assert ledger.subject(target).partitions == 2
+    doc, _ = ledger.subjects.writers(target)
+    assert ledger.subjects.subject(target).partitions == 2
     for p in (0, 1):  # the target's partitions went from engine to engine, epochs ending and starting at S
         assert [doc.owner_of(p, e) for e in (first.epoch, first.epoch + 1, second.epoch + 1)] == [
             f"{spec.job}:0", f"{spark.job}:{p}", f"{back}:0"]
         for s in (first.epoch, second.epoch):
-            assert ledger.committed(target, s + 1).slices[p].start == ledger.committed(target, s).slices[p].end
+            assert ledger.epochs.committed(target, s + 1).slices[p].start == ledger.epochs.committed(target,
+                                                                                                     s).slices[p].end
     shadow = f"{spark.job}.shadow"
-    assert all(e.finished_after is not None for e in ledger.writers(shadow)[0].writers.values())
+    assert all(e.finished_after is not None for e in ledger.subjects.writers(shadow)[0].writers.values())
     assert all(epoch <= first.epoch for epoch, _ in read_all(ledger, stack.kafka, shadow))
     span = shadow_span(ledger, spec.job, spark.job)
     assert span is not None and span[1] == first.epoch

@@ -174,7 +174,7 @@ def test_route_by_key_puts_each_key_in_its_partition_by_the_key_rule(spark, stac
                         .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
     assert query.awaitTermination(LIVE), "availableNow query did not finish"
     with EpochReader(ledger, stack.kafka) as reader:
-        got = [(_key(r), r.partition) for r in reader.read(target, 0, ledger.frontier(target) or 0)]
+        got = [(_key(r), r.partition) for r in reader.read(target, 0, ledger.epochs.frontier(target) or 0)]
     assert sorted(k for k, _ in got) == sorted(keys[n % len(keys)].encode() for n in range(RECORDS))
     assert [(k, p) for k, p in got if p != zlib.crc32(k) % 4] == []
     spark_hash = spark.createDataFrame([(k,) for k in keys], "k string").select(

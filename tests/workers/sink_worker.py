@@ -53,7 +53,7 @@ def main() -> None:
     producer = SinkProducer(ledger, args.kafka, args.subject, args.sink, args.producer, partitions, fault=fault).open()
     say(f"open next={producer.next_epoch} attempt={producer.attempt}")
     deadline = time.monotonic() + 300  # a liveness bound: the other producers start on a busy machine too
-    while len(ledger.writers(args.subject)[0].writers) < args.barrier:
+    while len(ledger.subjects.writers(args.subject)[0].writers) < args.barrier:
         if time.monotonic() > deadline:
             raise TimeoutError("the other producers never claimed their partitions")
         time.sleep(0.02)

@@ -1,5 +1,7 @@
-"""The ledger's recipes, one module each, stacked into :class:`aligner.ledger.Ledger`:
+"""The ledger's recipes, one module each, as objects over one store (kazoo's recipes are objects over one client):
 
-store (session, typed reads and writes) -> subjects -> reads (committed epochs) -> claims (writers,
-incarnations) -> commits (the two round trips) -> watches -> spark (a Spark sink's batch commit).
+``ledger.subjects`` (registration, writers, epoch numbers), ``ledger.epochs`` (committed epochs as readers see
+them), ``ledger.claims`` (writers, incarnations), ``ledger.commits`` (the two round trips of an epoch commit),
+``ledger.watches`` (frontiers kept by watches, waits). A Spark sink's micro-batch commit
+(:class:`aligner.recipes.spark.SparkBatchRecipes`) is the Spark adapter's, built over a ledger.
 """

@@ -14,7 +14,8 @@ from aligner.errors import AlignerError, FencedError, PartitionClaimedError, Sub
 from aligner.layout import split_writer, writer_id
 from aligner.models import EpochNode, ProducerNode, SinkNode, WriterEntry, WritersNode
 from aligner.ops import Create, Op, SetData
-from aligner.recipes.reads import EpochReads
+from aligner.recipes.store import Store
+from aligner.recipes.subjects import SubjectRecipes
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,12 @@ def _new_producer(sink: str, producer: str, parts: tuple[int, ...], offsets: Map
                         next_offsets={p: offsets[p] for p in parts})
 
 
-class ClaimRecipes(EpochReads):
+class ClaimRecipes:
     """Claims of partitions and producer incarnations."""
+
+    def __init__(self, store: Store, subjects: SubjectRecipes) -> None:
+        self.store = store
+        self.subjects = subjects
 
     def claim(
         self,
@@ -85,21 +90,23 @@ class ClaimRecipes(EpochReads):
         wanted = [self._claimable(c, sink) for c in claims]
 
         def attempt() -> tuple[list[WriterEntry | None], dict[int, ProducerNode], int]:
-            docs = [self.writers(c.subject) for c in claims]
+            docs = [self.subjects.writers(c.subject) for c in claims]
             entries = [self._entry(c.subject, doc, me, parts)
                        for c, parts, (doc, _) in zip(claims, wanted, docs, strict=True)]
             new = [i for i, e in enumerate(entries) if e is None]
             if not new:
                 return entries, {}, 0
-            known = [Lease(c.subject, *self.read(ProducerNode, self.layout.producer(c.subject, sink, producer)),
+            lay = self.store.layout
+            known = [Lease(c.subject, *self.store.read(ProducerNode, lay.producer(c.subject, sink, producer)),
                            e.first_epoch).next_epoch
                      for c, e in zip(claims, entries, strict=True) if e is not None]
-            first = max(not_before, *known[:1], *(self._last_epoch(claims[i].subject) + 1 for i in new))
+            first = max(not_before, *known[:1], *(self.subjects._last_epoch(claims[i].subject) + 1 for i in new))
             nodes = {i: _new_producer(sink, producer, wanted[i], claims[i].start_offsets()) for i in new}
-            self.multi_cas(*(op for i in new for op in self._join(claims[i].subject, *docs[i], [nodes[i]], first)))
+            joins = (self._join(claims[i].subject, *docs[i], [nodes[i]], first) for i in new)
+            self.store.multi_cas(*(op for ops in joins for op in ops))
             return entries, nodes, first
 
-        entries, nodes, first = self.zk.retry_conflicts(attempt)
+        entries, nodes, first = self.store.zk.retry_conflicts(attempt)
         return [Lease(c.subject, nodes[i], 0, first) if i in nodes
                 else self._reincarnate(c.subject, sink, producer, entries[i].first_epoch)  # type: ignore[union-attr]
                 for i, c in enumerate(claims)]
@@ -118,46 +125,47 @@ class ClaimRecipes(EpochReads):
         wanted = {p: self._claimable(Claim(subject, parts, dict), sink) for p, parts in producers.items()}
 
         def attempt() -> list[Lease]:
-            doc, version = self.writers(subject)
+            doc, version = self.subjects.writers(subject)
             new = [p for p in producers if self._entry(subject, doc, ids[p], wanted[p]) is None]
             if not new:
                 return []
-            known = [Lease(subject, *self.read(ProducerNode, self.layout.producer(subject, sink, p)),
+            known = [Lease(subject, *self.store.read(ProducerNode, self.store.layout.producer(subject, sink, p)),
                            doc.writers[ids[p]].first_epoch).next_epoch for p in producers if p not in new]
-            first = max(not_before, *known, self._last_epoch(subject) + 1)
+            first = max(not_before, *known, self.subjects._last_epoch(subject) + 1)
             offsets = dict(start_offsets(sorted({q for p in new for q in wanted[p]})))
             nodes = [_new_producer(sink, p, wanted[p], offsets) for p in new]
-            self.multi_cas(*self._join(subject, doc, version, nodes, first))
+            self.store.multi_cas(*self._join(subject, doc, version, nodes, first))
             return [Lease(subject, node, 0, first) for node in nodes]
 
-        return self.zk.retry_conflicts(attempt)
+        return self.store.zk.retry_conflicts(attempt)
 
     def _join(self, subject: str, doc: WritersNode, version: int, nodes: Sequence[ProducerNode],
               first: int) -> list[Op]:
         """The ops that make new producers writers of ``subject`` from epoch ``first``: the writers document
         (compare-and-set), their nodes, and the epoch ``first`` itself, so that no epoch can be created
         with a writers list that lacks them."""
-        lay = self.layout
+        lay = self.store.layout
         joined = {writer_id(n.sink, n.producer): WriterEntry(partitions=n.partitions, first_epoch=first)
                   for n in nodes}
         updated = WritersNode(writers={**doc.writers, **joined})
-        self.ensure_bucket(lay.epoch(subject, first))
+        self.store.ensure_bucket(lay.epoch(subject, first))
         return [SetData(lay.writers(subject), updated.dump(), version),
                 *(Create(lay.producer(subject, n.sink, n.producer), n.dump()) for n in nodes),
                 Create(lay.epoch(subject, first), EpochNode(epoch=first, writers=updated.expected(first)).dump())]
 
     def _claimable(self, claim: Claim, sink: str) -> tuple[int, ...]:
         """Check a claim's partitions against the subject and make the sink's nodes; returns them sorted."""
-        meta = self.subject(claim.subject)
+        meta = self.subjects.subject(claim.subject)
         parts = tuple(sorted(set(claim.partitions)))
         if len(parts) != len(claim.partitions):  # none: a new version's producer, until its hot-swap hands it some
             raise AlignerError(f"a producer must claim distinct partitions, got {list(claim.partitions)}")
         bad = [p for p in parts if not 0 <= p < meta.partitions]
         if bad:
             raise AlignerError(f"subject {claim.subject!r} has partitions 0..{meta.partitions - 1}; cannot claim {bad}")
-        lay = self.layout
-        self._ensure(lay.sink(claim.subject, sink), SinkNode(sink=sink).dump(), parent=lay.sinks(claim.subject))
-        self._ensure(lay.producers(claim.subject, sink), b"")
+        lay = self.store.layout
+        self.subjects._ensure(lay.sink(claim.subject, sink), SinkNode(sink=sink).dump(),
+                              parent=lay.sinks(claim.subject))
+        self.subjects._ensure(lay.producers(claim.subject, sink), b"")
         return parts
 
     @staticmethod
@@ -186,12 +194,12 @@ class ClaimRecipes(EpochReads):
         producer's node (its partitions, each starting where its range of S ended; ``start_offsets`` for
         one nobody wrote) and a new incarnation of every old producer concerned, so a zombie of the old
         version can commit nothing more. Returns the new lease."""
-        subject, me, lay = lease.subject, lease.writer, self.layout
+        subject, me, lay = lease.subject, lease.writer, self.store.layout
         path = lay.producer(subject, lease.node.sink, lease.node.producer)
 
         def attempt() -> Lease:
-            doc, version = self.writers(subject)
-            node, node_version = self.read(ProducerNode, path)
+            doc, version = self.subjects.writers(subject)
+            node, node_version = self.store.read(ProducerNode, path)
             if node.owner != lease.node.owner:
                 raise FencedError(f"producer {me} of {subject!r} was taken over by another incarnation")
             plan = handover.take_over(doc, subject, me, partitions, giver_sink, last)
@@ -199,7 +207,7 @@ class ClaimRecipes(EpochReads):
                 return Lease(subject, node, node_version, lease.first_epoch)
             if node_version != lease.version:
                 raise FencedError(f"producer {me} of {subject!r} was taken over by another incarnation")
-            old = {w: self.read(ProducerNode, lay.producer(subject, *split_writer(w)))
+            old = {w: self.store.read(ProducerNode, lay.producer(subject, *split_writer(w)))
                    for w in {*plan.finished, *(g for g in plan.givers.values() if g is not None)}}
             offsets: dict[int, int] = {}
             for p, giver in plan.givers.items():
@@ -218,24 +226,24 @@ class ClaimRecipes(EpochReads):
             fenced = [SetData(lay.producer(subject, *split_writer(w)),
                               n.model_copy(update={"incarnation": n.incarnation + 1, "owner": uuid.uuid4().hex}).dump(),
                               v) for w, (n, v) in sorted(old.items())]
-            results = self.multi_cas(SetData(lay.writers(subject), plan.doc.dump(), version),
+            results = self.store.multi_cas(SetData(lay.writers(subject), plan.doc.dump(), version),
                                      SetData(path, mine.dump(), node_version), *fenced)
             return Lease(subject, mine, results[1].version, lease.first_epoch)  # type: ignore[attr-defined]
 
-        return self.zk.retry_conflicts(attempt)
+        return self.store.zk.retry_conflicts(attempt)
 
     def _reincarnate(self, subject: str, sink: str, producer: str, first_epoch: int) -> Lease:
-        path = self.layout.producer(subject, sink, producer)
-        node, version = self.read(ProducerNode, path)
+        path = self.store.layout.producer(subject, sink, producer)
+        node, version = self.store.read(ProducerNode, path)
         return self.reincarnate(Lease(subject, node, version, first_epoch))
 
     def reincarnate(self, lease: Lease) -> Lease:
         """Take a new attempt number; any older incarnation can no longer commit."""
-        path = self.layout.producer(lease.subject, lease.node.sink, lease.node.producer)
+        path = self.store.layout.producer(lease.subject, lease.node.sink, lease.node.producer)
         node = lease.node.model_copy(update={"incarnation": lease.node.incarnation + 1, "owner": uuid.uuid4().hex})
-        self._trip("write")
+        self.store._trip("write")
         try:
-            stat = self.zk.set(path, node.dump(), version=lease.version)
+            stat = self.store.zk.set(path, node.dump(), version=lease.version)
         except BadVersionError:
             version = self._written_by_us(path, node)
             if version is None:
@@ -248,5 +256,5 @@ class ClaimRecipes(EpochReads):
     def _written_by_us(self, path: str, node: ProducerNode) -> int | None:
         """After a versioned write failed: the node's version if it already holds ``node`` (the write
         was retried after its reply was lost), else None (another incarnation wrote it)."""
-        current, version = self.read(ProducerNode, path)
+        current, version = self.store.read(ProducerNode, path)
         return version if current == node else None

@@ -17,11 +17,14 @@ from aligner.errors import AlignerError, FencedError, LedgerRollbackError, Malfo
 from aligner.models import ContributionNode, EpochNode, ProducerNode, Range, WritersNode
 from aligner.ops import Check, Create, Op, SetData, first_failure, raise_failure
 from aligner.recipes.claims import ClaimRecipes, Lease
+from aligner.recipes.reads import EpochReads
+from aligner.recipes.store import Store
+from aligner.recipes.subjects import SubjectRecipes
 
 
 @dataclass(frozen=True)
 class PendingEpoch:
-    """An ``ensure_epoch`` whose multi-op is in flight (see ``Ledger.ensure_epoch_async``)."""
+    """An ``ensure_epoch`` whose multi-op is in flight (see ``CommitRecipes.ensure_epoch_async``)."""
 
     subject: str
     epoch: int
@@ -33,7 +36,7 @@ class PendingEpoch:
 
 @dataclass(frozen=True)
 class PendingCommit:
-    """A ``commit_epoch`` whose multi-op is in flight (see ``Ledger.commit_epoch_async``)."""
+    """A ``commit_epoch`` whose multi-op is in flight (see ``CommitRecipes.commit_epoch_async``)."""
 
     epoch: int
     contributions: Sequence[Contribution]
@@ -69,8 +72,14 @@ def _ensured(results: list[object]) -> bool:
     return False
 
 
-class CommitRecipes(ClaimRecipes):
+class CommitRecipes:
     """The two round trips of an epoch commit, and the epochs a producer owes."""
+
+    def __init__(self, store: Store, subjects: SubjectRecipes, epochs: EpochReads, claims: ClaimRecipes) -> None:
+        self.store = store
+        self.subjects = subjects
+        self.epochs = epochs
+        self.claims = claims
 
     def ensure_epoch(
         self, subject: str, epoch: int, writers: tuple[WritersNode, int] | None = None
@@ -90,7 +99,7 @@ class CommitRecipes(ClaimRecipes):
         round trip overlaps the epoch's sends. Without a cached ``writers`` document the document
         is read first (synchronously), as ``ensure_epoch`` does.
         """
-        doc, version = writers or self.writers(subject)
+        doc, version = writers or self.subjects.writers(subject)
         return PendingEpoch(subject, epoch, doc, version, self._ensure_multi(subject, epoch, doc, version))
 
     def epoch_ensured(self, pending: PendingEpoch) -> tuple[WritersNode, int]:
@@ -99,20 +108,20 @@ class CommitRecipes(ClaimRecipes):
             return pending.doc, pending.version
 
         def attempt() -> tuple[WritersNode, int]:  # the writers changed since they were read: read them again
-            doc, version = self.writers(pending.subject)
+            doc, version = self.subjects.writers(pending.subject)
             if not _ensured(self._ensure_multi(pending.subject, pending.epoch, doc, version).get()):
                 raise ForceRetryError()
             return doc, version
 
-        return self.zk.retry_conflicts(attempt)
+        return self.store.zk.retry_conflicts(attempt)
 
     def _ensure_multi(self, subject: str, epoch: int, doc: WritersNode, version: int) -> Any:
-        return self.multi_async(*self._ensure_ops(subject, epoch, doc, version))
+        return self.store.multi_async(*self._ensure_ops(subject, epoch, doc, version))
 
     def _ensure_ops(self, subject: str, epoch: int, doc: WritersNode, version: int) -> list[Op]:
-        lay = self.layout
+        lay = self.store.layout
         node = EpochNode(epoch=epoch, writers=doc.expected(epoch))
-        self.ensure_bucket(lay.epoch(subject, epoch))
+        self.store.ensure_bucket(lay.epoch(subject, epoch))
         return [Create(lay.epoch(subject, epoch), node.dump()), Check(lay.writers(subject), version)]
 
     def commit(self, lease: Lease, epoch: int, attempt: int | None, ranges: Mapping[int, Range],
@@ -131,7 +140,7 @@ class CommitRecipes(ClaimRecipes):
         Returns the new leases, in the order of ``contributions``.
         """
         ops, nodes = self._commit_ops(epoch, contributions)
-        return self._commit_outcome(epoch, contributions, nodes, self.multi(*ops, *extra))
+        return self._commit_outcome(epoch, contributions, nodes, self.store.multi(*ops, *extra))
 
     def commit_epoch_async(self, epoch: int, contributions: Sequence[Contribution], extra: Sequence[Op] = (),
                            writers: Mapping[str, tuple[WritersNode, int]] | None = None) -> PendingCommit:
@@ -153,7 +162,7 @@ class CommitRecipes(ClaimRecipes):
                  and writers[c.lease.subject][0].expected(epoch + 1) == (c.lease.writer,)}
         after = [op for subject, (doc, version) in ahead.items()
                  for op in self._ensure_ops(subject, epoch + 1, doc, version)]
-        return PendingCommit(epoch, contributions, nodes, self.multi_async(*ops, *extra, *after), extra, ahead)
+        return PendingCommit(epoch, contributions, nodes, self.store.multi_async(*ops, *extra, *after), extra, ahead)
 
     def epoch_committed(self, pending: PendingCommit) -> tuple[list[Lease], dict[str, tuple[WritersNode, int]]]:
         """Wait for a ``commit_epoch_async``; its outcome as ``commit_epoch`` gives it, with the subjects
@@ -172,7 +181,7 @@ class CommitRecipes(ClaimRecipes):
     def _commit_ops(self, epoch: int, contributions: Sequence[Contribution]) -> tuple[list[Op], list[ProducerNode]]:
         if not contributions:
             raise AlignerError(f"epoch {epoch}: nothing to commit")
-        lay = self.layout
+        lay = self.store.layout
         ops: list[Op] = []
         nodes: list[ProducerNode] = []
         seen: set[tuple[str, str]] = set()
@@ -219,9 +228,9 @@ class CommitRecipes(ClaimRecipes):
         wrote: the node still names this incarnation but an earlier commit than the one ZooKeeper already
         acknowledged to it. Said as such (the ensemble lost acknowledged writes), not as fencing."""
         n = lease.node
-        path = self.layout.producer(lease.subject, n.sink, n.producer)
+        path = self.store.layout.producer(lease.subject, n.sink, n.producer)
         try:
-            current, version = self.read(ProducerNode, path)
+            current, version = self.store.read(ProducerNode, path)
         except NoNodeError:
             return
         behind = (current.committed_epoch if current.committed_epoch is not None else -1) < (
@@ -253,8 +262,8 @@ class CommitRecipes(ClaimRecipes):
         (a retry after a lost reply finds every producer node as it wrote it), else None."""
         leases = []
         for c, node in zip(contributions, nodes, strict=True):
-            path = self.layout.producer(c.lease.subject, node.sink, node.producer)
-            version = self._written_by_us(path, node)
+            path = self.store.layout.producer(c.lease.subject, node.sink, node.producer)
+            version = self.claims._written_by_us(path, node)
             if version is None:
                 return None
             leases.append(Lease(c.lease.subject, node, version, c.lease.first_epoch))
@@ -279,7 +288,7 @@ class CommitRecipes(ClaimRecipes):
         Epoch nodes created ahead of the finish still list this producer; it contributes empty
         ranges to them so they can commit. Returns the last epoch it wrote.
         """
-        lay, subject, last = self.layout, lease.subject, lease.node.committed_epoch
+        lay, subject, last = self.store.layout, lease.subject, lease.node.committed_epoch
         stop = -1 if last is None else last
 
         def finished(doc: WritersNode | None) -> WritersNode | None:
@@ -290,11 +299,11 @@ class CommitRecipes(ClaimRecipes):
                 return None
             return WritersNode(writers={**doc.writers, lease.writer: entry.model_copy(update={"finished_after": stop})})
 
-        self.update(WritersNode, lay.writers(subject), finished)
+        self.store.update(WritersNode, lay.writers(subject), finished)
         empty = {p: Range(start=o, end=o) for p, o in lease.node.next_offsets.items()}
-        for epoch in self.epoch_numbers(subject):
-            if epoch > stop and lease.writer in self.epoch_node(subject, epoch).writers:
+        for epoch in self.subjects.epoch_numbers(subject):
+            if epoch > stop and lease.writer in self.epochs.epoch_node(subject, epoch).writers:
                 contribution = ContributionNode(sink=lease.node.sink, producer=lease.node.producer, attempt=None,
                                                 ranges=empty)
-                self._ensure(lay.contribution(subject, epoch, lease.writer), contribution.dump())
+                self.subjects._ensure(lay.contribution(subject, epoch, lease.writer), contribution.dump())
         return last

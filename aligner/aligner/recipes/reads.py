@@ -12,6 +12,7 @@ from kazoo.exceptions import NoNodeError
 from aligner.epochs import CommittedEpoch, assemble, missing_writers
 from aligner.errors import AlignerError, EpochCollectedError, EpochNotCommittedError, MalformedNodeError
 from aligner.models import ContributionNode, EpochNode, WritersNode, parse
+from aligner.recipes.store import Store
 from aligner.recipes.subjects import SubjectRecipes
 
 _PIPELINE_EPOCHS = 500
@@ -34,70 +35,74 @@ def _when_all(requests: Sequence[Any], then: Callable[[], None]) -> None:
         request.rawlink(one)
 
 
-class EpochReads(SubjectRecipes):
+class EpochReads:
     """Reads of epoch nodes; committed epochs are cached (they never change)."""
+
+    def __init__(self, store: Store, subjects: SubjectRecipes) -> None:
+        self.store = store
+        self.subjects = subjects
 
     def epoch_node(self, subject: str, epoch: int) -> EpochNode:
         try:
-            return self.read(EpochNode, self.layout.epoch(subject, epoch))[0]
+            return self.store.read(EpochNode, self.store.layout.epoch(subject, epoch))[0]
         except NoNodeError:
             raise self._missing(subject, epoch) from None
 
     def _missing(self, subject: str, epoch: int) -> AlignerError:
-        self.subject(subject)
-        floor = self.first_retained(subject)
+        self.subjects.subject(subject)
+        floor = self.subjects.first_retained(subject)
         if epoch < floor:
             return EpochCollectedError(subject, epoch, floor)
         return EpochNotCommittedError(subject, epoch, "no such epoch")
 
     def is_committed(self, subject: str, epoch: int) -> bool:
-        if self.cached(subject, epoch) is not None:
+        if self.store.cached(subject, epoch) is not None:
             return True
         node = self.epoch_node(subject, epoch)
-        children = set(self._children(self.layout.epoch(subject, epoch)))
+        children = set(self.store._children(self.store.layout.epoch(subject, epoch)))
         return bool(node.writers) and not missing_writers(node, children)
 
     def committed(self, subject: str, epoch: int) -> CommittedEpoch:
         """The fixed slices of a committed epoch; cached, since a committed epoch never changes."""
-        hit = self.cached(subject, epoch)
+        hit = self.store.cached(subject, epoch)
         if hit is not None:
             return hit
         node = self.epoch_node(subject, epoch)
-        path = self.layout.epoch(subject, epoch)
-        return self._assemble(subject, epoch, node, set(self._children(path)) & set(node.writers))
+        path = self.store.layout.epoch(subject, epoch)
+        return self._assemble(subject, epoch, node, set(self.store._children(path)) & set(node.writers))
 
     def committed_if(self, subject: str, epoch: int) -> CommittedEpoch | None:
         """``committed`` of an epoch that is committed, None for one that is not (yet); one read of the epoch
         node and its children instead of ``is_committed`` and then ``committed`` reading both twice.
         EpochNotCommittedError when the epoch node does not exist."""
-        hit = self.cached(subject, epoch)
+        hit = self.store.cached(subject, epoch)
         if hit is not None:
             return hit
         node = self.epoch_node(subject, epoch)
-        children = set(self._children(self.layout.epoch(subject, epoch)))
+        children = set(self.store._children(self.store.layout.epoch(subject, epoch)))
         if not node.writers or missing_writers(node, children):
             return None
         return self._assemble(subject, epoch, node, children & set(node.writers))
 
     def _assemble(self, subject: str, epoch: int, node: EpochNode, present: set[str]) -> CommittedEpoch:
         """The committed epoch from its node and its present writers' contributions (read pipelined)."""
-        path = self.layout.epoch(subject, epoch)
-        self._trip("read")
-        pending = {w: self.zk.get_async(f"{path}/{w}") for w in sorted(present)}
+        path = self.store.layout.epoch(subject, epoch)
+        self.store._trip("read")
+        pending = {w: self.store.zk.get_async(f"{path}/{w}") for w in sorted(present)}
         contributions = {w: parse(ContributionNode, f"{path}/{w}", a.get()[0]) for w, a in pending.items()}
         result = assemble(subject, node, contributions)
-        self.cache(subject, epoch, result)
+        self.store.cache(subject, epoch, result)
         return result
 
     def prefetch_committed(self, subject: str, epoch: int) -> None:
         """Read a committed epoch into the cache in the background, without waiting: a worker asks for the
         epoch it reads next while it processes this one, so its next epoch starts with no read. An epoch
         not committed yet, or any failure, leaves the cache as it was: the next ``committed_if`` reads then."""
-        kazoo = self.zk.kazoo
-        if self.cached(subject, epoch) is not None or not kazoo.connected:
+        kazoo = self.store.zk.kazoo
+        if self.store.cached(subject, epoch) is not None or not kazoo.connected:
             return
-        path = self.layout.epoch(subject, epoch)
-        self._trip("read")
+        path = self.store.layout.epoch(subject, epoch)
+        self.store._trip("read")
         head = (kazoo.get_async(path), kazoo.get_children_async(path))
         _when_all(head, lambda: self._prefetch_contributions(subject, epoch, path, *head))
 
@@ -109,14 +114,14 @@ class EpochReads(SubjectRecipes):
             return
         if not node.writers or missing_writers(node, present):
             return
-        self._trip("read")
-        pending = {w: self.zk.kazoo.get_async(f"{path}/{w}") for w in node.writers}
+        self.store._trip("read")
+        pending = {w: self.store.zk.kazoo.get_async(f"{path}/{w}") for w in node.writers}
 
         def assembled() -> None:
             with contextlib.suppress(Exception):
                 contributions = {w: parse(ContributionNode, f"{path}/{w}", req.get_nowait()[0])
                                  for w, req in pending.items()}
-                self.cache(subject, epoch, assemble(subject, node, contributions))
+                self.store.cache(subject, epoch, assemble(subject, node, contributions))
 
         _when_all(tuple(pending.values()), assembled)
 
@@ -133,13 +138,14 @@ class EpochReads(SubjectRecipes):
         return out
 
     def _committed_chunk(self, subject: str, first: int, last: int) -> list[CommittedEpoch]:
-        lay = self.layout
-        hits = {e: self.cached(subject, e) for e in range(first, last + 1)}
+        lay = self.store.layout
+        hits = {e: self.store.cached(subject, e) for e in range(first, last + 1)}
         todo = [e for e, hit in hits.items() if hit is None]
         heads: dict[int, tuple[Any, Any]] = {}
         if todo:
-            self._trip("read")
-            heads = {e: (self.zk.get_async(lay.epoch(subject, e)), self.zk.get_children_async(lay.epoch(subject, e)))
+            self.store._trip("read")
+            heads = {e: (self.store.zk.get_async(lay.epoch(subject, e)),
+                         self.store.zk.get_children_async(lay.epoch(subject, e)))
                      for e in todo}
         nodes: dict[int, EpochNode | BaseException] = {}
         pending: dict[int, dict[str, Any]] = {}
@@ -158,8 +164,8 @@ class EpochReads(SubjectRecipes):
             present = set(children) & set(node.writers)
             pending[e] = {w: f"{path}/{w}" for w in sorted(present)}
         if any(pending.values()):
-            self._trip("read")
-            pending = {e: {w: (p, self.zk.get_async(p)) for w, p in ws.items()} for e, ws in pending.items()}
+            self.store._trip("read")
+            pending = {e: {w: (p, self.store.zk.get_async(p)) for w, p in ws.items()} for e, ws in pending.items()}
         out: list[CommittedEpoch] = []
         for e in range(first, last + 1):
             hit = hits[e]
@@ -168,21 +174,21 @@ class EpochReads(SubjectRecipes):
                 continue
             head = nodes[e]
             if isinstance(head, NoNodeError):
-                self.subject(subject)  # raises UnknownSubjectError when that is the cause
+                self.subjects.subject(subject)  # raises UnknownSubjectError when that is the cause
                 raise self._missing(subject, e)
             if isinstance(head, BaseException):
                 raise head
             contributions = {w: parse(ContributionNode, p, req.get()[0]) for w, (p, req) in pending[e].items()}
             result = assemble(subject, head, contributions)
-            self.cache(subject, e, result)
+            self.store.cache(subject, e, result)
             out.append(result)
         return out
 
     def epoch_time(self, subject: str, epoch: int) -> int | None:
         """When the epoch's node was last written (ZooKeeper's mtime, ms since the epoch): the time
         retention ages it by, with no field of its own; None when it is gone."""
-        self._trip("read")
-        stat = self.zk.exists(self.layout.epoch(subject, epoch))
+        self.store._trip("read")
+        stat = self.store.zk.exists(self.store.layout.epoch(subject, epoch))
         return None if stat is None else int(stat.mtime)
 
     def frontier(self, subject: str, numbers: Sequence[int] | None = None) -> int | None:
@@ -190,7 +196,7 @@ class EpochReads(SubjectRecipes):
 
         ``numbers``: the subject's epoch numbers in order, when the caller listed them already; a day's
         ledger is a listing of 10^5 names, so a caller that needs the count too lists once, not twice."""
-        for bucket in (self.epochs_from_last(subject) if numbers is None else [numbers]):
+        for bucket in (self.subjects.epochs_from_last(subject) if numbers is None else [numbers]):
             for epoch in reversed(bucket):
                 if self.is_committed(subject, epoch):
                     return epoch
@@ -198,31 +204,31 @@ class EpochReads(SubjectRecipes):
 
     def finished(self, subject: str) -> int | None:
         """The last epoch of a subject whose every producer has finished, else None."""
-        return self._finished_of(subject, self.writers(subject)[0])
+        return self._finished_of(subject, self.subjects.writers(subject)[0])
 
     def finished_watched(self, subject: str) -> int | None:
         """``finished`` from the subject's writers node as a DataWatch keeps it (one per subject and session,
         re-armed by kazoo after outages): for a worker that asks every epoch, no read per epoch. Falls back
         to ``finished`` (which names the problem) while the node is absent or malformed."""
-        with self._lock:
-            known = subject in self._writers_seen
-            doc = self._writers_seen.get(subject)
+        with self.store._lock:
+            known = subject in self.store._writers_seen
+            doc = self.store._writers_seen.get(subject)
         if not known:
-            path = self.layout.writers(subject)
+            path = self.store.layout.writers(subject)
 
             def changed(data: bytes | None, _stat: Any) -> None:
                 try:
                     seen = parse(WritersNode, path, data) if data else None
                 except MalformedNodeError:
                     seen = None
-                with self._lock:
-                    self._writers_seen[subject] = seen
+                with self.store._lock:
+                    self.store._writers_seen[subject] = seen
 
-            self._trip("read")
+            self.store._trip("read")
             with contextlib.suppress(Exception):  # unreachable now: the read below waits or names why
-                self.zk.DataWatch(path, changed)  # calls ``changed`` now with the node as it is
-            with self._lock:
-                doc = self._writers_seen.get(subject)
+                self.store.zk.DataWatch(path, changed)  # calls ``changed`` now with the node as it is
+            with self.store._lock:
+                doc = self.store._writers_seen.get(subject)
         return self.finished(subject) if doc is None else self._finished_of(subject, doc)
 
     def _finished_of(self, subject: str, doc: WritersNode) -> int | None:

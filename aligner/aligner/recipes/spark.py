@@ -16,12 +16,17 @@ from kazoo.exceptions import BadVersionError, NodeExistsError
 from aligner.errors import FencedError
 from aligner.models import Node
 from aligner.ops import Create, Op, SetData, raise_failure
-from aligner.recipes.commits import Contribution
-from aligner.recipes.watches import WatchRecipes
+from aligner.recipes.commits import CommitRecipes, Contribution
+from aligner.recipes.store import Store
 
 
-class SparkBatchRecipes(WatchRecipes):
-    """The commit a Spark sink's driver makes per micro-batch."""
+class SparkBatchRecipes:
+    """The commit a Spark sink's driver makes per micro-batch: a recipe the Spark adapter holds, over the
+    ledger's store and commits (``SparkBatchRecipes(ledger)``)."""
+
+    def __init__(self, ledger: Store, commits: CommitRecipes) -> None:
+        self.store = ledger
+        self.commits = commits
 
     def commit_sink_batch(self, subject: str, sink: str, batch: int, epoch: int,
                           contributions: Sequence[Contribution], progress: Node, progress_version: int,
@@ -33,7 +38,7 @@ class SparkBatchRecipes(WatchRecipes):
 
         Another writer of the sink in between (a zombie driver, a restarted one) fails it with
         :class:`FencedError`, and nothing is committed."""
-        lay, path = self.layout, self.layout.spark_progress(subject, sink)
+        lay, path = self.store.layout, self.store.layout.spark_progress(subject, sink)
         ops: list[Op]
         if progress_version < 0:
             ops = [Create(path, progress.dump()), Create(lay.spark_sink_epochs(subject, sink))]
@@ -44,13 +49,13 @@ class SparkBatchRecipes(WatchRecipes):
             if progress_version < 0:  # the epochs folder is made by this multi-op: its first bucket too
                 ops.append(Create(record.rsplit("/", 1)[0]))
             else:
-                self.ensure_bucket(record)
+                self.store.ensure_bucket(record)
             ops.append(Create(record, lineage.dump()))
         try:
             if contributions:
-                self.commit_epoch(epoch, contributions, ops)
+                self.commits.commit_epoch(epoch, contributions, ops)
             else:
-                raise_failure(self.multi(*ops))
+                raise_failure(self.store.multi(*ops))
         except (FencedError, BadVersionError, NodeExistsError) as exc:
             raise FencedError(f"batch {batch} of sink {sink!r} on {subject!r}: another writer changed the sink while "
                               f"this batch committed ({type(exc).__name__}); nothing was committed") from exc

@@ -12,14 +12,17 @@ from aligner.ops import Create, raise_failure
 from aligner.recipes.store import Store
 
 
-class SubjectRecipes(Store):
+class SubjectRecipes:
     """Read and register subjects."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
     def register_subject(self, node: SubjectNode) -> SubjectNode:
         """Create a subject, or return the existing one when it has the same shape."""
-        lay = self.layout
-        self.zk.ensure_path(lay.subjects)
-        results = self.multi(
+        lay = self.store.layout
+        self.store.zk.ensure_path(lay.subjects)
+        results = self.store.multi(
             Create(lay.subject(node.name), node.dump()),
             Create(lay.writers(node.name), WritersNode().dump()),
             Create(lay.sinks(node.name)),
@@ -38,57 +41,57 @@ class SubjectRecipes(Store):
 
     def subject(self, name: str) -> SubjectNode:
         try:
-            return self.read(SubjectNode, self.layout.subject(name))[0]
+            return self.store.read(SubjectNode, self.store.layout.subject(name))[0]
         except NoNodeError:
             raise UnknownSubjectError(name) from None
 
     def subject_names(self) -> list[str]:
         try:
-            return sorted(self._children(self.layout.subjects))
+            return sorted(self.store._children(self.store.layout.subjects))
         except NoNodeError:
             return []
 
     def writers(self, subject: str) -> tuple[WritersNode, int]:
-        path = self.layout.writers(subject)
-        return self.read_registered(lambda: self.read(WritersNode, path), lambda: self.subject(subject),
+        path = self.store.layout.writers(subject)
+        return self.store.read_registered(lambda: self.store.read(WritersNode, path), lambda: self.subject(subject),
                                     lambda: MalformedNodeError(path, "missing writers node"))
 
     def sinks(self, subject: str) -> list[str]:
         try:
-            return sorted(self._children(self.layout.sinks(subject)))
+            return sorted(self.store._children(self.store.layout.sinks(subject)))
         except NoNodeError:
             raise UnknownSubjectError(subject) from None
 
     def producers(self, subject: str, sink: str) -> list[ProducerNode]:
-        lay = self.layout
-        return [self.read(ProducerNode, lay.producer(subject, sink, p))[0]
-                for p in sorted(self._children(lay.producers(subject, sink)))]
+        lay = self.store.layout
+        return [self.store.read(ProducerNode, lay.producer(subject, sink, p))[0]
+                for p in sorted(self.store._children(lay.producers(subject, sink)))]
 
     def epoch_numbers(self, subject: str, since: int | None = None) -> list[int]:
         """The subject's epoch numbers in order (with ``since``: at least those from ``since`` on)."""
         try:
-            return self.numbers(self.layout.epochs(subject), since)
+            return self.store.numbers(self.store.layout.epochs(subject), since)
         except NoNodeError:
             raise UnknownSubjectError(subject) from None
 
     def epochs_from_last(self, subject: str) -> Iterable[list[int]]:
         """The subject's epoch numbers a bucket at a time, the newest first (see ``Store.numbers_from_last``)."""
         try:
-            return self.numbers_from_last(self.layout.epochs(subject))
+            return self.store.numbers_from_last(self.store.layout.epochs(subject))
         except NoNodeError:
             raise UnknownSubjectError(subject) from None
 
     def epoch_count(self, subject: str) -> int:
         """Epochs the subject holds in ZooKeeper (retention keeps it bounded), without listing them."""
         try:
-            return self.count(self.layout.epochs(subject))
+            return self.store.count(self.store.layout.epochs(subject))
         except NoNodeError:
             raise UnknownSubjectError(subject) from None
 
     def first_epoch(self, subject: str) -> int | None:
         """The subject's first epoch held in ZooKeeper (None: none yet); one bucket listed, not all."""
         try:
-            return self.first_number(self.layout.epochs(subject))
+            return self.store.first_number(self.store.layout.epochs(subject))
         except NoNodeError:
             raise UnknownSubjectError(subject) from None
 
@@ -98,17 +101,18 @@ class SubjectRecipes(Store):
     def first_retained(self, subject: str) -> int:
         """The subject's first retained epoch, retention's floor (0 when nothing was collected)."""
         try:
-            raw, _ = self.zk.get(self.layout.retention(subject))
+            raw, _ = self.store.zk.get(self.store.layout.retention(subject))
         except NoNodeError:
             return 0
         try:
             return int(raw)
         except ValueError:
-            raise MalformedNodeError(self.layout.retention(subject), f"not an epoch number: {raw[:40]!r}") from None
+            raise MalformedNodeError(self.store.layout.retention(subject),
+                                     f"not an epoch number: {raw[:40]!r}") from None
 
     def _ensure(self, path: str, data: bytes, parent: str | None = None) -> None:
         try:
-            self.zk.create(path, data)
+            self.store.zk.create(path, data)
         except NodeExistsError:
             pass
         except NoNodeError:

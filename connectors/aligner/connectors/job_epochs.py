@@ -17,7 +17,7 @@ from aligner.alignment import ConsumerAlignment
 from aligner.connectors.idle import Idle
 from aligner.coverage import Coverage, Next
 from aligner.errors import AlignerError, ContestedCoverageError
-from aligner.jobs import JobLedger, PendingJobEpoch
+from aligner.jobs import PendingJobEpoch
 from aligner.ledger import Ledger
 from aligner.models import JobEpochNode, Span
 
@@ -27,7 +27,7 @@ log = logging.getLogger("aligner.runtime")
 class JobEpochs:
     def __init__(self, ledger: Ledger, line: str, per: int, follows: bool, idle: Idle) -> None:
         self.ledger = ledger
-        self.jobs = JobLedger(ledger)
+        self.jobs = ledger.jobs
         self.line = line
         """Whose job epoch nodes are used: the first version's, so every version covers the same input."""
         self.per = per
@@ -107,7 +107,7 @@ class JobEpochs:
         assert self._last is not None
         for subject, first in self._last.next.items():
             for e in range(first, first + 2 * self.per):
-                self.ledger.prefetch_committed(subject, e)
+                self.ledger.epochs.prefetch_committed(subject, e)
 
     def _start(self, epoch: int, alignments: Mapping[str, ConsumerAlignment]) -> dict[str, int]:
         last = self._last
@@ -118,13 +118,13 @@ class JobEpochs:
         """Each subject's committed prefix from ``start``. Read first: epochs already committed (a job catching
         up) cost no watch; a prefix found short is read again after its watch is armed, so no commit is missed."""
         assert start is not None
-        finished = {s: self.ledger.finished_watched(s) for s in start}
+        finished = {s: self.ledger.epochs.finished_watched(s) for s in start}
         wanted = {s: coverage.wanted(first, self.per, finished[s]) for s, first in start.items()}
         prefix = {s: self._committed_prefix(s, first, wanted[s]) for s, first in start.items()}
         for s, first in start.items():
             if prefix[s] < wanted[s]:
                 self.watch_epoch(s, first + self.per - 1)
-                finished[s] = self.ledger.finished_watched(s)
+                finished[s] = self.ledger.epochs.finished_watched(s)
                 wanted[s] = coverage.wanted(first, self.per, finished[s])
                 prefix[s] += self._committed_prefix(s, first + prefix[s], wanted[s] - prefix[s])
         return {s: first + prefix[s] - 1 for s, first in start.items()}, finished
@@ -132,7 +132,7 @@ class JobEpochs:
     def _wait(self, epoch: int, why: Next, start: Mapping[str, int] | None, stop: threading.Event) -> None:
         if why is Next.FOLLOW:
             path = self.ledger.layout.job_epoch(self.line, epoch)
-            self.idle.arm(path, lambda cb: self.ledger.watch_node(path, cb))
+            self.idle.arm(path, lambda cb: self.ledger.watches.watch_node(path, cb))
             if self.jobs.job_epoch(self.line, epoch) is not None:
                 return
             self.idle.waiting(self._follow_wait(epoch))
@@ -154,13 +154,14 @@ class JobEpochs:
         return why
 
     def watch_epoch(self, subject: str, epoch: int) -> None:
-        self.idle.arm(self.ledger.layout.epoch(subject, epoch), lambda cb: self.ledger.arm_watch(subject, epoch, cb))
+        watches = self.ledger.watches
+        self.idle.arm(self.ledger.layout.epoch(subject, epoch), lambda cb: watches.arm_watch(subject, epoch, cb))
 
     def _committed_prefix(self, subject: str, start: int, per: int) -> int:
         n = 0
         while n < per:
             try:  # read whole: the source loads the same epochs next, from the ledger's cache
-                if self.ledger.committed_if(subject, start + n) is None:
+                if self.ledger.epochs.committed_if(subject, start + n) is None:
                     break
             except AlignerError:
                 break

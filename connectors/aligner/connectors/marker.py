@@ -35,7 +35,7 @@ class EpochMarker:
         self._stop: threading.Event | None = None
 
     def open(self) -> EpochMarker:
-        meta = self.ledger.subject(self.subject)
+        meta = self.ledger.subjects.subject(self.subject)
         self.topic = meta.topic
         self.partitions = list(range(meta.partitions))
 
@@ -46,7 +46,7 @@ class EpochMarker:
                 return end_offsets(self.bootstrap, self.topic, self.partitions, earliest=True)
             return self._ends()
 
-        self._lease = self.ledger.claim(self.subject, self.name, "0", self.partitions, start)
+        self._lease = self.ledger.claims.claim(self.subject, self.name, "0", self.partitions, start)
         return self
 
     def _ends(self, known: dict[int, int] | None = None) -> dict[int, int]:
@@ -59,7 +59,7 @@ class EpochMarker:
     def finish(self) -> int | None:
         """The outside producers are done: mark the subject finished so aligned readers drain and stop."""
         assert self._lease is not None, "open() first"
-        return self.ledger.finish(self._lease)
+        return self.ledger.commits.finish(self._lease)
 
     def close(self) -> None:
         self._consumer.close()
@@ -68,10 +68,10 @@ class EpochMarker:
         """Commit one epoch up to the current stable end of every partition."""
         assert self._lease is not None, "open() first"
         epoch = self._lease.next_epoch
-        self._writers = self.ledger.ensure_epoch(self.subject, epoch, self._writers)
+        self._writers = self.ledger.commits.ensure_epoch(self.subject, epoch, self._writers)
         ends = self._ends(dict(self._lease.node.next_offsets))
         ranges = {p: Range(start=s, end=max(s, ends[p])) for p, s in self._lease.node.next_offsets.items()}
-        self._lease = self.ledger.commit(self._lease, epoch, None, ranges)
+        self._lease = self.ledger.commits.commit(self._lease, epoch, None, ranges)
         return epoch, ranges
 
     def run(self, interval: float, stop: threading.Event, count: int | None = None,

@@ -123,11 +123,11 @@ class EpochReader:
 
     def epochs(self, subject: str, first: int, last: int) -> list[CommittedEpoch]:
         """The committed epochs of the span; a clear error for any epoch not committed."""
-        return self.ledger.committed_many(subject, first, last)
+        return self.ledger.epochs.committed_many(subject, first, last)
 
     def read_batches(self, subject: str, first: int, last: int) -> Iterator[tuple[int, int, list[Message]]]:
         """Yield (epoch, partition, messages) in partition then offset order; the fast path."""
-        meta = self.ledger.subject(subject)
+        meta = self.ledger.subjects.subject(subject)
         by_partition = segments_by_partition(self.epochs(subject, first, last))
         read_counter, drop_counter = RECORDS_READ.labels(subject), RECORDS_DROPPED.labels(subject)
         log_start = end_offsets(self._bootstrap, meta.topic, list(by_partition), earliest=True) if by_partition else {}

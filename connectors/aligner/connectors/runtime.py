@@ -34,7 +34,7 @@ from aligner.connectors.swap_gate import SwapGate
 from aligner.connectors.worker_io import Alignments, WorkerIO
 from aligner.epoch_step import Act
 from aligner.errors import AlignerError
-from aligner.jobs import JobLedger, PipelinedReports
+from aligner.jobs import PipelinedReports
 from aligner.ledger import Ledger
 from aligner.metrics import KAFKA_RETRIES
 from aligner.models import Mode, Span, SwapNode, WorkerEpochNode
@@ -60,7 +60,7 @@ class JobWorker:
                  fault: FaultHook | None = None,
                  on_commit: Callable[[WorkerEpochNode], None] | None = None) -> None:
         self.ledger = ledger
-        self.jobs = JobLedger(ledger)
+        self.jobs = ledger.jobs
         self.reports = PipelinedReports(self.jobs, spec.job, worker)
         self.bootstrap = bootstrap
         self.spec = spec
@@ -226,7 +226,7 @@ class JobWorker:
     def _inputs_finished(self) -> bool:
         assert self.source is not None
         for subject in self.spec.inputs:
-            last = self.ledger.finished_watched(subject)  # asked every epoch: kept by a watch, not read
+            last = self.ledger.epochs.finished_watched(subject)  # asked every epoch: kept by a watch, not read
             if last is None or self.source.consumed(subject) < last:
                 return False
         return True

@@ -135,7 +135,7 @@ class SinkProducer(StampedProducer):
         """Claim (or reclaim, as a new incarnation) the producer in every subject written, and fence
         the Kafka transaction an older incarnation left open."""
         ledger, sink, me = self.ledger, self.sink, self.producer_id
-        metas = {subject: ledger.subject(subject) for subject in self.lanes}
+        metas = {subject: ledger.subjects.subject(subject) for subject in self.lanes}
         topics = {subject: meta.topic for subject, meta in metas.items()}
 
         def starts(lane: Lane) -> Callable[[], dict[int, int]]:
@@ -143,7 +143,7 @@ class SinkProducer(StampedProducer):
                                        committed_only=False) if lane.partitions else {}
 
         lanes = [self, *(lane for lane in self.lanes.values() if lane is not self)]
-        claimed = ledger.claim_together(sink, me, [Claim(lane.subject, lane.partitions, starts(lane))
+        claimed = ledger.claims.claim_together(sink, me, [Claim(lane.subject, lane.partitions, starts(lane))
                                                    for lane in lanes])
         main = claimed[0]
         leases = {self.subject: main}
@@ -154,7 +154,7 @@ class SinkProducer(StampedProducer):
                     f"{main.next_epoch} of {self.subject!r}: another sink writes {lease.subject!r}; it cannot "
                     f"commit together with {self.subject!r}"
                 )
-            leases[lease.subject] = ledger.close_empty(lease, main.next_epoch)  # epochs written without it
+            leases[lease.subject] = ledger.commits.close_empty(lease, main.next_epoch)  # epochs written without it
         self._leases = leases
         # Fences an older incarnation's transaction; keyed records are routed by each subject's partition count.
         self.start(topics, {s: meta.partitions for s, meta in metas.items()})
@@ -207,9 +207,9 @@ class SinkProducer(StampedProducer):
             raise AlignerError(f"epoch {self._epoch} is still open; commit or abort it first")
         epoch = self.next_epoch
         # Round trip 1 goes out now and is awaited in commit(), overlapping the epoch's sends; for a subject
-        # whose node the commit in flight makes (see Ledger.commit_epoch_async), that commit is awaited instead.
+        # whose node the commit in flight makes (see CommitRecipes.commit_epoch_async), that commit is awaited instead.
         ahead = self._confirming.pending.ahead if self._confirming is not None else {}
-        self._pending = [s if s in ahead else self.ledger.ensure_epoch_async(s, epoch, self._writers.get(s))
+        self._pending = [s if s in ahead else self.ledger.commits.ensure_epoch_async(s, epoch, self._writers.get(s))
                          for s in self._leases]
         self.begin_epoch(epoch, {s: Stamp(self.sink, epoch, lease.node.incarnation)
                                  for s, lease in self._leases.items()})
@@ -226,7 +226,7 @@ class SinkProducer(StampedProducer):
         epoch and is waited for by the next ``commit`` (or :meth:`sync`), before that epoch's Kafka
         commit. If it failed, that call aborts its own epoch too and raises EpochFailedError: write
         again from ``next_epoch``. The multi-op makes the next epoch's node too where this producer writes
-        alone (``Ledger.commit_epoch_async``), so the next ``begin`` sends nothing to ZooKeeper.
+        alone (``ledger.commits.commit_epoch_async``), so the next ``begin`` sends nothing to ZooKeeper.
         """
         if self._epoch is None:
             raise AlignerError("no open epoch to commit")
@@ -256,11 +256,11 @@ class SinkProducer(StampedProducer):
         contributions = [Contribution(lease, lease.node.incarnation, written[s].ranges, written[s].counts)
                          for s, lease in self._leases.items()]
         if wait:
-            leases = self.ledger.commit_epoch(epoch, contributions, extra)
+            leases = self.ledger.commits.commit_epoch(epoch, contributions, extra)
             self._epoch = None
             self._confirmed(epoch, leases, written, time.monotonic() - started)
         else:
-            pending = self.ledger.commit_epoch_async(epoch, contributions, extra, self._writers)
+            pending = self.ledger.commits.commit_epoch_async(epoch, contributions, extra, self._writers)
             self._epoch = None
             self._confirming = _Confirming(pending, written, time.monotonic() - started)
             self._fault("zk_commit_sent")
@@ -273,9 +273,9 @@ class SinkProducer(StampedProducer):
         while self._pending:
             ensure = self._pending[0]
             if not isinstance(ensure, str):
-                self._writers[ensure.subject] = self.ledger.epoch_ensured(ensure)
+                self._writers[ensure.subject] = self.ledger.commits.epoch_ensured(ensure)
             elif ensure not in self._writers:  # the commit before could not make the node: the writers changed
-                self._writers[ensure] = self.ledger.ensure_epoch(ensure, epoch)
+                self._writers[ensure] = self.ledger.commits.ensure_epoch(ensure, epoch)
             self._pending.pop(0)
 
     def sync(self) -> int | None:
@@ -306,7 +306,7 @@ class SinkProducer(StampedProducer):
         confirming, self._confirming = self._confirming, None
         if confirming is not None:
             started = time.monotonic()
-            leases, made = self.ledger.epoch_committed(confirming.pending)
+            leases, made = self.ledger.commits.epoch_committed(confirming.pending)
             for subject in confirming.pending.ahead:  # not made: the cached document is stale
                 self._writers.pop(subject, None)
             self._writers.update(made)
@@ -335,7 +335,7 @@ class SinkProducer(StampedProducer):
         self._settle_or_abort()
         last = None
         for subject, lease in self.leases.items():
-            done = self.ledger.finish(lease)
+            done = self.ledger.commits.finish(lease)
             if subject == self.subject:
                 last = done
         return last
@@ -352,7 +352,7 @@ class SinkProducer(StampedProducer):
         lease = self._leases.pop(subject)
         del self.lanes[subject]
         self._writers.pop(subject, None)
-        return self.ledger.finish(lease)
+        return self.ledger.commits.finish(lease)
 
     def take_over(self, partitions: Sequence[int], giver: str, last: int) -> None:
         """Take ``partitions`` of the output over from the old version's sink ``giver`` after the swap
@@ -366,11 +366,11 @@ class SinkProducer(StampedProducer):
         def starts(parts: Sequence[int]) -> dict[int, int]:
             return end_offsets(self.bootstrap, topic, parts, committed_only=False)
 
-        lease = self.ledger.take_over(self.lease, partitions, giver, last, starts)
+        lease = self.ledger.claims.take_over(self.lease, partitions, giver, last, starts)
         self._leases[self.subject] = lease
         self._writers.pop(self.subject, None)
         self.partitions = sorted(lease.node.partitions)
-        self.route(self.ledger.subject(self.subject).partitions)
+        self.route(self.ledger.subjects.subject(self.subject).partitions)
 
     @property
     def holds_partitions(self) -> bool:
@@ -396,4 +396,4 @@ class SinkProducer(StampedProducer):
             finally:
                 self._epoch = None
                 self._pending = []
-                self._leases = {s: self.ledger.reincarnate(lease) for s, lease in self._leases.items()}
+                self._leases = {s: self.ledger.claims.reincarnate(lease) for s, lease in self._leases.items()}

@@ -141,8 +141,8 @@ class SubjectSource:
         self.parts: dict[tuple[str, int], _Part] = {}
         self._by_topic: dict[tuple[str, int], _Part] = {}
         for subject, partitions in assignment.items():
-            topic = ledger.subject(subject).topic
-            first = ledger.first_epoch(subject)
+            topic = ledger.subjects.subject(subject).topic
+            first = ledger.subjects.first_epoch(subject)
             self.inputs[subject] = _Input(subject, topic, list(partitions), first if first is not None else 0)
             for p in partitions:
                 part = _Part(subject, topic, p)
@@ -201,7 +201,7 @@ class SubjectSource:
             inp.frontier = None
             while inp.limit is None or inp.next_load <= inp.limit:
                 try:
-                    committed = self.ledger.committed_if(inp.subject, inp.next_load)
+                    committed = self.ledger.epochs.committed_if(inp.subject, inp.next_load)
                 except EpochNotCommittedError:  # not even created yet
                     committed = None
                 if committed is None:
@@ -259,7 +259,7 @@ class SubjectSource:
         """Thesis 5.6 Ready test: at or past the second-last committed epoch of every subject."""
         for subject, inp in self.inputs.items():
             # What the last load found (it ran within this epoch) saves listing the subject's epochs each epoch.
-            frontier = inp.frontier if inp.frontier is not None else self.ledger.frontier(subject)
+            frontier = inp.frontier if inp.frontier is not None else self.ledger.epochs.frontier(subject)
             if frontier is not None and frontier >= 1 and inp.consumed < frontier - 1:
                 return False
         return True

@@ -307,10 +307,10 @@ class StateStore:
         began = time.monotonic()
         self._overlay = {}
         self._forget_count()
-        meta = ledger.subject(subject)
+        meta = ledger.subjects.subject(subject)
         if not 0 <= partition < meta.partitions:
             raise AlignerError(f"changelog {subject!r} has partitions 0..{meta.partitions - 1}, not {partition}")
-        writers, _ = ledger.writers(subject)
+        writers, _ = ledger.subjects.writers(subject)
         owner = writers.owner_of(partition)
         if owner is None:
             if upto_epoch is not None:
@@ -373,11 +373,11 @@ class StateStore:
         e = first
         while e <= last:
             try:
-                committed = ledger.committed_many(subject, e, last)
+                committed = ledger.epochs.committed_many(subject, e, last)
                 bad = last + 1
             except EpochNotCommittedError as exc:
                 bad = exc.epoch
-                committed = ledger.committed_many(subject, e, bad - 1) if bad > e else []
+                committed = ledger.epochs.committed_many(subject, e, bad - 1) if bad > e else []
             for ce in committed:
                 sl = ce.slices.get(partition)
                 if sl is not None:

@@ -24,14 +24,14 @@ def create_subject(
     node = SubjectNode(name=name, topic=topic or name, partitions=partitions,
                        value_format=value_format, fields=tuple(fields))
     ensure_topic(bootstrap, node.topic, partitions)
-    return ledger.register_subject(node)
+    return ledger.subjects.register_subject(node)
 
 
 def ensure_shadow(ledger: Ledger, bootstrap: str, name: str, output: str) -> SubjectNode:
     """A new version's shadow subject, shaped like the target it shadows (created by the first to start):
     its epoch E holds what the version voided at the target in job epoch E."""
     try:
-        return ledger.subject(name)
+        return ledger.subjects.subject(name)
     except UnknownSubjectError:
-        out = ledger.subject(output)
+        out = ledger.subjects.subject(output)
         return create_subject(ledger, bootstrap, name, out.partitions, value_format=out.value_format)

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from aligner import epoch_step
 from aligner.connectors.idle import Idle
 from aligner.epoch_step import Act, EpochStep
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import Phase, SwapNode
 from aligner.zk import StoppedError
@@ -38,7 +37,7 @@ class SwapGate:
         """The acknowledgement reported so far (in memory: a restarted worker acknowledges again)."""
 
     def follow(self) -> None:
-        jobs = JobLedger(self.ledger)
+        jobs = self.ledger.jobs
         if self.follows is not None:
             jobs.follow_swap(self.follows, self._on_incoming)
         jobs.follow_swap(self.job, self._on_outgoing)
@@ -86,7 +85,7 @@ class SwapGate:
 def await_target(ledger: Ledger, job: str, output: str, epoch: int, stop: threading.Event | None = None) -> None:
     """The new version's S+1 commits only after S is committed at the target (by the old version)."""
     logged = False
-    while not ledger.wait_committed(output, epoch, timeout=1.0, stop=stop):
+    while not ledger.watches.wait_committed(output, epoch, timeout=1.0, stop=stop):
         if ledger.stopping() or (stop is not None and stop.is_set()):
             raise StoppedError(f"job {job!r}: stopped while waiting for epoch {epoch} of {output!r}")
         if not logged:

@@ -24,7 +24,6 @@ from aligner.connectors.source import SubjectSource
 from aligner.connectors.state import MemoryStore, StateStore, create_changelog, open_store, take_keys
 from aligner.connectors.subjects import ensure_shadow
 from aligner.errors import AlignerError, UnknownSubjectError
-from aligner.jobs import JobLedger
 from aligner.keys import sources, worker_of
 from aligner.layout import writer_id
 from aligner.ledger import Ledger
@@ -40,7 +39,7 @@ class WorkerIO:
     def __init__(self, ledger: Ledger, bootstrap: str, spec: JobSpec, worker: int, fault: FaultHook,
                  idle: Idle) -> None:
         self.ledger = ledger
-        self.jobs = JobLedger(ledger)
+        self.jobs = ledger.jobs
         self.bootstrap = bootstrap
         self.spec = spec
         self.worker = worker
@@ -78,7 +77,7 @@ class WorkerIO:
         spec = self.spec
         if spec.follows is None or self.jobs.worker_epoch_numbers(spec.job, self.worker):
             return True
-        frontier = self.ledger.frontier(spec.output)
+        frontier = self.ledger.epochs.frontier(spec.output)
         return frontier is not None and self.jobs.job_epoch(line, frontier) is not None
 
     def join_when_aligned(self, line: str) -> bool:
@@ -99,7 +98,7 @@ class WorkerIO:
     def _ensure_changelog(self, name: str) -> None:
         """The job's changelog subject, one partition per worker (created by the first worker to start)."""
         try:
-            meta = self.ledger.subject(name)
+            meta = self.ledger.subjects.subject(name)
         except UnknownSubjectError:
             meta = create_changelog(self.ledger, self.bootstrap, name, self.spec.parallelism)
         if meta.partitions != self.spec.parallelism:
@@ -110,12 +109,12 @@ class WorkerIO:
         """Open the sink (a new attempt) and the source, and restore the last committed job epoch;
         returns the alignment of each source as of that epoch."""
         spec = self.spec
-        out_parts = spec.output_partitions or tuple(range(self.ledger.subject(spec.output).partitions))
+        out_parts = spec.output_partitions or tuple(range(self.ledger.subjects.subject(spec.output).partitions))
         mine = [out_parts[i] for i in partitions_for(self.worker, spec.parallelism, len(out_parts))]
         self.mine = mine
         target = mine
         if self.hands_over:  # until its swap, the partitions it took over already (none before)
-            entry = self.ledger.writers(spec.output)[0].writers.get(writer_id(spec.job, str(self.worker)))
+            entry = self.ledger.subjects.writers(spec.output)[0].writers.get(writer_id(spec.job, str(self.worker)))
             target = list(entry.partitions) if entry is not None else []
         changelog, shadow = spec.changelog, spec.shadow_subject
         if shadow is not None and self._finished_in(shadow):
@@ -123,7 +122,7 @@ class WorkerIO:
         also = {**({changelog: [self.worker]} if changelog else {}), **({shadow: mine} if shadow else {})}
         self.sink = SinkProducer(self.ledger, self.bootstrap, spec.output, spec.job, self.worker, target,
                                  also=also or None, fault=self.fault).open()
-        assignment = {s: list(range(self.worker, self.ledger.subject(s).partitions, spec.parallelism))
+        assignment = {s: list(range(self.worker, self.ledger.subjects.subject(s).partitions, spec.parallelism))
                       for s in spec.inputs}
         self.source = SubjectSource(self.ledger, self.bootstrap, assignment,
                                     "at_least_once" if spec.mode == "at_least_once" else "exactly_once")
@@ -157,7 +156,7 @@ class WorkerIO:
 
     def _finished_in(self, subject: str) -> bool:
         """Whether this worker's producer of ``subject`` was finished (a shadow after the swap)."""
-        writers, _ = self.ledger.writers(subject)
+        writers, _ = self.ledger.subjects.writers(subject)
         entry = writers.writers.get(writer_id(self.spec.job, str(self.worker)))
         return entry is not None and entry.finished_after is not None
 
@@ -215,7 +214,7 @@ class WorkerIO:
         exactly up to ``epoch`` and keep the keys this worker reads (:func:`aligner.keys.worker_of`); take
         the positions of this worker's input partitions from whichever old worker read them."""
         spec = self.spec
-        counts = {self.ledger.subject(s).partitions for s in spec.inputs}
+        counts = {self.ledger.subjects.subject(s).partitions for s in spec.inputs}
         if len(counts) != 1:
             raise AlignerError(f"{spec.job} cannot rescale {old}'s state: keyed state follows a key's input "
                                f"partition, and its inputs have different partition counts {sorted(counts)}")
@@ -254,7 +253,7 @@ class WorkerIO:
                             "a followed version's records?); waiting for it", self.spec.job, self.worker, old,
                             worker, epoch, later[0])
             self.idle.waiting(f"{old} worker {worker} to commit epoch {epoch} (state hand-off)")
-            self.idle.arm(path, lambda cb: self.ledger.watch_node(path, cb))
+            self.idle.arm(path, lambda cb: self.ledger.watches.watch_node(path, cb))
             self.idle.wake.wait(1.0)
             self.idle.wake.clear()
         self.idle.got_input()

@@ -19,7 +19,6 @@ from aligner.alignment import Command, ConsumerAlignment, State, aligned_togethe
 from aligner.coordinator.waiting import Waiter
 from aligner.decision import Next, Settled
 from aligner.errors import AlignerError, AlignmentSplitError, EpochCollectedError
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import AlignmentDecision, DecisionPhase, now_ms
 
@@ -36,7 +35,7 @@ def leadership(ledger: Ledger, timeout: float | None = None, identifier: str | N
     from kazoo.exceptions import LockTimeout
 
     me = identifier or uuid.uuid4().hex
-    election = JobLedger(ledger).election(me)
+    election = ledger.jobs.election(me)
     try:
         acquired = election.lock.acquire(timeout=timeout)
     except LockTimeout:
@@ -55,7 +54,7 @@ def leadership(ledger: Ledger, timeout: float | None = None, identifier: str | N
 class Coordinator:
     def __init__(self, ledger: Ledger, margin: int = 3, stop: threading.Event | None = None) -> None:
         self.ledger = ledger
-        self.jobs = JobLedger(ledger)
+        self.jobs = ledger.jobs
         self.margin = margin
         self.waiter = Waiter(ledger, stop)
 
@@ -71,16 +70,16 @@ class Coordinator:
             state = self.jobs.source_state(job, subject)
         except AlignmentSplitError:  # shown as it is; `aligner align` repairs it
             state = ConsumerAlignment(state=State.ALIGNING)
-        frontier = self.ledger.frontier(subject)
+        frontier = self.ledger.epochs.frontier(subject)
         consumed = min((c.subject_epoch for c in consumers.values() if c.subject_epoch is not None), default=-1)
         lag = 0 if frontier is None else max(0, frontier - consumed)
         lag_s = 0.0
         if lag:
             try:
-                oldest = self.ledger.committed(subject, consumed + 1)
+                oldest = self.ledger.epochs.committed(subject, consumed + 1)
             except EpochCollectedError as exc:  # a consumer that read nothing yet; retention took the first epochs
                 lag = max(0, (frontier or 0) - exc.first_retained + 1)
-                oldest = self.ledger.committed(subject, exc.first_retained)
+                oldest = self.ledger.epochs.committed(subject, exc.first_retained)
             lag_s = max(0.0, (now_ms() - oldest.committed_at) / 1000)
         modes = sorted({c.mode for c in consumers.values()})
         since = [c.waiting_since for c in consumers.values() if c.waiting_since is not None]
@@ -101,7 +100,7 @@ class Coordinator:
             # Retention removed the swapped-out version's source state: nothing to report but that.
             row["sources"] = [{"subject": s, "state": "swapped out", "mode": "-", "subject_epoch": None,
                                "job_epoch": None, "consumers": 0, "lag_epochs": 0, "lag_seconds": 0.0,
-                               "last_committed": self.ledger.frontier(s), "waiting_seconds": None}
+                               "last_committed": self.ledger.epochs.frontier(s), "waiting_seconds": None}
                               for s in node.inputs]
         else:
             row["sources"] = [self.source_status(job, s) for s in node.inputs]
@@ -251,12 +250,12 @@ class Coordinator:
         """Pick k in the future of every subject and J in the future of every consumer; record it."""
         epochs = {}
         for s in subjects:
-            frontier = self.ledger.frontier(s)
+            frontier = self.ledger.epochs.frontier(s)
             k = (frontier if frontier is not None else -1) + 2
             epochs[s] = max(k, at_epoch) if at_epoch is not None else k
         committed = [c.job_epoch for s in subjects for c in self.jobs.consumers(job, s).values()
                      if c.job_epoch is not None]
-        sink_epochs = self.ledger.epoch_numbers(self.jobs.job(job).output)
+        sink_epochs = self.ledger.subjects.epoch_numbers(self.jobs.job(job).output)
         base = max([*committed, sink_epochs[-1] if sink_epochs else 0])
         decision = decision.model_copy(update={
             "phase": DecisionPhase.ALIGNING, "seq": decision.seq + 1, "subject_epochs": epochs,

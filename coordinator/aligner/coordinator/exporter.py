@@ -49,11 +49,12 @@ class Snapshot:
 
 def take(ledger: Ledger) -> Snapshot:
     snap = Snapshot(taken=time.monotonic())
-    for subject in ledger.subject_names():
-        last = ledger.frontier(subject)  # the newest bucket's listing; the count from the buckets' stats
-        age = None if last is None else max(0.0, (now_ms() - ledger.committed(subject, last).committed_at) / 1000)
+    for subject in ledger.subjects.subject_names():
+        last = ledger.epochs.frontier(subject)  # the newest bucket's listing; the count from the buckets' stats
+        age = None if last is None else max(0.0, (now_ms() - ledger.epochs.committed(subject,
+                                                                                     last).committed_at) / 1000)
         snap.subjects[subject] = (last, age)
-        snap.retained[subject] = (ledger.first_retained(subject), ledger.epoch_count(subject))
+        snap.retained[subject] = (ledger.subjects.first_retained(subject), ledger.subjects.epoch_count(subject))
     coordinator = Coordinator(ledger)
     for job in coordinator.jobs.job_names():
         for row in coordinator.status(job)["sources"]:

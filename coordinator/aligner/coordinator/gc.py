@@ -24,7 +24,6 @@ from functools import partial
 from typing import Any
 
 from aligner.errors import AlignerError
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import JobNode, SwapNode
 from aligner.retention import Retention
@@ -46,7 +45,7 @@ class Needs:
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
-        self.jobs = JobLedger(ledger)
+        self.jobs = ledger.jobs
         self.nodes: list[JobNode] = [self.jobs.job(j) for j in self.jobs.job_names()]
         self.swaps: dict[str, SwapNode] = {}
         for node in self.nodes:
@@ -96,7 +95,7 @@ class Needs:
             for c in consumers.values():
                 self._need(subject, needed_floor(c.subject_epoch))
             if len(consumers) < node.parallelism:  # a worker not started yet reads from the start of retention
-                self._need(subject, self.ledger.first_retained(subject))
+                self._need(subject, self.ledger.subjects.first_retained(subject))
         self._restarts(node)
 
     def _restarts(self, node: JobNode) -> None:
@@ -140,7 +139,7 @@ class Needs:
     def finished_sink(self, ledger: Ledger, job: str, target: str) -> bool:
         """Whether the swapped-out ``job``'s producers on ``target`` all finished (it writes no more)."""
         try:
-            doc, _ = ledger.writers(target)
+            doc, _ = ledger.subjects.writers(target)
         except AlignerError:
             return True
         mine = [e for w, e in doc.writers.items() if w.split(":", 1)[0] == job]
@@ -156,18 +155,19 @@ def subject_floors(ledger: Ledger, policy: RetentionPolicy, needs: Needs,
     for subject in subjects:
         if not collectable(subject, needs.changelogs):
             continue
-        numbers = ledger.epoch_numbers(subject)
+        numbers = ledger.subjects.epoch_numbers(subject)
         if subject in needs.dropped:  # a swapped-out version's changelog: nothing reads it again
-            floors[subject] = max(numbers[-1] + 1 if numbers else 0, ledger.first_retained(subject)), numbers
+            floors[subject] = max(numbers[-1] + 1 if numbers else 0, ledger.subjects.first_retained(subject)), numbers
             continue
-        floor = retention_floor(numbers, ledger.frontier(subject, numbers), partial(ledger.epoch_time, subject),
-                                now_ms, policy, needs.of(subject), ledger.first_retained(subject))
+        epoch_time = partial(ledger.epochs.epoch_time, subject)
+        floor = retention_floor(numbers, ledger.epochs.frontier(subject, numbers), epoch_time,
+                                now_ms, policy, needs.of(subject), ledger.subjects.first_retained(subject))
         floors[subject] = floor, numbers
     for shadow, target in needs.pairs():
         if shadow in floors and target in floors:
             low = min(floors[shadow][0], floors[target][0])
             for s in (shadow, target):
-                floors[s] = max(low, ledger.first_retained(s)), floors[s][1]
+                floors[s] = max(low, ledger.subjects.first_retained(s)), floors[s][1]
     return floors
 
 
@@ -181,7 +181,7 @@ def collect(ledger: Ledger, keep_epochs: int | None = None, keep_seconds: float 
                               "enabled": policy.enabled}
     if not policy.enabled:
         return report
-    names = subjects or ledger.subject_names()
+    names = subjects or ledger.subjects.subject_names()
     for subject, (floor, numbers) in subject_floors(ledger, policy, needs, names).items():
         gone = victims(numbers, floor)
         report["subjects"][subject] = {"first_retained": floor, "deleted_epochs": len(gone)}
@@ -195,7 +195,7 @@ def collect(ledger: Ledger, keep_epochs: int | None = None, keep_seconds: float 
     report["jobs"] = _collect_jobs(ledger, retention, needs, policy, dry_run)
     report["deleted_nodes"] += 0 if dry_run else sum(j["deleted_nodes"] for j in report["jobs"].values())
     if not dry_run and subjects is None:
-        kept = {s: ledger.first_retained(s) for s in ledger.subject_names()}
+        kept = {s: ledger.subjects.first_retained(s) for s in ledger.subjects.subject_names()}
         report["spark_batches"] = retention.delete(retention.query_batch_garbage(kept), depth=1)
         report["deleted_nodes"] += report["spark_batches"]
     return report
@@ -210,7 +210,7 @@ def _collect_jobs(ledger: Ledger, retention: Retention, needs: Needs, policy: Re
         swapped_out = needs.swapped_out(node.job)
         if swapped_out and not needs.finished_sink(ledger, node.job, needs.swaps[node.job].target):
             swapped_out = False  # its sink has not finished yet: its state stays until it has
-        keep_from = None if node.job in followed else ledger.first_retained(node.output)
+        keep_from = None if node.job in followed else ledger.subjects.first_retained(node.output)
         garbage = retention.job_garbage(node.job, policy.min_epochs, swapped_out,
                                         keep_from=keep_from if keep_from is not None else -1,
                                         workers=node.job not in inherited)

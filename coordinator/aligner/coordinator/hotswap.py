@@ -18,7 +18,6 @@ from aligner import swap as machine
 from aligner.alignment import State, aligned_together
 from aligner.coordinator.alignment import Coordinator
 from aligner.errors import AlignerError, AlignmentSplitError, HotSwapRefused
-from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Ledger
 from aligner.models import JobNode, Phase, SwapNode
@@ -29,7 +28,7 @@ Progress = Callable[[str, dict[str, Any]], None]
 class HotSwap:
     def __init__(self, ledger: Ledger, margin: int = 2, stop: threading.Event | None = None) -> None:
         self.ledger = ledger
-        self.jobs = JobLedger(ledger)
+        self.jobs = ledger.jobs
         self.coordinator = Coordinator(ledger, stop=stop)
         self.waiter = self.coordinator.waiter
         self.margin = margin
@@ -52,7 +51,7 @@ class HotSwap:
             handover, _ = self.jobs.swap(o.follows)
             if handover is None or handover.phase != Phase.DONE:
                 problems.append(f"{old} is still the new version of {o.follows}: swap {o.follows} -> {old} first")
-        doc, _ = self.ledger.writers(target)
+        doc, _ = self.ledger.subjects.writers(target)
         others = sorted({split_writer(w)[0] for w, e in doc.writers.items() if e.finished_after is None}
                         - {old, new})
         if others:
@@ -95,7 +94,7 @@ class HotSwap:
             old_aligned=self._aligned(o.job, o.inputs) if "old_aligned" in need else None,
             new_follows=self._follows(n) if "new_follows" in need else None,
             acks=self._acks(o, n, swap) if "acks" in need and swap is not None else None,
-            target_frontier=self.ledger.frontier(o.output) if "target_frontier" in need else None,
+            target_frontier=self.ledger.epochs.frontier(o.output) if "target_frontier" in need else None,
         ), version
 
     def run(self, old: str, new: str, target: str, at_epoch: int | None = None, timeout: float | None = None,
@@ -133,7 +132,7 @@ class HotSwap:
         """The node a step writes: a (new) pre-commit, the commit, or done."""
         if step is machine.Next.PRECOMMIT:
             now = max(self.committed(o.job, o.inputs), self.committed(n.job, n.inputs),
-                      self.ledger.frontier(o.output) or 0)
+                      self.ledger.epochs.frontier(o.output) or 0)
             return machine.precommit(swap, o.job, n.job, o.output, machine.choose(now, self.margin, at_epoch), now)
         assert swap is not None
         return machine.commit(swap) if step is machine.Next.COMMIT else machine.finish(swap)

@@ -266,10 +266,10 @@ class NetLab:
     def close(self) -> None:
         """Remove every namespace (its veth goes with it) and the bridge. Processes still inside keep their
         namespace alive until they end; callers stop them first."""
-        for host in self.hosts.values():
+        while self.hosts:  # popped one at a time: a run's hard stop may close the lab while its unwinding does
+            _, host = self.hosts.popitem()
             _run(["ip", "link", "del", f"{self.tag}v{host.index}"], check=False)  # both ends, whoever holds the ns
             _run(["ip", "netns", "del", host.ns], check=False)
-        self.hosts.clear()
         with contextlib.suppress(StackError):
             _run(["ip", "link", "del", self.bridge], check=False)
 

@@ -27,7 +27,6 @@ from kazoo.exceptions import KazooException, LockTimeout
 from prometheus_client import Counter, Gauge
 
 from aligner.errors import AlignerError, StoppedError
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.retention_policy import RetentionPolicy
 
@@ -79,7 +78,7 @@ class RetentionLoop:
 
     def run(self) -> None:
         """Contend, lead, and contend again after losing leadership, until the stop flag is set."""
-        election = JobLedger(self.ledger).retention_election(self.me)
+        election = self.ledger.jobs.retention_election(self.me)
         waiting_said = False
         while not self.stop.is_set():
             try:
@@ -136,7 +135,7 @@ class RetentionLoop:
         return bool(contenders) and contenders[0] == self.me
 
     def _lead(self, election: Any) -> None:
-        coordinators = JobLedger(self.ledger).election(f"retention-{self.me}")
+        coordinators = self.ledger.jobs.election(f"retention-{self.me}")
         busy_said = False
         while not self.stop.is_set():
             try:

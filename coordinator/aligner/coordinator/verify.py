@@ -34,7 +34,7 @@ def _comparable(value: bytes, ignore: Sequence[str]) -> bytes:
 
 def _epoch_records(reader: EpochReader, subject: str, epoch: int, sink: str | None,
                    ignore: Sequence[str]) -> list[tuple[bytes, bytes]]:
-    ce = reader.ledger.committed(subject, epoch)
+    ce = reader.ledger.epochs.committed(subject, epoch)
     out = []
     for r in reader.read(subject, epoch):
         if sink is not None:
@@ -59,15 +59,15 @@ def shadow_span(ledger: Ledger, old: str, new: str) -> tuple[int, int] | None:
 
     A new version's first epoch also covers its catch-up from the start of its inputs, so the span
     starts after every one of its workers' first epochs."""
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     o, n = jobs.job(old), jobs.job(new)
     if n.shadow is None:
         return None
-    writers, _ = ledger.writers(n.shadow)
+    writers, _ = ledger.subjects.writers(n.shadow)
     if len(writers.writers) < n.parallelism:
         return None
     first = max(e.first_epoch for e in writers.writers.values()) + 1
-    last = min(ledger.frontier(n.shadow) or -1, ledger.frontier(o.output) or -1)
+    last = min(ledger.epochs.frontier(n.shadow) or -1, ledger.epochs.frontier(o.output) or -1)
     swap, _ = jobs.swap(old)
     if swap is not None and swap.phase in ("commit", "done"):
         last = min(last, swap.epoch)
@@ -76,7 +76,7 @@ def shadow_span(ledger: Ledger, old: str, new: str) -> tuple[int, int] | None:
 
 def verify_outputs(ledger: Ledger, bootstrap: str, names: list[str], first: int, last: int,
                    by_job: bool, ignore: Sequence[str] = ()) -> dict[str, Any]:
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     sources = []
     per_key = False
     if by_job:
@@ -116,7 +116,7 @@ def verify_before_swap(ledger: Ledger, bootstrap: str, old: str, new: str, epoch
     from aligner.coordinator.alignment import Coordinator
     from aligner.errors import HotSwapRefused
 
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     swap, _ = jobs.swap(old)
     if swap is not None and swap.phase != "aborted":
         return None  # S is chosen: the comparison was made before it
@@ -164,11 +164,11 @@ def _offset_bounds(ledger: Ledger, subject: str, last: int) -> dict[int, list[tu
     ``last``; None when some are no longer retained (gc): then worker offsets are not checked."""
     from aligner.errors import AlignerError
 
-    numbers = ledger.epoch_numbers(subject)
+    numbers = ledger.subjects.epoch_numbers(subject)
     if not numbers or last < numbers[0]:
         return {}
     try:
-        epochs = ledger.committed_many(subject, numbers[0], last)
+        epochs = ledger.epochs.committed_many(subject, numbers[0], last)
     except AlignerError:
         return None
     out: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
@@ -202,13 +202,13 @@ def job_consumption(ledger: Ledger, job: str, subject: str) -> dict[str, Any]:
     query's checkpoint is the job epoch node itself (its offsets are epoch vectors)."""
     from aligner.errors import AlignerError
 
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     node = jobs.job(job)  # UnknownJobError: one clear line
     if subject not in node.inputs:
         raise AlignerError(f"job {job!r} does not read {subject!r} (it reads {', '.join(node.inputs)})")
     line = jobs.epoch_line(job)
     first_own, last_own = _share(jobs, node)
-    out_frontier = ledger.frontier(node.output)
+    out_frontier = ledger.epochs.frontier(node.output)
     numbers = [e for e in jobs.job_epoch_numbers(line)
                if first_own >= 0 and e >= first_own and (last_own is None or e <= last_own)
                and out_frontier is not None and e <= out_frontier]
@@ -317,7 +317,7 @@ def verify_consumed(ledger: Ledger, subject: str, names: Sequence[str]) -> dict[
     epoch boundary. ``identical`` counts the epochs of that span; ``differences`` says what is not so."""
     from aligner.errors import AlignerError
 
-    ledger.subject(subject)  # UnknownSubjectError
+    ledger.subjects.subject(subject)  # UnknownSubjectError
     if len(set(names)) < 2:
         raise AlignerError("give at least two different jobs to compare")
     per = [job_consumption(ledger, name, subject) for name in names]

@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.zk import StoppedError
 
@@ -32,7 +31,7 @@ REPORT_AFTER = 30.0
 class Waiter:
     def __init__(self, ledger: Ledger, stop: threading.Event | None = None) -> None:
         self.ledger = ledger
-        self.jobs = JobLedger(ledger)
+        self.jobs = ledger.jobs
         self.stop = stop or ledger.stop
         ledger.stop_on(self.stop)
         self._wake = threading.Event()

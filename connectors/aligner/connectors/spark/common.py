@@ -184,7 +184,7 @@ def batch_epochs(options: Mapping[str, str], ledger: Ledger, subject: str) -> li
     except ValueError as exc:
         raise AlignedOptionError(str(exc)) from None
     if name == "asOf":
-        oldest = ledger.first_epoch(subject)  # raises UnknownSubjectError
+        oldest = ledger.subjects.first_epoch(subject)  # raises UnknownSubjectError
         if oldest is None:
             raise EpochNotCommittedError(subject, last, "the subject has no epochs yet")
         first = oldest  # epochs before the first one kept in ZooKeeper were garbage-collected
@@ -282,7 +282,7 @@ def plan_partitions(ledger: Ledger, kafka: str, subject: SubjectNode, epochs: Se
     With ``lineage`` (streaming reads of consecutive epochs) every task records the batch's span, and
     a batch whose epochs hold no record still gets one (empty) partition to record it.
     """
-    committed: list[CommittedEpoch] = [ledger.committed(subject.name, e) for e in epochs]
+    committed: list[CommittedEpoch] = [ledger.epochs.committed(subject.name, e) for e in epochs]
     by_partition = segments_by_partition(committed)
     if by_partition:
         log_start = end_offsets(kafka, subject.topic, sorted(by_partition), earliest=True)

@@ -56,7 +56,6 @@ from aligner.connectors.subjects import ensure_shadow
 from aligner.coverage import Next
 from aligner.epoch_step import Act, Seen
 from aligner.errors import AlignedOptionError, AlignerError
-from aligner.jobs import JobLedger
 from aligner.layout import split_writer
 from aligner.ledger import Lease, Ledger
 from aligner.models import JobEpochNode, JobNode, SwapNode
@@ -91,7 +90,7 @@ def shadow_slots(ledger: Ledger, kafka: str, node: JobNode, epoch: int) -> list[
     ensure_shadow(ledger, kafka, node.shadow, node.output)
     parts = output_partitions(ledger, node)
     leases = open_slots(ledger, kafka, node.shadow, node.job, len(parts), parts, not_before=epoch)
-    return [ledger.close_empty(lease, epoch) for lease in leases]
+    return [ledger.commits.close_empty(lease, epoch) for lease in leases]
 
 
 def start_of(node: JobEpochNode) -> dict[str, int]:
@@ -105,7 +104,7 @@ class JobPlanner:
     def __init__(self, ledger: Ledger, kafka: str, job: str, subjects: Sequence[str]) -> None:
         self.ledger = ledger
         self.kafka = kafka
-        self.jobs = JobLedger(ledger)
+        self.jobs = ledger.jobs
         self.node = job_of(ledger, job)
         if set(subjects) != set(self.node.inputs):
             raise AlignedOptionError(f"job {job!r} is registered reading {list(self.node.inputs)}, but the query "
@@ -201,11 +200,11 @@ class JobPlanner:
 
     def _finish_shadow(self) -> None:
         """After the swap the new version writes the target: its shadow ends where its voided output did."""
-        writers, _ = self.ledger.writers(self.node.shadow)  # type: ignore[arg-type]
+        writers, _ = self.ledger.subjects.writers(self.node.shadow)  # type: ignore[arg-type]
         if writers.writers:
             for lease in load_slots(self.ledger, self.node.shadow, self.node.job,  # type: ignore[arg-type]
                                     range(len(output_partitions(self.ledger, self.node)))):
-                self.ledger.finish(lease)
+                self.ledger.commits.finish(lease)
         self._shadow_done = True
 
     def _first_followed(self, start: dict[str, int]) -> int | None:
@@ -223,7 +222,7 @@ class JobPlanner:
         if existing is not None:
             self._check_start(existing, start)
             return existing
-        frontier = {s: self.ledger.frontier_watched(s) for s in start}
+        frontier = {s: self.ledger.watches.frontier_watched(s) for s in start}
         per = coverage.catch_up_per(start, frontier, cap)
         decided = coverage.step(None, False, start, per, frontier, {s: None for s in start}) if per > 0 else None
         if decided is None or decided.next is not Next.DECIDE:
@@ -247,7 +246,7 @@ class JobPlanner:
                                f"epoch {job}: the checkpoint is older than the sink")
         if min(nxt) < job:
             for lease in leases:
-                self.ledger.close_empty(lease, job)
+                self.ledger.commits.close_empty(lease, job)
 
     def _finish(self, leases: list[Lease], swap: SwapNode) -> None:
         """The old version after the committed swap: its sink wrote S; finish its producers."""
@@ -257,7 +256,7 @@ class JobPlanner:
             self._pause(swap_path=True)  # batch S is being committed by a restarted driver
             return
         for lease in leases:
-            self.ledger.finish(lease)
+            self.ledger.commits.finish(lease)
         log.info("job %s: swapped out after epoch %d; its sink finished", self.node.job, swap.epoch)
 
     # ---- waits ----------------------------------------------------------------------------------
@@ -268,12 +267,12 @@ class JobPlanner:
         woken = threading.Event()
         with contextlib.suppress(Exception):
             for s, epoch in (subjects or {}).items():
-                self.ledger.arm_watch(s, epoch, woken)
+                self.ledger.watches.arm_watch(s, epoch, woken)
             if swap_path:
                 for job in filter(None, (self.node.follows, self.node.job)):
-                    self.ledger.watch_node(self.ledger.layout.swap(job), lambda _e: woken.set())
+                    self.ledger.watches.watch_node(self.ledger.layout.swap(job), lambda _e: woken.set())
             if path is not None:
-                self.ledger.watch_node(path, lambda _e: woken.set())
+                self.ledger.watches.watch_node(path, lambda _e: woken.set())
         woken.wait(PAUSE)
 
 
@@ -287,7 +286,7 @@ class AlignedQuery:
         self.node = job_of(ledger, job)
 
     def finished(self) -> bool:
-        doc, _ = self.ledger.writers(self.node.output)
+        doc, _ = self.ledger.subjects.writers(self.node.output)
         mine = [e for w, e in doc.writers.items() if split_writer(w)[0] == self.node.job]
         return bool(mine) and all(e.finished_after is not None for e in mine)
 

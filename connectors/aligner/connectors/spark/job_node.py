@@ -14,7 +14,6 @@ from aligner import epoch_step
 from aligner.alignment import ConsumerAlignment, State
 from aligner.connectors.swap_gate import await_target
 from aligner.errors import AlignedOptionError, UnknownJobError
-from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from aligner.models import ConsumerNode, JobNode, SwapNode
 
@@ -31,12 +30,12 @@ def register_query(ledger: Ledger, job: str, inputs: Sequence[str], output: str,
     node = JobNode(job=job, version=version, inputs=tuple(inputs), output=output, parallelism=1, mode="aligned",
                    follows=follows, output_partitions=tuple(output_partitions) if output_partitions else None,
                    shadow=f"{job}.shadow" if shadow else None, engine="spark")
-    return JobLedger(ledger).register(node)
+    return ledger.jobs.register(node)
 
 
 def job_of(ledger: Ledger, job: str) -> JobNode:
     try:
-        return JobLedger(ledger).job(job)
+        return ledger.jobs.job(job)
     except UnknownJobError:
         raise AlignedOptionError(f"option job={job!r} names no registered job: register the query first "
                                  "(aligner.connectors.spark.job.register_query)") from None
@@ -44,17 +43,17 @@ def job_of(ledger: Ledger, job: str) -> JobNode:
 
 def output_partitions(ledger: Ledger, node: JobNode) -> tuple[int, ...]:
     """The target partitions the job's sink writes (one producer per partition)."""
-    return node.output_partitions or tuple(range(ledger.subject(node.output).partitions))
+    return node.output_partitions or tuple(range(ledger.subjects.subject(node.output).partitions))
 
 
 def swap_in(ledger: Ledger, node: JobNode) -> SwapNode | None:
     """The hot-swap that hands the target to the job: its predecessor's (None for a first version)."""
-    return JobLedger(ledger).swap(node.follows)[0] if node.follows is not None else None
+    return ledger.jobs.swap(node.follows)[0] if node.follows is not None else None
 
 
 def swap_out(ledger: Ledger, node: JobNode) -> SwapNode | None:
     """The hot-swap of the job itself for a newer version."""
-    return JobLedger(ledger).swap(node.job)[0]
+    return ledger.jobs.swap(node.job)[0]
 
 
 def batch_writes(node: JobNode, swap: SwapNode | None, first_job: int) -> bool:
@@ -72,7 +71,7 @@ def awaits(node: JobNode, swap: SwapNode | None, epoch: int) -> bool:
 
 def report(ledger: Ledger, node: JobNode, **fields: Any) -> None:
     """Update the job's consumer node on every input (aligned; ``fields`` such as job_epoch, swap_seen)."""
-    jobs = JobLedger(ledger)
+    jobs = ledger.jobs
     for subject in node.inputs:
         extra = dict(fields)
         if "subject_epoch" in extra and isinstance(extra["subject_epoch"], Mapping):

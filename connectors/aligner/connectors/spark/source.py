@@ -77,8 +77,8 @@ class AlignedDataSource(DataSource):
         conn = Connection.from_options(self.options, multi=True)  # subjects: streaming reads only
         ledger = ledger_for(conn.zk, conn.root)
         if conn.subjects:
-            return read_schema([ledger.subject(s) for s in conn.subjects])
-        return read_schema(ledger.subject(conn.subject))
+            return read_schema([ledger.subjects.subject(s) for s in conn.subjects])
+        return read_schema(ledger.subjects.subject(conn.subject))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         self._settle()
@@ -105,7 +105,7 @@ class AlignedBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         ledger = ledger_for(self.conn.zk, self.conn.root)
-        subject = ledger.subject(self.conn.subject)
+        subject = ledger.subjects.subject(self.conn.subject)
         epochs = batch_epochs(self.options, ledger, subject.name)
         parts = plan_partitions(ledger, self.conn.kafka, subject, epochs, self.tasks.stall_timeout)
         # Spark wants at least one partition; an all-empty span reads nothing.

@@ -121,7 +121,7 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _first_epoch(self, subject: str) -> int:
         if self.starting is not None:
             return self.starting
-        first = self._ledger.first_epoch(subject)  # raises UnknownSubjectError
+        first = self._ledger.subjects.first_epoch(subject)  # raises UnknownSubjectError
         return first if first is not None else 0
 
     def _next_uncommitted(self, fresh: bool = False) -> dict[str, int]:
@@ -129,7 +129,7 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         Spark asks every 10 ms while idle; ``fresh``: read now)."""
         out = {}
         for s in self._subjects:
-            frontier = self._ledger.frontier(s) if fresh else self._ledger.frontier_watched(s)
+            frontier = self._ledger.epochs.frontier(s) if fresh else self._ledger.watches.frontier_watched(s)
             out[s] = frontier + 1 if frontier is not None else self._first_epoch(s)
         return out
 
@@ -195,7 +195,7 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             first, stop = firsts[s], stops[s]
             if stop <= first:
                 continue
-            subject = ledger.subject(s)
+            subject = ledger.subjects.subject(s)
             parts += plan_partitions(ledger, self.conn.kafka, subject, range(first, stop), self.tasks.stall_timeout,
                                      zk=self.conn.zk, lineage=True, subject_column=bool(self.conn.subjects),
                                      job_span=job_span)

@@ -90,6 +90,7 @@ from aligner.errors import AlignerError
 from aligner.layout import writer_id
 from aligner.ledger import Contribution, Lease, Ledger
 from aligner.models import JobNode, Phase, ProducerNode, Range, SwapNode
+from aligner.recipes.spark import SparkBatchRecipes
 from aligner.stamps import Stamp
 
 log = logging.getLogger("aligner.spark.writer")
@@ -149,7 +150,7 @@ class SinkSpec:
 
 def load_slots(ledger: Ledger, subject: str, sink: str, slots: range | list[int]) -> list[Lease]:
     """The current lease of the given slots, read from ZooKeeper (no new incarnation)."""
-    writers, _ = ledger.writers(subject)
+    writers, _ = ledger.subjects.writers(subject)
     leases = []
     for i in slots:
         entry = writers.writers.get(writer_id(sink, str(i)))
@@ -166,12 +167,12 @@ def open_slots(ledger: Ledger, kafka: str, subject: str, sink: str, n: int,
     The slots share ``partitions`` of the subject (default: all of them); new ones write from the
     subject's next epoch, or ``not_before`` when later. ``hands_over``: a new version's slots, claimed
     holding no partition until its swap hands them the old version's (:func:`take_over_slots`)."""
-    meta = ledger.subject(subject)
+    meta = ledger.subjects.subject(subject)
     shared = list(partitions) if partitions is not None else list(range(meta.partitions))
     if n > len(shared):
         raise AlignedOptionError(f"producers={n} but subject {subject!r} has only {len(shared)} partitions "
                                  "for this sink")
-    writers, _ = ledger.writers(subject)
+    writers, _ = ledger.subjects.writers(subject)
     mine = sorted(int(w.split(":", 1)[1]) for w in writers.writers if w.split(":", 1)[0] == sink
                   and w.split(":", 1)[1].isdigit())
     if mine and mine[-1] >= n:
@@ -182,12 +183,12 @@ def open_slots(ledger: Ledger, kafka: str, subject: str, sink: str, n: int,
     missing = {str(i): [] if hands_over else [shared[j] for j in partitions_for(i, n, len(shared))]
                for i in range(n) if i not in mine}
     if missing:  # together: every slot from one first epoch
-        ledger.claim_producers(subject, sink, missing,
+        ledger.claims.claim_producers(subject, sink, missing,
                                lambda parts: end_offsets(kafka, meta.topic, parts, committed_only=False), not_before)
     leases = load_slots(ledger, subject, sink, range(n))
     target = max(lease.next_epoch for lease in leases)
     # An epoch only some slots were expected to write: the others close it empty.
-    return [ledger.close_empty(lease, target) for lease in leases]
+    return [ledger.commits.close_empty(lease, target) for lease in leases]
 
 
 def take_over_slots(ledger: Ledger, kafka: str, node: JobNode, swap: SwapNode | None,
@@ -202,12 +203,13 @@ def take_over_slots(ledger: Ledger, kafka: str, node: JobNode, swap: SwapNode | 
         return leases
     assert node.follows is not None
     wait_target(ledger, node, swap)
-    meta = ledger.subject(node.output)
+    meta = ledger.subjects.subject(node.output)
 
     def starts(parts: Sequence[int]) -> Mapping[int, int]:
         return end_offsets(kafka, meta.topic, parts, committed_only=False)
 
-    taken = [ledger.take_over(lease, partitions_for(i, len(leases), meta.partitions), node.follows, swap.epoch, starts)
+    taken = [ledger.claims.take_over(lease, partitions_for(i, len(leases), meta.partitions), node.follows,
+                                     swap.epoch, starts)
              for i, lease in enumerate(leases)]
     log.info("job %s: took partitions of %r over from %s after epoch %d", node.job, node.output, node.follows,
              swap.epoch)
@@ -239,11 +241,12 @@ def commit_batch(ledger: Ledger, spec: SinkSpec, n: int, messages: list[Any], ba
                 f"epoch is {epoch}; another writer committed meanwhile, nothing was committed"
             )
         by_slot[m.slot] = m
-    ledger.ensure_epoch(subject, epoch)
+    ledger.commits.ensure_epoch(subject, epoch)
     contributions = slot_contributions(leases, by_slot, batch_id)
     progress_node = SparkProgressNode(query=query, batch=batch_id, epoch=epoch, producers=n, job_epoch=job_epoch)
     lineage = SparkSinkEpochNode(query=query, batch=batch_id, epoch=epoch)
-    ledger.commit_sink_batch(subject, sink, batch_id, epoch, contributions, progress_node, progress_version, lineage)
+    SparkBatchRecipes(ledger, ledger.commits).commit_sink_batch(subject, sink, batch_id, epoch, contributions,
+                                                                progress_node, progress_version, lineage)
     return epoch
 
 
@@ -325,7 +328,7 @@ def _shadow_contributions(ledger: Ledger, shadow: str | None, sink: str, n: int,
     if any(lease.next_epoch != last for lease in leases) or any(m.epoch != last for m in by_slot.values()):
         raise AlignerError(f"micro-batch {batch_id} of job {sink!r}: its shadow {shadow!r} is not at epoch {last} "
                            f"(producers at {sorted({lease.next_epoch for lease in leases})}); nothing was committed")
-    ledger.ensure_epoch(shadow, last)
+    ledger.commits.ensure_epoch(shadow, last)
     return slot_contributions(leases, by_slot, batch_id)
 
 
@@ -339,15 +342,16 @@ def _commit_void(ledger: Ledger, spec: SinkSpec, n: int, query: str | None, batc
                                  job_epoch=last)
     empties: list[Contribution] = []
     if nxt <= last:
-        leases = [ledger.close_empty(lease, last) for lease in leases]
-        ledger.ensure_epoch(subject, last)
+        leases = [ledger.commits.close_empty(lease, last) for lease in leases]
+        ledger.commits.ensure_epoch(subject, last)
         empties = [Contribution(lease, None, {p: Range(start=o, end=o) for p, o in lease.node.next_offsets.items()})
                    for lease in leases]
     # The micro-batch's record as the lineage of target epoch ``last`` only when the batch covers that job epoch
     # alone: a catch-up batch read the input of every job epoch it covers, not of ``last``'s (the job epoch
     # nodes hold each epoch's exact lineage). The progress alone when it closes nothing.
     lineage = SparkSinkEpochNode(query=query, batch=batch_id, epoch=last) if empties and first == last else None
-    ledger.commit_sink_batch(subject, sink, batch_id, last, [*empties, *shadow], progress, progress_version, lineage)
+    SparkBatchRecipes(ledger, ledger.commits).commit_sink_batch(subject, sink, batch_id, last, [*empties, *shadow],
+                                                                progress, progress_version, lineage)
     return last if empties or shadow else None
 
 
@@ -409,7 +413,7 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
         self.swap: SwapNode | None = None
         self.leases: dict[int, Lease] = {}
         self._parts: Sequence[int] = ()
-        meta = ledger.subject(conn.subject)
+        meta = ledger.subjects.subject(conn.subject)
         self.topic = meta.topic
         if self.spec.job is not None:
             node = job_of(ledger, self.spec.job)
@@ -535,7 +539,7 @@ class _SlotWriter:
         if lease is None or topic is None:
             ledger = ledger_for(conn.zk, conn.root)
             (lease,) = load_slots(ledger, conn.subject, spec.sink, [slot])
-            topic = ledger.subject(conn.subject).topic
+            topic = ledger.subjects.subject(conn.subject).topic
         self.subject = conn.subject
         self.lease = lease
         self.epoch = lease.next_epoch

@@ -19,16 +19,16 @@ app = typer.Typer()
 def _subject_status(led: Ledger, name: str) -> dict[str, Any]:
     """The count from the buckets' child counts, the frontier from the newest bucket: no listing of every
     epoch (a day's ledger holds 10^5)."""
-    meta = led.subject(name)
+    meta = led.subjects.subject(name)
     sinks = {}
-    for sink in led.sinks(name):
+    for sink in led.subjects.sinks(name):
         sinks[sink] = [
             {"producer": p.producer, "partitions": list(p.partitions), "incarnation": p.incarnation,
              "committed_epoch": p.committed_epoch}
-            for p in led.producers(name, sink)
+            for p in led.subjects.producers(name, sink)
         ]
     return {"subject": name, "topic": meta.topic, "partitions": meta.partitions,
-            "epochs": led.epoch_count(name), "last_committed": led.frontier(name), "sinks": sinks,
+            "epochs": led.subjects.epoch_count(name), "last_committed": led.epochs.frontier(name), "sinks": sinks,
             "owners": _owners(led, name)}
 
 
@@ -39,7 +39,7 @@ def _owners(led: Ledger, name: str) -> list[dict[str, Any]]:
     from aligner.layout import split_writer
 
     sinks: dict[str, dict[str, Any]] = {}
-    for partition, writer, first, last in ownership(led.writers(name)[0]):
+    for partition, writer, first, last in ownership(led.subjects.writers(name)[0]):
         row = sinks.setdefault(split_writer(writer)[0], {"partitions": set(), "from": [], "to": []})
         row["partitions"].add(partition)
         row["from"].append(first)
@@ -63,7 +63,7 @@ def status(as_json: JsonFlag = False) -> None:
     from aligner.lineage import query_statuses
 
     with ledger() as led:
-        rows = [_subject_status(led, n) for n in led.subject_names()]
+        rows = [_subject_status(led, n) for n in led.subjects.subject_names()]
         jobs = _job_rows(led)
         queries = query_statuses(led)
         acls = AclLedger(led).state()
@@ -86,10 +86,10 @@ def epochs(
     """Epochs of a subject: committed or waiting, and their per-partition offset ranges."""
     with ledger() as led:
         rows = []
-        for n in led.epoch_numbers(subject)[-last:]:
-            node = led.epoch_node(subject, n)
-            if led.is_committed(subject, n):
-                ce = led.committed(subject, n)
+        for n in led.subjects.epoch_numbers(subject)[-last:]:
+            node = led.epochs.epoch_node(subject, n)
+            if led.epochs.is_committed(subject, n):
+                ce = led.epochs.committed(subject, n)
                 ranges = {str(p): [s, e] for p, (s, e) in ce.offsets.items()}
                 rows.append({"epoch": n, "committed": True, "writers": list(node.writers), "ranges": ranges})
             else:
@@ -116,8 +116,8 @@ def read(
         usage("give exactly one of --epoch N or --epochs A:B")
     first, last = (epoch, epoch) if epoch is not None else epoch_span(epochs_ or "")
     with ledger() as led:
-        decode = (value_format.value if value_format else led.subject(subject).value_format) == "json"
-        led.committed_many(subject, first, last)  # a span that is not committed fails before Kafka is asked
+        decode = (value_format.value if value_format else led.subjects.subject(subject).value_format) == "json"
+        led.epochs.committed_many(subject, first, last)  # a span that is not committed fails before Kafka is asked
         with EpochReader(led, kafka()) as reader:
             records = [r.as_json(decode, subject) for r in reader.read(subject, first, last)]
     if emit({"subject": subject, "first": first, "last": last, "records": records}, as_json):

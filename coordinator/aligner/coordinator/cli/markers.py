@@ -48,7 +48,7 @@ def markers(
     logging.getLogger("aligner").setLevel(logging.WARNING)  # a long-running component reports outages
     try:
         with ledger(outage_limit=None, stop=stop) as led:
-            led.subject(subject)
+            led.subjects.subject(subject)
             marker = EpochMarker(led, kafka(), subject, from_beginning=not from_end).open()
             try:
                 marker.run(interval, stop, count, show)

@@ -34,7 +34,7 @@ def subjects_create(
 def subjects_list(as_json: JsonFlag = False) -> None:
     """List registered subjects."""
     with ledger() as led:
-        names = led.subject_names()
+        names = led.subjects.subject_names()
     if not emit(names, as_json):
         for n in names:
             out.print(n)

@@ -133,7 +133,7 @@ class Hub:
             ledger.close()
 
     def _read_loop(self, ledger: Ledger, stop: threading.Event) -> None:
-        jobs = JobLedger(ledger)
+        jobs = ledger.jobs
         acl = AclLedger(ledger)
         while not stop.is_set():
             self._stale.clear()
@@ -162,7 +162,7 @@ class Hub:
     def _arm_children(self, ledger: Ledger, jobs: JobLedger, path: str) -> None:
         """A children watch on ``path`` once it exists (kazoo's recipe ends for good on a missing node); until
         then a one-shot watch wakes the reader when it is created."""
-        if path not in self._armed and ledger.watch_node(path, self.wake):
+        if path not in self._armed and ledger.watches.watch_node(path, self.wake):
             jobs.on_children_change(path, self.wake)
             self._armed.add(path)
 
@@ -170,7 +170,7 @@ class Hub:
         """Watches on what the picture shows: each subject's next epoch (one-shot, re-armed every pass), each
         job's consumers, decision and swap (kazoo's recipes, armed once)."""
         for s in picture.subjects:
-            ledger.arm_watch(s.name, (s.frontier if s.frontier is not None else -1) + 1, self.wake)
+            ledger.watches.arm_watch(s.name, (s.frontier if s.frontier is not None else -1) + 1, self.wake)
         for job in picture.jobs:
             if job.job in self._watched:
                 continue

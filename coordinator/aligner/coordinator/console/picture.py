@@ -120,7 +120,7 @@ class Picture(BaseModel):
 def take(ledger: Ledger, acl: dict[str, Any] | None = None) -> Picture:
     """One read of the whole chain (every viewer shares it; see :mod:`.hub`)."""
     coordinator = Coordinator(ledger)
-    subjects = [_subject(ledger, name) for name in ledger.subject_names()]
+    subjects = [_subject(ledger, name) for name in ledger.subjects.subject_names()]
     nodes: list[JobNode] = []
     jobs: list[JobView] = []
     swaps: list[SwapView] = []
@@ -138,22 +138,23 @@ def take(ledger: Ledger, acl: dict[str, Any] | None = None) -> Picture:
 
 
 def _subject(ledger: Ledger, name: str) -> SubjectView:
-    node = ledger.subject(name)
+    subjects = ledger.subjects
+    node = subjects.subject(name)
     view = SubjectView(name=name, topic=node.topic, partitions=node.partitions,
-                       first_retained=ledger.first_retained(name), epochs_held=ledger.epoch_count(name))
-    writers, _ = ledger.writers(name)
+                       first_retained=subjects.first_retained(name), epochs_held=subjects.epoch_count(name))
+    writers, _ = subjects.writers(name)
     view.writers = [WriterView(writer=w, partitions=e.partitions, first_epoch=e.first_epoch,
                                finished_after=e.finished_after) for w, e in sorted(writers.writers.items())]
-    frontier = ledger.frontier(name)
+    frontier = ledger.epochs.frontier(name)
     if frontier is None:
         return view
     view.frontier = frontier
-    last = ledger.committed(name, frontier).committed_at
+    last = ledger.epochs.committed(name, frontier).committed_at
     view.last_commit_age = round(max(0.0, (now_ms() - last) / 1000), 1)
     first = max(view.first_retained, frontier - RATE_WINDOW)
     if first < frontier:
         try:
-            span_ms = last - ledger.committed(name, first).committed_at
+            span_ms = last - ledger.epochs.committed(name, first).committed_at
         except AlignerError:  # retention took it between the two reads: no rate this time
             span_ms = 0
         if span_ms > 0:
@@ -167,7 +168,8 @@ def _job(ledger: Ledger, coordinator: Coordinator, node: JobNode) -> JobView:
                    parallelism=node.parallelism, mode=node.mode, follows=node.follows, decision=status["decision"],
                    swapped_to=status["swapped_to"], sources=[SourceView(**row) for row in status["sources"]])
     # No sink yet: the job has not claimed its partitions of the output (not started, or a Spark sink's name).
-    producers = ledger.producers(node.output, node.job) if node.job in ledger.sinks(node.output) else []
+    subjects = ledger.subjects
+    producers = subjects.producers(node.output, node.job) if node.job in subjects.sinks(node.output) else []
     view.producers = [ProducerView(producer=p.producer, partitions=p.partitions, incarnation=p.incarnation,
                                    committed_epoch=p.committed_epoch, owner=p.owner) for p in producers]
     return view
