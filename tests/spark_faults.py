@@ -28,7 +28,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamWriter
 from pyspark.sql.types import StructType
 
-from aligner.connectors.spark.common import AlignedOptionError, int_option, opt
+from aligner.connectors.spark.common import AlignedOptionError, int_option
 from aligner.connectors.spark.source import AlignedDataSource
 from aligner.connectors.spark.writer import AlignedStreamWriter, SinkHook
 from aligner.errors import AlignerError
@@ -60,14 +60,14 @@ class TaskHang:
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> TaskHang | None:
-        task = opt(options, "hangTask")
+        task = options.get("hangTask")
         if task is None:
             return None
         try:
             batch, slot = task.split("/")
-            parsed = cls(None if batch == "*" else int(batch), int(slot), opt(options, "hangAt") or "write",
-                         opt(options, "hangFile") or "", int_option(options, "hangSeconds", 3600, minimum=1) or 3600,
-                         opt(options, "hangArm"))
+            parsed = cls(None if batch == "*" else int(batch), int(slot), options.get("hangAt") or "write",
+                         options.get("hangFile") or "", int_option(options, "hangSeconds", 3600, minimum=1) or 3600,
+                         options.get("hangArm"))
         except ValueError:
             raise AlignedOptionError(f"option hangTask={task!r} is not BATCH/SLOT") from None
         if parsed.point not in POINTS or not parsed.path or (parsed.batch is None and not parsed.arm):

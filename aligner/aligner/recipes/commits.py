@@ -142,6 +142,24 @@ class CommitRecipes:
         ops, nodes = self._commit_ops(epoch, contributions)
         return self._commit_outcome(epoch, contributions, nodes, self.store.multi(*ops, *extra))
 
+    def commit_new_epoch(self, subject: str, epoch: int, contributions: Sequence[Contribution],
+                         writers: tuple[WritersNode, int], extra: Sequence[Op] = ()) -> list[Lease]:
+        """Round trips 1 and 2 of ``subject``'s ``epoch`` in one multi-op, for a caller that read the writers
+        document (``writers``) when it planned the epoch: a Spark micro-batch commit is one request.
+
+        When the epoch node exists already (a commit retried, or another writer of the subject made it) or the
+        writers changed since, nothing landed; the commit is then made as two round trips."""
+        doc, version = writers
+        head = self._ensure_ops(subject, epoch, doc, version)
+        ops, nodes = self._commit_ops(epoch, contributions)
+        results = self.store.multi(*head, *ops, *extra)
+        failed = first_failure(results)
+        if (failed == 0 and isinstance(results[0], NodeExistsError)) or (
+                failed == 1 and isinstance(results[1], BadVersionError)):
+            self.ensure_epoch(subject, epoch)
+            return self.commit_epoch(epoch, contributions, extra)
+        return self._commit_outcome(epoch, contributions, nodes, results[len(head):])
+
     def commit_epoch_async(self, epoch: int, contributions: Sequence[Contribution], extra: Sequence[Op] = (),
                            writers: Mapping[str, tuple[WritersNode, int]] | None = None) -> PendingCommit:
         """``commit_epoch`` with its multi-op in flight: finish it with :meth:`epoch_committed`.

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from kazoo.exceptions import BadVersionError, NodeExistsError
 
 from aligner.errors import FencedError
-from aligner.models import Node
+from aligner.models import Node, WritersNode
 from aligner.ops import Create, Op, SetData, raise_failure
 from aligner.recipes.commits import CommitRecipes, Contribution
 from aligner.recipes.store import Store
@@ -30,11 +30,13 @@ class SparkBatchRecipes:
 
     def commit_sink_batch(self, subject: str, sink: str, batch: int, epoch: int,
                           contributions: Sequence[Contribution], progress: Node, progress_version: int,
-                          lineage: Node | None = None) -> None:
+                          lineage: Node | None = None, writers: tuple[WritersNode, int] | None = None) -> None:
         """Commit micro-batch ``batch`` of Spark sink ``sink`` on ``subject``, all or nothing: the
         contributions to ``epoch`` (none: the progress alone, for a batch whose output is void), the
         progress (created with its epochs folder the first time, ``progress_version`` -1, else
-        compare-and-set on it) and, when given, ``lineage`` as the record of ``epoch``.
+        compare-and-set on it) and, when given, ``lineage`` as the record of ``epoch``. With ``writers`` (the
+        subject's writers document as the batch was planned) the epoch node is made by the same multi-op, so the
+        commit is one request; without, the caller made it (``ensure_epoch``).
 
         Another writer of the sink in between (a zombie driver, a restarted one) fails it with
         :class:`FencedError`, and nothing is committed."""
@@ -52,7 +54,9 @@ class SparkBatchRecipes:
                 self.store.ensure_bucket(record)
             ops.append(Create(record, lineage.dump()))
         try:
-            if contributions:
+            if contributions and writers is not None:
+                self.commits.commit_new_epoch(subject, epoch, contributions, writers, ops)
+            elif contributions:
                 self.commits.commit_epoch(epoch, contributions, ops)
             else:
                 raise_failure(self.store.multi(*ops))

@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
+from pydantic import ValidationError
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
@@ -38,9 +39,10 @@ from aligner.connectors.kafka import end_offsets
 from aligner.connectors.reader import Segment, segments_by_partition
 from aligner.epochs import CommittedEpoch, check_retention, parse_epoch_span
 from aligner.errors import AlignedOptionError, AlignerError, EpochNotCommittedError
-from aligner.layout import DEFAULT_ROOT
 from aligner.ledger import Ledger
 from aligner.models import FieldSpec, SubjectNode
+from aligner.recipes.spark import SparkBatchRecipes
+from aligner.settings import Settings
 
 RAW_COLUMNS = ("key", "value", "partition", "offset", "epoch", "timestamp")
 SUBJECT_COLUMN = "subject"
@@ -56,17 +58,6 @@ _SPARK_TYPES: dict[str, DataType] = {
 # ---- options ------------------------------------------------------------------------------------
 
 
-def opt(options: Mapping[str, str], name: str) -> str | None:
-    """An option by name, case-insensitively (Spark lower-cases option keys)."""
-    if name in options:
-        return options[name]
-    low = name.lower()
-    for key, value in options.items():
-        if key.lower() == low:
-            return value
-    return None
-
-
 @dataclass(frozen=True)
 class Connection:
     zk: str
@@ -78,12 +69,18 @@ class Connection:
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], multi: bool = False) -> Connection:
-        """Connection options; ``multi`` accepts ``subjects`` (several subjects) instead of ``subject``."""
-        zk = opt(options, "zk") or os.environ.get("ALIGNER_ZK")
-        kafka = opt(options, "kafka") or os.environ.get("ALIGNER_KAFKA")
-        root = opt(options, "root") or os.environ.get("ALIGNER_ROOT") or DEFAULT_ROOT
-        subject = opt(options, "subject")
-        listed = opt(options, "subjects")
+        """Connection options as Spark passes them (case-insensitive keys), else the ``ALIGNER_*`` settings
+        every component reads (:class:`aligner.settings.Settings`); ``multi`` accepts ``subjects`` (several
+        subjects) instead of ``subject``."""
+        try:
+            settings = Settings.model_validate({k: options[k] for k in ("zk", "kafka", "root") if options.get(k)})
+        except ValidationError as exc:
+            raise AlignedOptionError(f"format('aligned'): {exc.errors()[0]['msg']}") from None
+        zk = settings.zk if "zk" in settings.model_fields_set else None
+        kafka = settings.kafka if "kafka" in settings.model_fields_set else None
+        root = settings.root
+        subject = options.get("subject")
+        listed = options.get("subjects")
         subjects: tuple[str, ...] = ()
         if listed is not None:
             if not multi:
@@ -106,7 +103,7 @@ class Connection:
 
 
 def int_option(options: Mapping[str, str], name: str, default: int | None, minimum: int = 0) -> int | None:
-    raw = opt(options, name)
+    raw = options.get(name)
     if raw is None:
         return default
     try:
@@ -119,7 +116,7 @@ def int_option(options: Mapping[str, str], name: str, default: int | None, minim
 
 
 def bool_option(options: Mapping[str, str], name: str, default: bool = False) -> bool:
-    raw = opt(options, name)
+    raw = options.get(name)
     if raw is None:
         return default
     if raw.strip().lower() in ("true", "1", "yes"):
@@ -130,7 +127,7 @@ def bool_option(options: Mapping[str, str], name: str, default: bool = False) ->
 
 
 def float_option(options: Mapping[str, str], name: str, default: float) -> float:
-    raw = opt(options, name)
+    raw = options.get(name)
     try:
         return default if raw is None else float(raw)
     except ValueError:
@@ -158,14 +155,14 @@ class TaskOptions:
 def batch_epochs(options: Mapping[str, str], ledger: Ledger, subject: str) -> list[int]:
     """The epochs a batch read covers: exactly one of epoch, epochs ("A:B"), asOf (0..N) or lineage
     ("JOB:EPOCH": the subject's epochs in the consistent cut named by a downstream job epoch)."""
-    given = [n for n in ("epoch", "epochs", "asOf", "lineage") if opt(options, n) is not None]
+    given = [n for n in ("epoch", "epochs", "asOf", "lineage") if options.get(n) is not None]
     if len(given) != 1:
         raise AlignedOptionError(
             "spark.read.format('aligned') needs exactly one of the options epoch, epochs ('A:B'), asOf or "
             f"lineage ('JOB:EPOCH'), got {given or 'none'}"
         )
     name = given[0]
-    raw = str(opt(options, name))
+    raw = str(options[name])
     if name == "lineage":
         from aligner.connectors.spark.lineage import lineage_epochs
 
@@ -255,6 +252,9 @@ class ReadPlan:
     """Multi-subject streaming reads: rows end with the ``subject`` column."""
     job_span: tuple[int, int] | None = None
     """A query running as an aligned job: the job epochs [first, last] the micro-batch covers."""
+    writes: bool | None = None
+    """A query running as an aligned job: whether the micro-batch writes its output (else it is voided), as the
+    planner decided it; its write tasks in this process take it from here."""
 
 
 class AlignedPartition(InputPartition):
@@ -275,7 +275,8 @@ class AlignedPartition(InputPartition):
 
 def plan_partitions(ledger: Ledger, kafka: str, subject: SubjectNode, epochs: Sequence[int],
                     stall_timeout: float, zk: str = "", lineage: bool = False,
-                    subject_column: bool = False, job_span: tuple[int, int] | None = None) -> list[AlignedPartition]:
+                    subject_column: bool = False, job_span: tuple[int, int] | None = None,
+                    writes: bool | None = None) -> list[AlignedPartition]:
     """Resolve committed epochs and split them into input partitions; every error surfaces here.
 
     Raises UnknownSubjectError, EpochNotCommittedError or EpochOutOfRetentionError before any task runs.
@@ -292,7 +293,7 @@ def plan_partitions(ledger: Ledger, kafka: str, subject: SubjectNode, epochs: Se
     plan = ReadPlan(kafka=kafka, subject=subject.name, topic=subject.topic,
                     fields=tuple((f.name, f.type) for f in field_columns(subject)), stall_timeout=stall_timeout,
                     zk=zk, root=ledger.layout.root, span=span, subject_column=subject_column,
-                    job_span=job_span)
+                    job_span=job_span, writes=writes)
     parts = [AlignedPartition(plan, p, by_partition[p], records=i == 0) for i, p in enumerate(sorted(by_partition))]
     if span is not None and not parts:
         parts = [AlignedPartition(plan, 0, [], records=True)]
@@ -366,6 +367,7 @@ def settle_spark_heap() -> None:
         gc.freeze()
 
 _LEDGERS: dict[tuple[str, str, int], Ledger] = {}
+_RECIPES: dict[int, SparkBatchRecipes] = {}
 _LOCK = threading.Lock()
 
 
@@ -387,6 +389,15 @@ def ledger_for(zk: str, root: str) -> Ledger:
                 logging.getLogger("aligner.spark").warning("ZooKeeper at %s unreachable; retrying", zk)
         _LEDGERS[key] = led
         return led
+
+
+def spark_recipes(ledger: Ledger) -> SparkBatchRecipes:
+    """The Spark sink's batch-commit recipe over ``ledger``: built once per ledger and process, and shared."""
+    with _LOCK:
+        recipes = _RECIPES.get(id(ledger))
+        if recipes is None or recipes.store is not ledger:
+            recipes = _RECIPES[id(ledger)] = SparkBatchRecipes(ledger, ledger.commits)
+        return recipes
 
 
 # ---- reading ------------------------------------------------------------------------------------
@@ -490,6 +501,8 @@ def record_batch_lineage(partition: AlignedPartition) -> None:
     key = (plan.zk, plan.root, query, int(batch), plan.subject)
     if plan.job_span is not None:
         _remember((*key[:4], "job"), plan.job_span)
+        if plan.writes is not None:
+            _remember((*key[:4], "act"), (int(plan.writes), int(plan.writes)))
     elif not partition.records:
         return
     if _recalled(key) is None:
@@ -508,6 +521,13 @@ def batch_job_span(conn: Connection, query: str | None, batch: int,
         span = lookup(ledger_for(conn.zk, conn.root))
         _remember(key, span)
     return span
+
+
+def recalled_act(conn: Connection, query: str | None, batch: int) -> bool | None:
+    """The planner's decision for micro-batch ``batch`` of a job's query (write, else void), when this
+    process ran one of the batch's read tasks; None otherwise."""
+    act = _recalled((conn.zk, conn.root, query or "", batch, "act"))
+    return None if act is None else bool(act[0])
 
 
 _BATCHES: OrderedDict[tuple[str, str, str, int, str], tuple[int, int]] = OrderedDict()

@@ -21,10 +21,12 @@ registered (:func:`register_query`: inputs, output, parallelism 1 = the driver, 
   end exactly on them, and never past S before the commit), voids its output up to S and never
   commits S+1 before the old version committed S at the target.
 
-Offsets of a job's source: ``{"epochs": {subject: N}, "job": E, "first": F}``: every subject epoch
-before N was read, E is the next job epoch to plan and F the first job epoch of the batch that ended
-here (the batch covers job epochs F .. E-1). A new version's first offset has ``job`` None: its first
-batch rebuilds state from the start up to one of the old version's job epoch boundaries.
+Offsets of a job's source (:class:`aligner.connectors.spark.offset.StreamOffset`):
+``{"epochs": {subject: N}, "job": E, "first": F, "act": A}``: every subject epoch before N was read, E is the
+next job epoch to plan, F the first job epoch of the batch that ended here (the batch covers job epochs
+F .. E-1) and A the planner's decision for it (``write`` or ``void``), which its tasks and its commit follow.
+A new version's first offset has no ``job``: its first batch rebuilds state from the start up to one of the
+old version's job epoch boundaries.
 
 :class:`AlignedQuery` is the driver-side companion: it stops the query once its sink finished (the
 old version after a committed swap), so ``awaitTermination`` returns cleanly.
@@ -32,12 +34,14 @@ old version after a committed swap), so ``awaitTermination`` returns cleanly.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from kazoo.exceptions import KazooException
 
 from aligner import coverage, epoch_step
 from aligner.connectors.spark.job_node import (
@@ -51,7 +55,8 @@ from aligner.connectors.spark.job_node import (
     swap_out,
     wait_target,
 )
-from aligner.connectors.spark.writer import load_slots, open_slots
+from aligner.connectors.spark.offset import StreamOffset
+from aligner.connectors.spark.plan import load_slots, open_slots
 from aligner.connectors.subjects import ensure_shadow
 from aligner.coverage import Next
 from aligner.epoch_step import Act, Seen
@@ -66,8 +71,20 @@ __all__ = ["PAUSE", "STOP_GRACE", "AlignedQuery", "JobPlanner", "Planned", "awai
 
 log = logging.getLogger("aligner.spark.job")
 
-Planned = tuple[dict[str, int], int, int]
-"""A planned batch: (end vector of subject epochs, first job epoch, last job epoch)."""
+@dataclass(frozen=True)
+class Planned:
+    """A planned batch: where it ends on each subject, the job epochs [first, last] it covers, and whether it
+    writes its output (else it is voided)."""
+
+    end: dict[str, int]
+    first: int
+    last: int
+    writes: bool
+
+    def offset(self) -> StreamOffset:
+        """The batch's end offset, carrying the decision to its tasks and its commit."""
+        return StreamOffset(epochs=self.end, job=self.last + 1, first=self.first,
+                            act="write" if self.writes else "void")
 
 STOP_GRACE = 3.0
 """Seconds a stop waits for the running micro-batch to end: within the 5 s a long-running component has."""
@@ -151,7 +168,7 @@ class JobPlanner:
             return None
         if not self.new_version:  # a new version's voided batches closed its producers up to S already
             self._ready(leases, first)
-        return dict(covered.next), first, first
+        return Planned(dict(covered.next), first, first, True)
 
     def _first(self, start: dict[str, int], job: int | None) -> int | None:
         """The batch's first job epoch: the checkpoint's; a new version's first batch, the old version's
@@ -196,7 +213,7 @@ class JobPlanner:
             node, last = following, last + 1
         if self.node.shadow is not None:
             shadow_slots(self.ledger, self.kafka, self.node, last)  # the batch's tasks stamp shadow epoch ``last``
-        return dict(node.next), first, last
+        return Planned(dict(node.next), first, last, False)
 
     def _finish_shadow(self) -> None:
         """After the swap the new version writes the target: its shadow ends where its voided output did."""
@@ -265,7 +282,7 @@ class JobPlanner:
                path: str | None = None) -> None:
         """Wait up to PAUSE for the ledger to change (watches), then let Spark ask again."""
         woken = threading.Event()
-        with contextlib.suppress(Exception):
+        try:
             for s, epoch in (subjects or {}).items():
                 self.ledger.watches.arm_watch(s, epoch, woken)
             if swap_path:
@@ -273,6 +290,9 @@ class JobPlanner:
                     self.ledger.watches.watch_node(self.ledger.layout.swap(job), lambda _e: woken.set())
             if path is not None:
                 self.ledger.watches.watch_node(path, lambda _e: woken.set())
+        except KazooException as exc:  # a watch not set only shortens nothing: Spark asks again after PAUSE
+            log.warning("job %s: a ledger watch could not be set (%s); planning again in %.1f s", self.node.job,
+                        exc, PAUSE)
         woken.wait(PAUSE)
 
 

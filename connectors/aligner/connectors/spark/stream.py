@@ -1,8 +1,9 @@
 """Streaming reads by epoch: ``spark.readStream.format("aligned")``.
 
-Spark offsets are subject epoch numbers: ``{"epoch": N}`` means "every epoch before N has been
-read", so a micro-batch from ``{"epoch": a}`` to ``{"epoch": b}`` covers exactly the committed epochs
-a .. b-1 and nothing else. Batches are therefore aligned with the subject's epochs. By default a
+Spark offsets are subject epoch numbers (:class:`aligner.connectors.spark.offset.StreamOffset`):
+``{"epochs": {subject: N}}`` means "every epoch before N has been read", so a micro-batch from N = a to
+N = b covers exactly the committed epochs a .. b-1 and nothing else.
+Batches are therefore aligned with the subject's epochs. By default a
 micro-batch takes every epoch committed since the last one, so a query keeps up however slow its
 batches are compared with the epochs; ``maxEpochsPerBatch`` (or ``epochsPerBatch``) = N opts in to
 batches of at most N epochs (1: every micro-batch is exactly one committed epoch).
@@ -16,8 +17,8 @@ batches of at most N epochs (1: every micro-batch is exactly one committed epoch
 - Restarting from a checkpoint resumes at the checkpointed epoch: offsets are plain epoch numbers
   and committed epochs never change, so a re-planned batch reads the same records again.
 
-Several subjects: option ``subjects`` = "a,b" (``subject`` stays for one). Offsets are then epoch
-vectors ``{"epochs": {"a": Na, "b": Nb}}``: every epoch before N_s of subject s has been read (the
+Several subjects: option ``subjects`` = "a,b" (``subject`` stays for one). Offsets are epoch
+vectors ``{"epochs": {"a": Na, "b": Nb}}`` as for one subject: every epoch before N_s of subject s has been read (the
 epoch-vector rules of the alignment protocol). ``latestOffset`` advances each subject to one past its
 last committed epoch, capped per subject by the read limit, so a batch covers each subject's newly
 committed epochs and none of a slower subject that committed nothing new (marker merging). Rows then
@@ -58,35 +59,13 @@ from aligner.connectors.spark.common import (
     TaskOptions,
     int_option,
     ledger_for,
-    opt,
     pack,
     plan_partitions,
     read_input,
 )
 from aligner.connectors.spark.job import JobPlanner
-from aligner.errors import AlignerError
+from aligner.connectors.spark.offset import StreamOffset
 from aligner.ledger import Ledger
-
-
-def _epoch_of(offset: dict) -> int:
-    try:
-        return int(offset["epoch"])
-    except (KeyError, TypeError, ValueError):
-        raise AlignerError(f"offset {offset!r} of format('aligned') is not {{'epoch': N}}") from None
-
-
-def _vector_of(offset: dict, subjects: Sequence[str]) -> dict[str, int]:
-    try:
-        epochs = offset["epochs"]
-        return {s: int(epochs[s]) for s in subjects}
-    except (KeyError, TypeError, ValueError):
-        raise AlignerError(f"offset {offset!r} of format('aligned') is not an epoch vector "
-                           f"{{'epochs': {{subject: N}}}} over the subjects {list(subjects)}") from None
-
-
-def _job_of(offset: dict) -> int | None:
-    job = offset.get("job") if isinstance(offset, dict) else None
-    return None if job is None else int(job)
 
 
 class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -99,7 +78,7 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """At most this many epochs per micro-batch; None: every committed epoch available (keeps up)."""
         self.tasks = TaskOptions.from_options(options)
         self._target: dict[str, int] | None = None
-        self.job = opt(options, "job") or None
+        self.job = options.get("job") or None
         """Run as this registered aligned job (:mod:`aligner.connectors.spark.job`)."""
         self._planner: JobPlanner | None = None
 
@@ -133,17 +112,11 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             out[s] = frontier + 1 if frontier is not None else self._first_epoch(s)
         return out
 
-    def _offset(self, vector: dict[str, int], job: int | None = None, first: int | None = None) -> dict:
-        if self.job is not None:
-            return {"epochs": dict(vector), "job": job, "first": first}
-        if self.conn.subjects:
-            return {"epochs": dict(vector)}
-        return {"epoch": vector[self.conn.subject]}
+    def _offset(self, vector: Mapping[str, int]) -> dict:
+        return StreamOffset(epochs=dict(vector)).dump()
 
-    def _vector(self, offset: dict) -> dict[str, int]:
-        if self.conn.subjects or self.job is not None:
-            return _vector_of(offset, self._subjects)
-        return {self.conn.subject: _epoch_of(offset)}
+    def _parse(self, offset: dict) -> StreamOffset:
+        return StreamOffset.parse(offset, self._subjects)
 
     def initialOffset(self) -> dict:
         return self._offset({s: self._first_epoch(s) for s in self._subjects})
@@ -160,7 +133,7 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Per subject: one past its last committed epoch, capped by the limit per subject (marker
         merging: a batch covers each subject's newly committed epochs, none for a subject with none).
         A job's query plans its next job epoch instead (and the swap gate may plan nothing: ``start``)."""
-        firsts = self._vector(start)
+        firsts = self._parse(start).epochs
         cap: int | None = None
         if isinstance(limit, ReadMaxFiles):
             cap = max(1, limit.max_files)
@@ -169,27 +142,23 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         elif not isinstance(limit, ReadAllAvailable):
             cap = self.per_batch
         if self.job is not None:
-            planned = self.planner.plan(firsts, _job_of(start), cap)
-            if planned is None:
-                return start
-            vector, first, last = planned
-            return self._offset(vector, last + 1, first)
+            planned = self.planner.plan(firsts, self._parse(start).job, cap)
+            return start if planned is None else planned.offset().dump()
         target = self._target if self._target is not None else self._next_uncommitted()
         ends = {}
         for s, first in firsts.items():
             end = target[s] if cap is None else min(target[s], first + cap)
             ends[s] = max(first, end)
-        return self._offset(ends)
+        # Nothing new: the offset as Spark gave it (one it wrote in an earlier shape stays equal to itself).
+        return start if ends == firsts else self._offset(ends)
 
     def reportLatestOffset(self) -> dict | None:
         return self._offset(self._next_uncommitted())
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        firsts, stops = self._vector(start), self._vector(end)
+        firsts, stop_at = self._parse(start).epochs, self._parse(end)
+        stops, job_span = stop_at.epochs, stop_at.job_span if self.job is not None else None
         ledger = self._ledger
-        job_span = None
-        if self.job is not None and _job_of(end) is not None and end.get("first") is not None:
-            job_span = (int(end["first"]), int(end["job"]) - 1)
         parts: list[AlignedPartition] = []
         for s in self._subjects:
             first, stop = firsts[s], stops[s]
@@ -198,7 +167,7 @@ class AlignedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             subject = ledger.subjects.subject(s)
             parts += plan_partitions(ledger, self.conn.kafka, subject, range(first, stop), self.tasks.stall_timeout,
                                      zk=self.conn.zk, lineage=True, subject_column=bool(self.conn.subjects),
-                                     job_span=job_span)
+                                     job_span=job_span, writes=stop_at.writes)
         return pack(parts, self.tasks.min_records)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
