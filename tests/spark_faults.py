@@ -10,7 +10,8 @@ B, slot S; ``"*/S"``: any micro-batch once armed) holds that task's first attemp
 message not yet returned); ``hangFile`` (the attempt writes its process id there, so a test finds the executor to
 kill), ``hangSeconds`` (default 3600; a short hold makes Spark speculate) and ``hangArm`` (a file: the hold happens
 only while it exists, and the first attempt to get there takes it, so a test picks the moment, e.g. a hot-swap's
-pre-commit).
+pre-commit). ``countRequests`` (a file): the driver's commit of every micro-batch appends to it the ZooKeeper
+requests it sent, one JSON line per batch (its bucket look-ups aside: once per process and bucket).
 
 Spark's Python workers (executors of a standalone cluster, a Connect server) need not have this checkout on
 their path: :func:`register` makes cloudpickle ship this module's classes by value.
@@ -18,8 +19,10 @@ their path: :func:`register` makes cloudpickle ship this module's classes by val
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,7 +31,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamWriter
 from pyspark.sql.types import StructType
 
-from aligner.connectors.spark.common import AlignedOptionError, int_option
+from aligner.connectors.spark.common import AlignedOptionError, int_option, ledger_for
 from aligner.connectors.spark.source import AlignedDataSource
 from aligner.connectors.spark.writer import AlignedStreamWriter, SinkHook
 from aligner.errors import AlignerError
@@ -36,7 +39,7 @@ from aligner.errors import AlignerError
 FAULTY = "aligned_faulty"
 POINTS = ("write", "precommit")
 OPTIONS = frozenset({"failFirstAttemptAfter", "pauseAfterCommit", "hangTask", "hangAt", "hangFile", "hangSeconds",
-                     "hangArm"})
+                     "hangArm", "countRequests"})
 """The options of :class:`Faults`: a driver that is given one writes through ``format("aligned_faulty")``."""
 
 
@@ -135,4 +138,38 @@ class FaultyDataSource(AlignedDataSource):
         writer = super().streamWriter(schema, overwrite)
         assert isinstance(writer, AlignedStreamWriter)
         writer.hook = Faults.from_options(self.options)
+        if self.options.get("countRequests"):
+            writer.commit = _counted(writer, self.options["countRequests"])  # type: ignore[method-assign]
         return writer
+
+
+def _counted(writer: AlignedStreamWriter, path: str) -> Any:
+    """``writer.commit`` recording every request its ZooKeeper client sends while it runs: (type, path)."""
+    commit = writer.commit
+
+    def counted(messages: Any, batchId: int) -> None:
+        ledger = ledger_for(writer.spec.conn.zk, writer.spec.conn.root)
+        kazoo, sent, quiet = ledger.zk.kazoo, [], threading.local()
+        call, ensure_bucket = kazoo._call, ledger.ensure_bucket
+
+        def counting(request: Any, async_object: Any) -> Any:
+            if not getattr(quiet, "on", False):
+                sent.append((type(request).__name__, getattr(request, "path", None)))
+            return call(request, async_object)
+
+        def bucket(node: str) -> None:
+            quiet.on = True
+            try:
+                ensure_bucket(node)
+            finally:
+                quiet.on = False
+
+        kazoo._call, ledger.ensure_bucket = counting, bucket  # type: ignore[method-assign, assignment]
+        try:
+            commit(messages, batchId)
+        finally:
+            del kazoo._call, ledger.ensure_bucket
+        with open(path, "a") as f:
+            f.write(json.dumps({"batch": batchId, "requests": sent}) + "\n")
+
+    return counted

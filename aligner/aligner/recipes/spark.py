@@ -22,7 +22,8 @@ from aligner.recipes.store import Store
 
 class SparkBatchRecipes:
     """The commit a Spark sink's driver makes per micro-batch: a recipe the Spark adapter holds, over the
-    ledger's store and commits (``SparkBatchRecipes(ledger)``)."""
+    ledger's store and commits, built once per ledger and process
+    (:func:`aligner.connectors.spark.common.spark_recipes`)."""
 
     def __init__(self, ledger: Store, commits: CommitRecipes) -> None:
         self.store = ledger

@@ -17,7 +17,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from aligner.connectors.spark.common import spark_recipes
 from aligner.connectors.spark.job_node import awaits, batch_writes, report, wait_target
-from aligner.connectors.spark.lineage import source_batch
+from aligner.connectors.spark.lineage import spark_lineage
 from aligner.connectors.spark.models import SparkProgressNode, SparkSinkEpochNode
 from aligner.connectors.spark.plan import BatchPlan, SinkSpec, load_slots
 from aligner.connectors.stamped import epoch_ranges
@@ -122,7 +122,7 @@ def commit_batch(ledger: Ledger, commit: BatchCommit, job_epoch: int | None = No
 def job_span(ledger: Ledger, query: str | None, batch_id: int) -> tuple[tuple[int, int], dict[str, int]] | None:
     """The job epochs a micro-batch of a job's query covers (recorded by its read tasks), and the last
     subject epoch it read per subject; None when its read tasks recorded nothing (a no-data batch)."""
-    read = source_batch(ledger, query, batch_id) if query else {}
+    read = spark_lineage(ledger).source_batch(query, batch_id) if query else {}
     if not read:
         return None
     spans = {(r.job_first, r.job_last) for r in read.values() if r.job_first is not None and r.job_last is not None}

@@ -8,6 +8,8 @@ committed epoch, the micro-batch that wrote it (:class:`~aligner.lineage_models.
 
 from __future__ import annotations
 
+import threading
+
 from aligner.errors import LineageError
 from aligner.ledger import Ledger
 from aligner.lineage import (
@@ -29,24 +31,36 @@ from aligner.lineage import subject_epoch_lineage as subject_lineage
 __all__ = ["SOURCE_BATCHES_KEPT", "LineageError", "cut", "lineage_epochs", "progress_path", "query_batches_path",
            "query_status", "query_statuses", "record_source_batch", "sink_epoch", "sink_epoch_path",
            "sink_epochs_path", "sink_lineage", "source_batch", "source_batch_path", "spark_epoch_lineage",
-           "spark_sink_subjects", "subject_lineage"]
+           "spark_lineage", "spark_sink_subjects", "subject_lineage"]
+
+_RECORDS: dict[int, SparkLineageLedger] = {}
+_LOCK = threading.Lock()
+
+
+def spark_lineage(ledger: Ledger) -> SparkLineageLedger:
+    """The Spark lineage records over ``ledger``: built once per ledger and process, and shared."""
+    with _LOCK:
+        records = _RECORDS.get(id(ledger))
+        if records is None or records.ledger is not ledger:
+            records = _RECORDS[id(ledger)] = SparkLineageLedger(ledger)
+        return records
 
 
 def progress_path(ledger: Ledger, subject: str, sink: str) -> str:
-    return SparkLineageLedger(ledger).progress_path(subject, sink)
+    return spark_lineage(ledger).progress_path(subject, sink)
 
 
 def sink_epochs_path(ledger: Ledger, subject: str, sink: str) -> str:
-    return SparkLineageLedger(ledger).sink_epochs_path(subject, sink)
+    return spark_lineage(ledger).sink_epochs_path(subject, sink)
 
 
 def sink_epoch_path(ledger: Ledger, subject: str, sink: str, epoch: int) -> str:
-    return SparkLineageLedger(ledger).sink_epoch_path(subject, sink, epoch)
+    return spark_lineage(ledger).sink_epoch_path(subject, sink, epoch)
 
 
 def query_batches_path(ledger: Ledger, query: str) -> str:
-    return SparkLineageLedger(ledger).query_batches_path(query)
+    return spark_lineage(ledger).query_batches_path(query)
 
 
 def source_batch_path(ledger: Ledger, query: str, batch: int, subject: str) -> str:
-    return SparkLineageLedger(ledger).source_batch_path(query, batch, subject)
+    return spark_lineage(ledger).source_batch_path(query, batch, subject)

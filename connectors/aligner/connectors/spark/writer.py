@@ -17,20 +17,23 @@ partitions only when its stamp carries that attempt. So every subject partition 
 one epoch, by exactly one *successful* task attempt, and every task attempt must stamp differently:
 
 * The sink has ``producers`` = N ledger producers ("slots"); slot i privately owns the subject
-  partitions ``partitions_for(i, N, P)``. The driver claims the slots once (and first closes, with
+  partitions ``partitions_for(i, N, P)``. The driver plans each micro-batch when Spark builds its
+  writer (:mod:`aligner.connectors.spark.plan`): it claims the slots the first time (and closes, with
   empty contributions, any epoch that only some slots were expected to write, so all slots start
-  on the same epoch).
+  on the same epoch) and reads their leases, the subject's writers and the sink's progress. The plan
+  travels to the tasks and back to the commit in their commit messages.
 * The Spark task with partition id i writes slot i, and only slot i. A write stage with more than N
   tasks fails at once with an error asking to ``repartition`` (or raise ``producers``).
 * Every task attempt draws a fresh 62-bit random attempt number and stamps its records
-  (sink, epoch, attempt); the epoch is the slot's next epoch in ZooKeeper. It writes in one Kafka
+  (sink, epoch, attempt); the epoch is the slot's next epoch as planned. It writes in one Kafka
   transaction (transactional id per slot, so a retry fences its predecessor) and reports
   (slot, epoch, attempt, last offset per partition, query id) in its commit message. Failed,
   retried or speculative attempts leave records whose attempt nobody names: readers drop them,
   even on a broker that shows aborted transactions (Tansu).
-* The driver's ``commit`` writes the epoch in ZooKeeper in **one multi-op**, through the ledger's
-  ``commit_epoch`` like every sink: for every slot the producer node (compare-and-set on its
-  version: zombies are fenced) and its contribution (the reported attempt, ranges and counts; an
+* The driver's ``commit`` (:mod:`aligner.connectors.spark.commit`) writes the epoch in ZooKeeper in
+  **one multi-op** and reads nothing the plan read: the epoch node (checked against the writers as
+  planned), for every slot the producer node (compare-and-set on its version as planned: zombies are
+  fenced) and its contribution (the reported attempt, ranges and counts; an
   empty range for a slot without a task), plus the sink's Spark progress node (last query id,
   batch id, epoch), compare-and-set (or created, for the first batch), and the epoch's lineage node
   ``spark/epochs/{epoch}`` -> (query id, batch id). Either the whole batch is one committed epoch or
