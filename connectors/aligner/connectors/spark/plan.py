@@ -59,8 +59,9 @@ class BatchPlan:
 
     leases: tuple[Lease, ...]
     """Slot i's lease: its next epoch (the batch's epoch), partitions and offsets, and node version."""
-    writers: tuple[WritersNode, int]
-    """The subject's writers document and version: the commit makes the epoch node against it."""
+    writers: tuple[WritersNode, int] | None
+    """The subject's writers document and version: the commit makes the epoch node against it (None: the
+    epoch node was there when the batch was planned, made when the slots were claimed)."""
     progress: SparkProgressNode | None
     progress_version: int
     """The sink's Spark progress and its version (-1: no node yet): a re-run batch is recognised by it."""
@@ -177,6 +178,8 @@ def plan_batch(ledger: Ledger, spec: SinkSpec) -> BatchPlan:
     else:
         leases = open_slots(ledger, conn.kafka, conn.subject, spec.sink, spec.producers or
                             ledger.subjects.subject(conn.subject).partitions)
-    writers = ledger.subjects.writers(conn.subject)
+    epoch = max(lease.next_epoch for lease in leases)
+    made = ledger.zk.exists(ledger.layout.epoch(conn.subject, epoch)) is not None
+    writers = None if made else ledger.subjects.writers(conn.subject)
     progress, version = read_progress(ledger, conn.subject, spec.sink)
     return BatchPlan(tuple(leases), writers, progress, version, topic, node, swap)
