@@ -20,7 +20,7 @@ from aligner.connectors.spark.models import SparkProgressNode
 from aligner.errors import AlignerError
 from aligner.layout import writer_id
 from aligner.ledger import Lease, Ledger
-from aligner.models import JobNode, Phase, ProducerNode, SwapNode, WritersNode
+from aligner.models import EpochNode, JobNode, Phase, ProducerNode, SwapNode, WritersNode
 
 log = logging.getLogger("aligner.spark.writer")
 
@@ -179,7 +179,7 @@ def plan_batch(ledger: Ledger, spec: SinkSpec) -> BatchPlan:
         leases = open_slots(ledger, conn.kafka, conn.subject, spec.sink, spec.producers or
                             ledger.subjects.subject(conn.subject).partitions)
     epoch = max(lease.next_epoch for lease in leases)
-    made = ledger.zk.exists(ledger.layout.epoch(conn.subject, epoch)) is not None
+    made = ledger.read_optional(EpochNode, ledger.layout.epoch(conn.subject, epoch))[1] >= 0
     writers = None if made else ledger.subjects.writers(conn.subject)
     progress, version = read_progress(ledger, conn.subject, spec.sink)
     return BatchPlan(tuple(leases), writers, progress, version, topic, node, swap)

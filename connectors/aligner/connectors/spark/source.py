@@ -99,7 +99,7 @@ class AlignedDataSource(DataSource):
 class AlignedBatchReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.conn = Connection.from_options(options)
-        self.options = dict(options)
+        self.options = options  # as Spark passes them: case-insensitive keys
         self.schema = schema
         self.tasks = TaskOptions.from_options(options)
 
