@@ -145,6 +145,7 @@ def commit_job_batch(ledger: Ledger, commit: BatchCommit) -> int | None:
     node, swap = plan.node, plan.swap
     if commit.committed_before():
         return None
+    ledger.sync()  # the batch's lineage was recorded by its read tasks' sessions: read it as it is now
     read = job_span(ledger, commit.query, commit.batch)
     if read is None:
         if any(m.attempt is not None for m in commit.messages):
