@@ -117,9 +117,9 @@ def test_a_job_batch_commit_is_one_multi_op_and_reads_nothing_planned(spark, sta
     commits = _commits(counted)
     _check(commits, _planned_paths(ledger, target, job, job), EPOCHS)
     lineage, consumers = f"{root}/spark/queries/", f"{ledger.layout.job(job)}/sources/"
-    for c in commits:  # besides the multi-op: the batch's lineage, then the report of the job's consumer nodes
+    for c in commits:  # besides the multi-op: a sync and the batch's lineage, then the job's consumer nodes' report
         other = [(kind, path) for kind, path in c["requests"]
-                 if kind != "Transaction" and not path.startswith(lineage)
+                 if kind not in ("Transaction", "Sync") and not path.startswith(lineage)
                  and not (path.startswith(consumers) and "/consumers/" in path)]
         assert other == [], f"batch {c['batch']}: {other}"
     assert ledger.epochs.frontier(target) is not None and ledger.epochs.frontier(target) >= EPOCHS - 1
