@@ -32,7 +32,7 @@ from rich.table import Table
 
 from aligner.connectors import kafka as kafka_module
 from aligner.connectors.kafka import QUIET, FetchingConsumer, consumer_config, ensure_topic, fetched_end_offsets
-from aligner.coordinator.stack import EmbeddedStack
+from aligner.embedded.stack import EmbeddedStack
 from experiments import ForeignCpu
 from experiments.common import write_results
 

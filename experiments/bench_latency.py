@@ -40,12 +40,12 @@ from rich.table import Table
 
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.runtime import JobSpec, JobWorker, KeyedState
+from aligner.connectors.runtime.worker import WorkerThread
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.source import SourceRecord
 from aligner.connectors.subjects import create_subject
-from aligner.connectors.worker import WorkerThread
 from aligner.coordinator.alignment import Coordinator
-from aligner.coordinator.stack import EmbeddedStack, StackInfo
+from aligner.embedded.stack import EmbeddedStack, StackInfo
 from aligner.ledger import Ledger
 from experiments import ForeignCpu
 from experiments.common import json_value, write_results

@@ -65,14 +65,14 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from rich.console import Console
 from rich.table import Table
 
-from aligner.connectors.job_spec import takes_batch
 from aligner.connectors.kafka import QUIET, consumer_config, ensure_topic
 from aligner.connectors.runtime import JobSpec, JobWorker, KeyedState, batch, settle_heap
+from aligner.connectors.runtime.job_spec import takes_batch
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.source import SourceRecord, source_settings
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
-from aligner.coordinator.stack import EmbeddedStack
+from aligner.embedded.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from aligner.stamps import HEADER, Stamp
 from experiments import ForeignCpu

@@ -60,7 +60,7 @@ from aligner.connectors.kafka import QUIET, ensure_topic
 from aligner.connectors.runtime import JobSpec, JobWorker, settle_heap
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import EmbeddedStack
+from aligner.embedded.stack import EmbeddedStack
 from aligner.errors import StoppedError
 from aligner.ledger import Ledger
 from experiments import ForeignCpu

@@ -58,8 +58,8 @@ import faust
 
 import aligner.connectors.faust as aligned
 from aligner.connectors.runtime import KeyedState
+from aligner.connectors.runtime.worker import load_function
 from aligner.connectors.source import SourceRecord
-from aligner.connectors.worker import load_function
 from aligner.settings import Settings
 
 JOB_ID = os.environ.get("FAUST_JOB_ID", "faust-tagger")

@@ -17,7 +17,7 @@ from aligner.connectors.runtime import JobSpec
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
-from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack
+from aligner.embedded.stack import ZOOKEEPER, EmbeddedStack
 from aligner.ledger import Ledger
 from aligner.lineage import flatten, subject_epoch_lineage
 from aligner.models import JobNode, SubjectNode

@@ -221,10 +221,10 @@ def test_job_killed_at_a_swap_step_still_swaps_exactly_once(stack, root, ledger,
     args = {"old": [*common, "--job", f"{raw}-v1", "--function", "tests.jobs:tag_v1", "--output-partitions", "0,1"],
             "new": [*common, "--job", f"{raw}-v2", "--function", "tests.jobs:tag_v2", "--output-partitions", "2,3",
                     "--version", "2", "--follows", f"{raw}-v1"]}
-    procs = {"old": spawn.worker("aligner.connectors.worker", *args["old"])}
+    procs = {"old": spawn.worker("aligner.connectors.runtime.worker", *args["old"])}
     procs["old"].wait_line(lambda line: line.startswith("committed"))
     Coordinator(ledger).align(f"{raw}-v1", timeout=LIVE)
-    procs["new"] = spawn.worker("aligner.connectors.worker", *args["new"])
+    procs["new"] = spawn.worker("aligner.connectors.runtime.worker", *args["new"])
     procs["new"].wait_line(lambda line: line.startswith("open"))
     swapper = HotSwap(ledger)
     jobs = swapper.jobs
@@ -241,7 +241,7 @@ def test_job_killed_at_a_swap_step_still_swaps_exactly_once(stack, root, ledger,
         swap = committed(swap)
         jobs.write_swap(swap, version)
     procs[who].kill()
-    procs[who] = spawn.worker("aligner.connectors.worker", *args[who])
+    procs[who] = spawn.worker("aligner.connectors.runtime.worker", *args[who])
     procs[who].wait_line(lambda line: line.startswith("open"))
     done = swapper.run(o.job, n.job, target, timeout=LIVE)
     assert done.phase == "done" and done.epoch == swap.epoch

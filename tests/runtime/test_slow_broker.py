@@ -25,12 +25,12 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 
 from aligner.connectors import kafka as kafka_module
-from aligner.connectors.job_spec import JobSpec
 from aligner.connectors.kafka import QUIET, FetchingConsumer, fetched_end_offsets
 from aligner.connectors.marker import EpochMarker
 from aligner.connectors.reader import EpochReader
+from aligner.connectors.runtime.job_spec import JobSpec
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import EmbeddedStack, StackInfo
+from aligner.embedded.stack import EmbeddedStack, StackInfo
 from aligner.ledger import Ledger
 from aligner.models import Range
 from tests.helpers import wait_for

@@ -11,8 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aligner.connectors.sink import SinkProducer
-from aligner.connectors.state import (
+from aligner.connectors.runtime.state import (
     MemoryStore,
     RocksStore,
     StateStore,
@@ -22,6 +21,7 @@ from aligner.connectors.state import (
     open_store,
     restore,
 )
+from aligner.connectors.sink import SinkProducer
 from aligner.errors import AlignerError, EpochCollectedError, EpochNotCommittedError, StateDamagedError
 from aligner.retention import Retention
 
@@ -422,7 +422,7 @@ def test_a_scan_of_a_damaged_store_raises_instead_of_ending_early(tmp_path: Path
     """Damage in a data block past the first (the tag reads fine): rocksdict's own iterators just stop
     there (a third of the keys, silently); the store's scan raises, and open_store's checksum scan of
     existing state finds it before any record is processed."""
-    from aligner.connectors.state import Tag
+    from aligner.connectors.runtime.state import Tag
 
     path = tmp_path / "big"
     with RocksStore(path) as store:

@@ -22,8 +22,8 @@ from mode import Service
 from mode import Worker as ModeWorker
 
 from aligner.connectors.faust.credentials import broker_credentials
-from aligner.connectors.job_spec import takes_batch
 from aligner.connectors.runtime import JobFunction, JobSpec, JobWorker, KeyedState, batch, settle_heap
+from aligner.connectors.runtime.job_spec import takes_batch
 from aligner.connectors.sink import TRANSIENT, FaultHook
 from aligner.ledger import Ledger
 from aligner.models import Mode

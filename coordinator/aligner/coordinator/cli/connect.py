@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from aligner.coordinator import stack as stack_mod
 from aligner.coordinator.cli.common import usage, validation_text
+from aligner.embedded import stack as stack_mod
 from aligner.errors import AlignerError, StackError, UnreachableError
 from aligner.settings import Settings
 

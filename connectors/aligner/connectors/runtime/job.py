@@ -24,14 +24,14 @@ from collections.abc import Callable
 
 from aligner.alignment import State
 from aligner.connectors.idle import Idle
-from aligner.connectors.job_epochs import JobEpochs
-from aligner.connectors.job_spec import Emitted, JobFunction, JobSpec, KeyedState, StateKind, batch, takes_batch
+from aligner.connectors.runtime.job_epochs import JobEpochs
+from aligner.connectors.runtime.job_spec import Emitted, JobFunction, JobSpec, KeyedState, StateKind, batch, takes_batch
+from aligner.connectors.runtime.source_alignment import SourceAlignment
+from aligner.connectors.runtime.state import StateStore
+from aligner.connectors.runtime.worker_io import Alignments, WorkerIO
 from aligner.connectors.sink import TRANSIENT, FaultHook, SinkProducer
 from aligner.connectors.source import SourceRecord, SubjectSource
-from aligner.connectors.source_alignment import SourceAlignment
-from aligner.connectors.state import StateStore
 from aligner.connectors.swap_gate import SwapGate
-from aligner.connectors.worker_io import Alignments, WorkerIO
 from aligner.epoch_step import Act
 from aligner.errors import AlignerError
 from aligner.jobs import PipelinedReports
@@ -385,9 +385,3 @@ def settle_heap() -> None:
 def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return f"{type(exc).__name__}: {text[:300]}"
-
-
-if __name__ == "__main__":  # `python -m aligner.connectors.runtime`, the older spelling of `aligner-worker`
-    import runpy
-
-    runpy.run_module("aligner.connectors.worker", run_name="__main__", alter_sys=True)

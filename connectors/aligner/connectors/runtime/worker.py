@@ -1,7 +1,7 @@
 """A job worker as a process or a thread: the always-on shell around :class:`JobWorker`.
 
-``python -m aligner.connectors.worker --job J --function mod:fn --input IN --output OUT`` (or
-``python -m aligner.connectors.worker``) runs one worker until its inputs finish: SIGTERM or SIGINT
+``python -m aligner.connectors.runtime.worker --job J --function mod:fn --input IN --output OUT`` (or
+``python -m aligner.connectors.runtime.worker``) runs one worker until its inputs finish: SIGTERM or SIGINT
 stops it within seconds with exit 0 and nothing lost (the open epoch is aborted and written again
 by the next incarnation); a mistake is one line on stderr with exit 1 (2 for usage).
 """
@@ -22,7 +22,7 @@ import typer
 from confluent_kafka import KafkaException
 from typer._click import exceptions as click_errors  # typer vendors click: its exceptions are these
 
-from aligner.connectors.runtime import JobFunction, JobSpec, JobWorker, one_line, settle_heap
+from aligner.connectors.runtime.job import JobFunction, JobSpec, JobWorker, one_line, settle_heap
 from aligner.errors import AlignerError, StoppedError
 from aligner.ledger import Ledger
 from aligner.models import WorkerEpochNode

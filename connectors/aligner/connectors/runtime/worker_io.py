@@ -18,10 +18,10 @@ from kazoo.exceptions import NoNodeError
 
 from aligner.alignment import ConsumerAlignment, State
 from aligner.connectors.idle import Idle
-from aligner.connectors.job_spec import JobSpec
+from aligner.connectors.runtime.job_spec import JobSpec
+from aligner.connectors.runtime.state import MemoryStore, StateStore, create_changelog, open_store, take_keys
 from aligner.connectors.sink import TRANSIENT, FaultHook, SinkProducer, partitions_for
 from aligner.connectors.source import SubjectSource
-from aligner.connectors.state import MemoryStore, StateStore, create_changelog, open_store, take_keys
 from aligner.connectors.subjects import ensure_shadow
 from aligner.errors import AlignerError, UnknownSubjectError
 from aligner.keys import sources, worker_of

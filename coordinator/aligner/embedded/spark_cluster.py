@@ -21,11 +21,11 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aligner.coordinator.processes import _alive, _kill_group, _spawn, free_port, wait_for
+from aligner.embedded.processes import _alive, _kill_group, _spawn, free_port, wait_for
 from aligner.errors import StackError
 
 if TYPE_CHECKING:
-    from aligner.coordinator.netns import NetLab
+    from aligner.embedded.netns import NetLab
 
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
