@@ -167,7 +167,7 @@ def main() -> None:
     sizes = [int(x) for x in args.sizes.split(",")]
     waits = [int(x) for x in args.waits.split(",")]
     logging.getLogger("kazoo").setLevel(logging.ERROR)
-    logging.getLogger("aligner.watchdog").setLevel(logging.ERROR)
+    logging.getLogger("aligner.connectors.watchdog").setLevel(logging.ERROR)
     console = Console(width=140)
     rows: list[dict[str, Any]] = []
     early: dict[int, float] = {}

@@ -37,7 +37,7 @@ from aligner.ledger import Ledger
 from aligner.settings import ZkAuth
 from aligner.zk import RetryingClient
 
-log = logging.getLogger("aligner.acl")
+log = logging.getLogger(__name__)
 
 __all__ = ["ALL", "CONTAINERS", "GRANTS", "AclLedger", "AclPolicy", "Grants", "acl_for", "describe", "digest_id",
            "grants_json", "parse_identity", "rule"]

@@ -29,7 +29,7 @@ from aligner.ops import Create, Op, raise_failure
 from aligner.recipes.store import Store
 from aligner.recipes.subjects import SubjectRecipes
 
-log = logging.getLogger("aligner.jobs")
+log = logging.getLogger(__name__)
 
 
 class JobLedger:

@@ -136,7 +136,7 @@ def test_a_producer_waiting_on_the_broker_says_why_once_and_when_it_answers(
     from aligner.connectors.stamped import BrokerWait
 
     wait = BrokerWait("A/0", "epoch 7's records", warn_after=0.0)
-    with caplog.at_level(logging.WARNING, logger="aligner.stamped"):
+    with caplog.at_level(logging.WARNING, logger="aligner.connectors.stamped"):
         wait.still("3 not delivered yet")
         wait.still("3 not delivered yet")
         wait.answered()

@@ -330,7 +330,7 @@ def test_a_commit_that_times_out_recreates_the_producer(own_stack, caplog) -> No
     _, info = own_stack
     led = Ledger.connect(info.zk, f"/aligner-kip890-{uuid.uuid4().hex[:8]}")
     create_subject(led, info.kafka, "s", 2)
-    caplog.set_level("INFO", logger="aligner.stamped")
+    caplog.set_level("INFO", logger="aligner.connectors.stamped")
     try:
         with SinkProducer(led, info.kafka, "s", "w", 0, [0, 1]) as p:
             for e in range(3):

@@ -149,7 +149,7 @@ def test_a_ten_ms_wait_is_raised_until_fetches_answer(slow_stack: StackInfo, slo
     finally:
         fc.close()
     kafka_module._learned.pop(slow_stack.kafka, None)
-    with caplog.at_level(logging.WARNING, logger="aligner.watchdog"), \
+    with caplog.at_level(logging.WARNING, logger="aligner.connectors.watchdog"), \
             EpochReader(slow_ledger, slow_stack.kafka, stall_timeout=1.0) as reader:
         got = numbers(reader, subject, epoch, epoch)
     assert len(got) == BIG and sorted(got) == list(range(BIG))
@@ -327,7 +327,7 @@ def test_chain_moves_again_after_a_broker_pause_on_a_partition_past_30k_batches(
 
     os.kill(slow_stack.kafka_pid, signal.SIGSTOP)
     try:
-        with caplog.at_level(logging.WARNING, logger="aligner.watchdog"):
+        with caplog.at_level(logging.WARNING, logger="aligner.connectors.watchdog"):
             reader = ReaderThread(slow_ledger, kafka, *big)
             owned.append(reader)
             time.sleep(PAUSE)  # the outage itself is the test's input, not a wait for progress
@@ -369,7 +369,7 @@ def test_stall_warns_once_names_the_partition_and_clears(caplog: pytest.LogCaptu
     now = [100.0]
     stall = Stall("marker of in", "in", 1, warn_after=10.0, clock=lambda: now[0])
     gauge = STALLED.labels("marker of in", "in", "1")
-    with caplog.at_level(logging.WARNING, logger="aligner.watchdog"):
+    with caplog.at_level(logging.WARNING, logger="aligner.connectors.watchdog"):
         now[0] += 9.0
         assert not stall.report(5, "its end offset", "slow") and gauge._value.get() == 0
         now[0] += 2.0

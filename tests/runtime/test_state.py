@@ -405,7 +405,7 @@ def test_a_damaged_local_store_is_moved_aside_and_restored_from_the_changelog(st
         raw = bytearray(table.read_bytes())
         raw[10] ^= 0xFF
         table.write_bytes(bytes(raw))
-    caplog.set_level("WARNING", logger="aligner.state")
+    caplog.set_level("WARNING", logger="aligner.connectors.runtime.state")
     store = open_store(path)
     try:
         assert store.tag is None and len(store) == 0, "a damaged store was opened as if whole"

@@ -39,7 +39,7 @@ from aligner.keys import routes
 from aligner.models import Range
 from aligner.stamps import HEADER, Stamp
 
-log = logging.getLogger("aligner.stamped")
+log = logging.getLogger(__name__)
 
 SLICE = 1.0
 """Seconds a blocking Kafka call waits before the stop flag is checked again."""

@@ -22,7 +22,7 @@ from aligner.errors import AlignerError, AlignmentSplitError, EpochCollectedErro
 from aligner.ledger import Ledger
 from aligner.models import AlignmentDecision, DecisionPhase, now_ms
 
-log = logging.getLogger("aligner.coordinator")
+log = logging.getLogger(__name__)
 
 Progress = Callable[[str, dict[str, Any]], None]
 

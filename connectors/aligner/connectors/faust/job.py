@@ -30,7 +30,7 @@ from aligner.models import Mode
 from aligner.settings import Settings
 from aligner.zk import StoppedError
 
-log = logging.getLogger("aligner.faust")
+log = logging.getLogger(__name__)
 
 Emitted = Iterable[tuple[bytes | None, bytes]]
 Report = Callable[[str], None]

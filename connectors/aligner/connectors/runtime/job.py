@@ -42,7 +42,7 @@ from aligner.zk import StoppedError
 
 __all__ = ["JobFunction", "JobSpec", "JobWorker", "KeyedState", "StateKind", "batch", "one_line"]
 
-log = logging.getLogger("aligner.runtime")
+log = logging.getLogger(__name__)
 
 
 class JobWorker:

@@ -73,7 +73,7 @@ worker has time to supersede stray records (see the module docstring)."""
 _BATCH = 20_000
 """Records per write batch while restoring; the tag advances with each batch."""
 
-log = logging.getLogger("aligner.state")
+log = logging.getLogger(__name__)
 
 
 # ---- codec ----------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from aligner.ledger import Ledger
 from aligner.models import WorkerEpochNode
 from aligner.settings import Settings
 
-log = logging.getLogger("aligner.runtime")
+log = logging.getLogger(__name__)
 
 
 class WorkerThread:

@@ -30,7 +30,7 @@ from aligner.ledger import Ledger
 from aligner.models import WorkerEpochNode
 from aligner.zk import StoppedError
 
-log = logging.getLogger("aligner.runtime")
+log = logging.getLogger(__name__)
 
 Alignments = dict[str, ConsumerAlignment]
 

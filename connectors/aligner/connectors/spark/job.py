@@ -64,7 +64,7 @@ __all__ = ["PAUSE", "STOP_GRACE", "AlignedQuery", "JobPlanner", "Planned", "awai
            "output_partitions", "register_query", "report", "shadow_slots", "sink_slots", "start_of", "stop_query",
            "swap_in", "swap_out", "wait_target"]
 
-log = logging.getLogger("aligner.spark.job")
+log = logging.getLogger(__name__)
 
 Planned = tuple[dict[str, int], int, int]
 """A planned batch: (end vector of subject epochs, first job epoch, last job epoch)."""

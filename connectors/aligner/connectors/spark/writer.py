@@ -93,7 +93,7 @@ from aligner.models import JobNode, Phase, ProducerNode, Range, SwapNode
 from aligner.recipes.spark import SparkBatchRecipes
 from aligner.stamps import Stamp
 
-log = logging.getLogger("aligner.spark.writer")
+log = logging.getLogger(__name__)
 
 
 @dataclass
