@@ -263,9 +263,9 @@ def test_the_stamped_producer_is_composed_of_a_kafka_producer_and_lanes() -> Non
     hot path), and a sink producer's is the same method."""
     p = StampedProducer("127.0.0.1:1", "txn", "out", [0, 1], also={"log": [0]})
     assert not isinstance(p, (Producer, Lane))
-    assert p.send.__self__ is p.main is p.lane("out") and p.send_many.__self__ is p.main
+    assert p.main is p.lane("out") and p.send == p.main.send and p.send_many == p.main.send_many  # bound to the lane
     sink = SinkProducer(SimpleNamespace(stopping=lambda: False), "127.0.0.1:1", "out", "job", 0, [0])  # type: ignore[arg-type]
-    assert sink.send.__self__ is sink.producer.main and not isinstance(sink, (Producer, Lane, StampedProducer))
+    assert sink.send == sink.producer.main.send and not isinstance(sink, (Producer, Lane, StampedProducer))
 
 
 def test_one_field_holds_the_open_epoch_until_its_owner_ends_it() -> None:
