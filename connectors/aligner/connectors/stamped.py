@@ -33,7 +33,8 @@ from aligner.connectors.watchdog import WARN_AFTER
 from aligner.errors import AlignerError, EpochFailedError, StoppedError
 from aligner.stamps import Stamp
 
-__all__ = ["SLICE", "BrokerWait", "Lane", "OpenEpoch", "ReleasingProducer", "StampedProducer", "Written", "epoch_ranges"]
+__all__ = ["SLICE", "BrokerWait", "Lane", "OpenEpoch", "ReleasingProducer", "StampedProducer", "Written",
+           "epoch_ranges"]
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ class StampedProducer:
         if aborting:
             with contextlib.suppress(Exception):  # safe: an abort left undone is fenced by the next incarnation
                 kp.abort_transaction(SLICE)
-        with contextlib.suppress(Exception):  # safe: what is not purged is never committed (no transaction ends)
+        with contextlib.suppress(Exception):  # safe: records left queued are in a transaction nobody commits
             kp.purge()
         kp.flush(0)
 
