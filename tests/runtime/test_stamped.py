@@ -2,7 +2,8 @@
 
 A job's output and its changelog subject (state as a subject) are written this way: both
 subjects' records of an epoch are committed together or not at all, under the same epoch number.
-Real ZooKeeper and broker; records are read back exactly, by epoch, with the aligned reader.
+Real ZooKeeper and broker; records are read back exactly, by epoch, with the aligned reader. The last
+two tests need neither: they check how the stamped producer is composed and where its open epoch lives.
 """
 
 from __future__ import annotations
