@@ -354,7 +354,7 @@ class PipelinedReports:
         self._exists: set[str] = set()
 
     def send(self, subject: str, node: ConsumerNode) -> None:
-        self._settle(subject)
+        self._check_answer(subject)
         if subject in self._exists:
             self._pending[subject] = self.jobs.report_async(self.job, subject, self.worker, node)
         else:  # the first report (or one after the node was removed) creates the node: waited for
@@ -364,9 +364,9 @@ class PipelinedReports:
     def flush(self) -> None:
         """Wait for every report sent."""
         for subject in list(self._pending):
-            self._settle(subject)
+            self._check_answer(subject)
 
-    def _settle(self, subject: str) -> None:
+    def _check_answer(self, subject: str) -> None:
         pending = self._pending.pop(subject, None)
         if pending is not None:
             try:
