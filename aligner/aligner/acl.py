@@ -138,8 +138,6 @@ class AclLedger:
                         pass  # removed meanwhile (gc)
                     except NoAuthError:
                         raise self._foreign(p) from None
-                    except Exception as exc:
-                        raise self.zk.denied(exc, "setting the ACL", p) from None
         return count
 
     def _foreign(self, path: str) -> AccessDeniedError:
