@@ -67,9 +67,9 @@ def finish(more: threading.Event, gen: Any, v1: Any, v2: Any) -> None:
     v2.join()
 
 
-def following(swapper: HotSwap, new: JobSpec) -> None:
+def following(swapper: HotSwap, new: JobSpec, what: str = "v2 following") -> None:
     """Wait until the new version has committed an epoch of its own: a swap needs it following."""
-    wait_for(lambda: swapper.committed(new.job, new.inputs) >= 0, LIVE, "v2 following")
+    wait_for(lambda: swapper.committed(new.job, new.inputs) >= 0, LIVE, what)
 
 
 def precommit_acked(swapper: HotSwap, o: JobNode, n: JobNode, live: float,

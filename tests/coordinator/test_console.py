@@ -69,6 +69,17 @@ def test_the_chain_and_a_hotswap_started_from_the_cli_show_live(stack, ledger, r
     swap, _ = swapper.jobs.swap(old.job)
     assert swap is not None and swap.phase == "done"
     wait_for(lambda: (ledger.epochs.frontier(target) or 0) > swap.epoch, LIVE, "v2 output")
+    _lineage_by_clicks(page, ledger, raw, target)
+
+    # Actions are off unless asked for: no buttons, and the API refuses with one line.
+    assert page.locator("button[data-action]:visible").count() == 0
+    status, body = post_json(console.url + "/api/actions", {"kind": "align", "job": old.job})
+    assert status == 403 and "--allow-actions" in body["error"]
+    finish(more, gen, v1, v2)
+
+
+def _lineage_by_clicks(page: Any, ledger: Ledger, raw: str, target: str) -> None:
+    """The target's newest epoch shows the ledger's cut of ``raw``; a click on one of its epochs opens that."""
     by_id(page, f"subject-{target}").locator("button.link").click()
     tree = page.locator("[data-testid=lineage-tree]")
     tree.wait_for()
@@ -81,12 +92,6 @@ def test_the_chain_and_a_hotswap_started_from_the_cli_show_live(stack, ledger, r
     assert shown == expected[raw] and shown, f"page shows {shown}, the ledger says {expected}"
     links.first.click()
     page.locator("#lineage p").filter(has_text=f"{raw} epoch {shown[0]}").wait_for()
-
-    # Actions are off unless asked for: no buttons, and the API refuses with one line.
-    assert page.locator("button[data-action]:visible").count() == 0
-    status, body = post_json(console.url + "/api/actions", {"kind": "align", "job": old.job})
-    assert status == 403 and "--allow-actions" in body["error"]
-    finish(more, gen, v1, v2)
 
 
 def test_an_alignment_started_from_the_page_completes(stack, ledger, root, subject_name, spawn, page):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+from typing import Any
 
 import pytest
 
@@ -109,8 +110,10 @@ def test_shadow_is_verified_before_the_swap(stack, ledger, subject_name, spawn, 
     assert span is not None and span[1] == swap.epoch
     whole = verify_outputs(ledger, stack.kafka, [old.job, new.job], *span, by_job=True, ignore=["v"])
     assert whole["first_difference"] is None and whole["records"] > 0
-    assert all(epoch <= swap.epoch for epoch, _ in read_all(ledger, stack.kafka, new.shadow_subject))
-    ended = ledger.subjects.writers(new.shadow_subject)[0].writers
+    shadow = new.shadow_subject
+    assert shadow is not None
+    assert all(epoch <= swap.epoch for epoch, _ in read_all(ledger, stack.kafka, shadow))
+    ended = ledger.subjects.writers(shadow)[0].writers
     assert ended and all(e.finished_after == swap.epoch for e in ended.values()), f"the shadow lives on: {ended}"
 
 
@@ -397,11 +400,7 @@ def test_swaps_rescale_keyed_state_and_keep_per_key_order(stack, ledger, subject
     swaps = []
     for v, (old, new) in enumerate(itertools.pairwise(versions), start=2):
         threads += [spawn.job(new, count_key(v), w) for w in range(new.parallelism)]
-
-        def following(new: JobSpec = new) -> bool:
-            return swapper.committed(new.job, new.inputs) >= 0
-
-        wait_for(following, LIVE, f"v{v} following")
+        following(swapper, new, f"v{v} following")
         swap = swapper.run(old.job, new.job, target, timeout=LIVE)
 
         def swapped(s: int = swap.epoch) -> bool:
@@ -417,17 +416,23 @@ def test_swaps_rescale_keyed_state_and_keep_per_key_order(stack, ledger, subject
         records = list(reader.read(target, 0, ledger.epochs.frontier(target)))
     outputs = [(r.epoch, json_value(r.value)) for r in records]
     assert_exactly_once(outputs, gen.sent)
+    _assert_keys_run_on(records, outputs, swaps, keys=12)
+    assert ledger.subjects.subject(target).partitions == 4
+    jobs = swapper.jobs
+    for new in versions[1:]:
+        first = min(jobs.worker_epoch_numbers(new.job, 0))
+        assert jobs.worker_epoch(new.job, 0, first).state_from == f"{new.follows}@{first - 1}"
+
+
+def _assert_keys_run_on(records: list[Any], outputs: list[tuple[int, Any]], swaps: list[int], keys: int) -> None:
+    """Each result from the version that owned its epoch, each key in one partition throughout, and its running
+    count 1, 2, 3, ... across every version in offset order."""
     counts: dict[str, list[int]] = {}
     partition_of: dict[str, set[int]] = {}
     for r, (epoch, value) in zip(records, outputs, strict=True):
         assert value["v"] == 1 + sum(epoch > s for s in swaps), f"epoch {epoch}: a v{value['v']} result"
         counts.setdefault(value["k"], []).append(value["count"])
         partition_of.setdefault(value["k"], set()).add(r.partition)
-    assert len(counts) == 12 and all(len(p) == 1 for p in partition_of.values()), partition_of
+    assert len(counts) == keys and all(len(p) == 1 for p in partition_of.values()), partition_of
     for key, seq in counts.items():
         assert seq == list(range(1, len(seq) + 1)), f"key {key}: counts {seq[:50]} do not run on across the swaps"
-    assert ledger.subjects.subject(target).partitions == 4
-    jobs = swapper.jobs
-    for new in versions[1:]:
-        first = min(jobs.worker_epoch_numbers(new.job, 0))
-        assert jobs.worker_epoch(new.job, 0, first).state_from == f"{new.follows}@{first - 1}"
