@@ -682,18 +682,8 @@ def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False, retention:
         raise StackError(why)
     with _locked(home):
         info = read_stack(home)
-        if info is not None and in_netns is not None and in_netns != (info.netns is not None):
-            raise StackError(f"the embedded stack in {home} runs " + (
-                "in network namespaces; `aligner stack down` then `aligner stack up` starts one on loopback"
-                if info.netns else "on loopback; `aligner stack down` then `aligner stack up --netns` starts "
-                "one in network namespaces"))
-        if info is not None and zk_tls and not info.zk_tls:
-            raise StackError(f"the embedded stack in {home} runs ZooKeeper without TLS; "
-                             "`aligner stack down` then `aligner stack up --zk-tls` starts one with TLS")
-        if info is not None and zk_servers > 1 and len(info.zk_pids) != zk_servers:
-            raise StackError(f"the embedded stack in {home} runs {len(info.zk_pids) or 1} ZooKeeper server(s); "
-                             f"`aligner stack down` then `aligner stack up --zk-servers {zk_servers}` starts "
-                             f"an ensemble")
+        if info is not None:
+            _refuse_other_shape(home, info, zk_tls, zk_servers, in_netns)
         if info is None:
             workdir = home / "stack"
             workdir.mkdir(parents=True, exist_ok=True)  # an earlier stack's ZooKeeper data is kept, not wiped
@@ -714,6 +704,22 @@ def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False, retention:
                 actions[RETENTION] = "started"
             return info, actions
         return _restart_down(home, info, timeout)
+
+
+def _refuse_other_shape(home: Path, info: StackInfo, zk_tls: bool, zk_servers: int, in_netns: bool | None) -> None:
+    """A running stack is restarted as it was started: asking for another shape is an error, not a silent no."""
+    if in_netns is not None and in_netns != (info.netns is not None):
+        raise StackError(f"the embedded stack in {home} runs " + (
+            "in network namespaces; `aligner stack down` then `aligner stack up` starts one on loopback"
+            if info.netns else "on loopback; `aligner stack down` then `aligner stack up --netns` starts "
+            "one in network namespaces"))
+    if zk_tls and not info.zk_tls:
+        raise StackError(f"the embedded stack in {home} runs ZooKeeper without TLS; "
+                         "`aligner stack down` then `aligner stack up --zk-tls` starts one with TLS")
+    if zk_servers > 1 and len(info.zk_pids) != zk_servers:
+        raise StackError(f"the embedded stack in {home} runs {len(info.zk_pids) or 1} ZooKeeper server(s); "
+                         f"`aligner stack down` then `aligner stack up --zk-servers {zk_servers}` starts "
+                         f"an ensemble")
 
 
 def _restart_down(home: Path, info: StackInfo, timeout: float) -> tuple[StackInfo, dict[str, str]]:
