@@ -141,7 +141,7 @@ class Profile:
     def __init__(self, worker: JobWorker, consume_cap: float | None = None) -> None:
         self.epochs: dict[int, dict[str, float]] = {}
         self._cur: dict[str, float] = {}
-        w, source, sink = worker, worker.source, worker.sink
+        w, source, sink = worker, worker.io.source, worker.io.sink
         assert source is not None and sink is not None, "the worker is started"
         source._consumer = TimedConsumer(source._consumer, self, consume_cap)  # type: ignore[assignment]  # a timing proxy
         arm = w.ledger.watches.arm_watch

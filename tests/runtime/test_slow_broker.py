@@ -316,7 +316,7 @@ def test_chain_moves_again_after_a_broker_pause_on_a_partition_past_30k_batches(
     owned.append(job)
 
     def job_at() -> int:
-        source = job.worker.source
+        source = job.worker.io.source
         return 0 if source is None else source.offsets().get(subject, {}).get(0, 0)
 
     wait_for(lambda: job_at() >= STALLING, LIVE, f"the job to read {STALLING} batches", interval=0.1)

@@ -187,13 +187,14 @@ class AlignedJob:
 
     def status(self) -> dict[str, Any]:
         w = self.worker
-        if w is None or w.sink is None:
+        if w is None or w.io.sink is None:
             return {"job": self.spec.job, "running": False}
+        swap = w.gate.swap
         return {"job": self.spec.job, "worker": w.worker, "running": not self.finished.is_set(),
-                "committed_epoch": w.sink.lease.node.committed_epoch, "aligned": w.aligned,
-                "follows": self.spec.follows, "swap": w.swap.model_dump(mode="json") if w.swap is not None else None,
-                "modes": {s: w.mode_of(s) for s in self.spec.inputs}, "records_in": w.records_in,
-                "records_out": w.records_out, "waiting_since": w.waiting_since}
+                "committed_epoch": w.io.sink.lease.node.committed_epoch, "aligned": w.sources.aligned,
+                "follows": self.spec.follows, "swap": swap.model_dump(mode="json") if swap is not None else None,
+                "modes": {s: w.sources.mode_of(s) for s in self.spec.inputs}, "records_in": w.records_in,
+                "records_out": w.records_out, "waiting_since": w.idle.since}
 
     def run(self, stop: threading.Event, loop: asyncio.AbstractEventLoop) -> None:
         """The blocking epoch loop: from the last committed epoch until the inputs finish or ``stop``.
@@ -223,14 +224,15 @@ class AlignedJob:
                     return
                 self.worker = worker
                 settle_heap()
-                assert worker.sink is not None
-                self.report(f"open job={self.spec.job} worker={index} next={worker.sink.next_epoch} "
-                            f"attempt={worker.sink.attempt}")
+                assert worker.io.sink is not None
+                self.report(f"open job={self.spec.job} worker={index} next={worker.io.sink.next_epoch} "
+                            f"attempt={worker.io.sink.attempt}")
                 worker.run(stop, on_epoch=lambda epoch: self.report(
-                    f"committed {epoch} aligned={worker.aligned} in={worker.records_in} out={worker.records_out}"))
+                    f"committed {epoch} aligned={worker.sources.aligned} in={worker.records_in} "
+                    f"out={worker.records_out}"))
                 if not stop.is_set():
                     self.finished.set()
-                    last = worker.sink.lease.node.committed_epoch if worker.sink is not None else None
+                    last = worker.io.sink.lease.node.committed_epoch if worker.io.sink is not None else None
                     self.report(f"finished job={self.spec.job} worker={index} last={last}")
             finally:
                 worker.close()

@@ -138,11 +138,7 @@ def run(
 ) -> None:
     """Run one worker of a job until its inputs finish (or SIGTERM)."""
     _check_options(worker, parallelism, mode, state, state_dir, shadow, follows)
-    try:
-        parts = tuple(int(p) for p in output_partitions.split(",")) if output_partitions else None
-    except ValueError:
-        raise typer.BadParameter(f"{output_partitions!r} is not a list of partitions",
-                                 param_hint="--output-partitions") from None
+    parts = _partitions(output_partitions)
     overrides: dict[str, Any] = {k: v for k, v in {"zk": zk, "kafka": kafka, "root": root}.items() if v is not None}
     settings = Settings(**overrides)
     spec = JobSpec(job=job, inputs=tuple(input_), output=output, parallelism=parallelism, version=version,
@@ -153,10 +149,23 @@ def run(
                    state_snapshot_every=state_snapshot_every)
     fn = load_function(function)
     if metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(metrics_port)
+        _serve_metrics(metrics_port)
     _serve(settings, spec, worker, fn, max_epochs)
+
+
+def _partitions(output_partitions: str | None) -> tuple[int, ...] | None:
+    """``--output-partitions`` as partitions (None: the job's share of the output's partitions)."""
+    try:
+        return tuple(int(p) for p in output_partitions.split(",")) if output_partitions else None
+    except ValueError:
+        raise typer.BadParameter(f"{output_partitions!r} is not a list of partitions",
+                                 param_hint="--output-partitions") from None
+
+
+def _serve_metrics(port: int) -> None:
+    from prometheus_client import start_http_server  # only a worker asked for metrics loads the exporter
+
+    start_http_server(port)
 
 
 def _check_options(worker: int, parallelism: int, mode: str, state: str, state_dir: str | None, shadow: bool,
@@ -182,17 +191,17 @@ def _serve(settings: Settings, spec: JobSpec, worker: int, fn: JobFunction, max_
         ledger = Ledger.connect(settings.zk, settings.root, timeout=None, stop=stop)
     except StoppedError:
         return
-    except Exception as exc:
+    except Exception as exc:  # kazoo's, TLS's or a timeout's: re-raised as the one-line error the process exits with
         raise AlignerError(f"cannot reach ZooKeeper at {settings.zk}: {one_line(exc)}") from None
     runner = JobWorker(ledger, settings.kafka, spec, worker, fn)
     try:
         runner.open()
         settle_heap()
-        assert runner.sink is not None
-        print(f"open job={spec.job} worker={worker} next={runner.sink.next_epoch} "
-              f"attempt={runner.sink.attempt}", flush=True)
-        left = None if max_epochs is None else max(0, max_epochs - runner.sink.next_epoch)
-        runner.run(stop, left, on_epoch=lambda e: print(f"committed {e} aligned={runner.aligned}", flush=True))
+        sink = runner.io.sink
+        assert sink is not None
+        print(f"open job={spec.job} worker={worker} next={sink.next_epoch} attempt={sink.attempt}", flush=True)
+        left = None if max_epochs is None else max(0, max_epochs - sink.next_epoch)
+        runner.run(stop, left, on_epoch=lambda e: print(f"committed {e} aligned={runner.sources.aligned}", flush=True))
     except StoppedError:
         pass
     finally:
