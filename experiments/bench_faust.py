@@ -33,8 +33,9 @@ the worker process's own CPU (``time.process_time()``: every thread, Faust's loo
 work; not the broker's nor ZooKeeper's) over the same span. The median over rounds is reported; the ratio is the
 median of per-round ratios aligned/plain.
 
-``work`` per arm, summed over the rounds: the records and value bytes read back (committed) from the arm's output
-after each round, not timed. Records are compared; bytes and transactions differ by design (the ``src`` field
+``work`` per arm, summed over the rounds: the records and value bytes read back from the arm's output after each
+round, not timed (aligned: the committed records since the round began; plain: a new output topic per round, read
+to its end). Records are compared; bytes and transactions differ by design (the ``src`` field
 names a subject and an epoch on one side, a topic on the other; the plain arm has no transactions).
 
     python -m experiments.bench_faust [--records 100000] [--rounds 3]
@@ -73,6 +74,7 @@ from experiments.common import (
     Work,
     median_interval,
     read_back,
+    read_back_eof,
     topic_ends,
     work_results,
     write_results,
@@ -84,7 +86,6 @@ PARTITIONS = 4
 EPOCH = 10_000
 JOB = "bench-faust"
 IN, OUT = "bf-in", "bf-out"
-PLAIN_OUT = "bf-plain-out"
 BOUND = 300.0
 """Seconds a worker may take for one step (start, a round) before the run fails: a liveness bound, not a figure."""
 
@@ -145,7 +146,7 @@ elif ARM == "plain":
     _expected = int(os.environ["BENCH_FAUST_RECORDS"])
     _in_topic = app.topic(os.environ["BENCH_FAUST_INPUT"], key_type=bytes, value_type=bytes,
                           key_serializer="raw", value_serializer="raw")
-    _out_topic = app.topic(PLAIN_OUT, key_type=bytes, value_type=bytes, key_serializer="raw",
+    _out_topic = app.topic(os.environ["BENCH_FAUST_OUTPUT"], key_type=bytes, value_type=bytes, key_serializer="raw",
                            value_serializer="raw")
 
     def _done(_fut: Any) -> None:
@@ -315,7 +316,6 @@ def main() -> None:
         led = Ledger.connect(info.zk, ROOT)
         create_subject(led, info.kafka, IN, PARTITIONS)
         out_topic = create_subject(led, info.kafka, OUT, PARTITIONS).topic
-        ensure_topic(info.kafka, PLAIN_OUT, PARTITIONS)
         base = {"ALIGNER_ZK": info.zk, "ALIGNER_KAFKA": info.kafka, "ALIGNER_ROOT": ROOT, "ALIGNER_HOME": home,
                 "BENCH_FAUST_RECORDS": str(args.records)}
         plain_producer = Producer({"bootstrap.servers": info.kafka, **PRODUCER_SETTINGS, **QUIET})
@@ -324,8 +324,9 @@ def main() -> None:
             print(f"aligned the Faust job in {align_s:.1f}s", flush=True)
             for r in range(args.rounds):
                 write_epochs(sink, 0, args.records, EPOCH)
-                plain_in = f"bf-plain-in-{r}"
+                plain_in, plain_out = f"bf-plain-in-{r}", f"bf-plain-out-{r}"
                 ensure_topic(info.kafka, plain_in, PARTITIONS)
+                ensure_topic(info.kafka, plain_out, PARTITIONS)
                 for i in range(args.records):
                     while True:
                         try:
@@ -336,17 +337,17 @@ def main() -> None:
                 plain_producer.flush(60)
                 order = arms if r % 2 == 0 else arms[::-1]
                 for arm in order:
-                    output = out_topic if arm == "aligned" else PLAIN_OUT
-                    since = topic_ends(info.kafka, output, PARTITIONS)
+                    since = topic_ends(info.kafka, out_topic, PARTITIONS) if arm == "aligned" else {}
                     load.append(os.getloadavg()[0])
                     env = {**base, "BENCH_FAUST_ARM": arm, "BENCH_FAUST_ROUND": str(r)}
                     if arm == "aligned":
-                        res = aligned_round(env, args.records)
+                        runs[arm].append(aligned_round(env, args.records))
+                        work[arm].add(read_back(info.kafka, out_topic, since))
                     else:
-                        res = plain_round({**env, "BENCH_FAUST_INPUT": plain_in,
-                                           "FAUST_DATADIR": str(Path(home) / f"plain-{r}")}, args.records)
-                    runs[arm].append(res)
-                    work[arm].add(read_back(info.kafka, output, since))
+                        runs[arm].append(plain_round({**env, "BENCH_FAUST_INPUT": plain_in,
+                                                      "BENCH_FAUST_OUTPUT": plain_out,
+                                                      "FAUST_DATADIR": str(Path(home) / f"plain-{r}")}, args.records))
+                        work[arm].add(read_back_eof(info.kafka, plain_out, PARTITIONS))
                 print(f"round {r + 1}/{args.rounds}: " + ", ".join(
                     f"{a} {v[-1]['records_per_s']:,.0f}/s ({v[-1]['cpu_us_per_record']:.0f} µs CPU/record, "
                     f"start {v[-1]['start_s']:.1f}s)" for a, v in runs.items()), flush=True)
