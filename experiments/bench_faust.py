@@ -12,22 +12,36 @@ Input records are 100-byte JSON values without keys, round-robin over 4 partitio
   commits input offsets, state and output in one ZooKeeper multi-op: exactly-once aligned output. It is aligned by
   the coordinator once, before the rounds (tiny epochs flowing), and restarts aligned each round from its last
   committed epoch. Each round's input is ``--records`` records written into ``bf-in`` by a ``SinkProducer`` in
-  subject epochs of 10,000 before the worker starts.
-- **plain**: a Faust worker on a plain ``faust.App`` (only broker and data directory given: Faust's defaults), one
-  ``@app.agent`` on a plain topic holding the round's own copy of the same values (written by a plain
-  confluent-kafka producer with ``PRODUCER_SETTINGS``, same partitions), computing the same value per event with
-  ``seen`` kept in a Python dict (not a Faust table: no changelog, so this arm does less work on state) and
-  ``await out.send(key=..., value=..., partition=<the input's>)`` to a plain output topic. A new app id (consumer
-  group) per round, reading from the earliest offset (Faust's default). Faust's default guarantee is
-  **at-least-once**: offsets are committed to the group after the fact, output is not transactional, and Faust's
-  ``exactly_once`` guarantee cannot run here at all: Faust's Kafka client (aiokafka) cannot start a transactional
-  producer on the embedded broker (Tansu rejects its InitProducerId; see ``aligner.connectors.faust``).
+  subject epochs of 10,000 before the worker starts. Settings: ``aligned.faust_app``'s (in-memory store, 1-partition
+  internal topics, its group timeouts), job epochs of ``interval`` 0.3 s; the sink's librdkafka producer is
+  ``producer_config`` (linger ``LINGER_MS`` 1 s, ``batch.num.messages`` 10,000, batch and message size at
+  librdkafka's 1,000,000 bytes), the source's consumer ``consumer_config`` (16 MiB per partition, 64 MiB per fetch,
+  0.5 s fetch wait, ``queued.min.messages`` 200,000, read_committed).
+- **plain**: a Faust worker on a plain ``faust.App``, tuned as a performance-minded user would (``PLAIN_SETTINGS``):
+  the aligned sink's producer batching (Faust's ``producer_linger`` 1 s = ``LINGER_MS``, ``producer_max_batch_size``
+  and ``producer_max_request_size`` 1,000,000 bytes: librdkafka's defaults, which the sink keeps), the aligned
+  source's per-partition fetch size (``consumer_max_fetch_size`` 16 MiB) and the aligned job's commit interval
+  (``broker_commit_interval`` 0.3 s; a Faust commit flushes the producer first, as the aligned commit flushes the
+  sink), other settings Faust's defaults. One ``@app.agent`` on a plain topic holding the round's own copy of the
+  same values (written by a plain confluent-kafka producer with ``PRODUCER_SETTINGS``, same partitions), computing
+  the same value per event with ``seen`` kept in a Python dict (not a Faust table: no changelog, so this arm does
+  less work on state) and ``await out.send(key=..., value=..., partition=<the input's>)`` to a plain output topic.
+  A new app id (consumer group) per round, reading from the earliest offset (Faust's default). The guarantee is
+  Faust's default, **at-least-once**: offsets are committed to the group after the fact, output is not
+  transactional, and Faust's ``exactly_once`` guarantee cannot run here at all: Faust's Kafka client (aiokafka)
+  cannot start a transactional producer on the embedded broker (Tansu rejects its InitProducerId; see
+  ``aligner.connectors.faust``).
+
+Both workers run with ``-l warn`` and hold aiokafka's, Faust's, mode's, aligner's and kazoo's loggers at WARNING
+(``QUIET_LOGGERS``): Faust's worker sets the root logger to DEBUG at ``-l warn`` (for its start-up spinner) and
+never sets it back, so without this every per-message ``log.debug`` builds a record the console handler drops.
 
 Both arms start a fresh worker process each round after the round's input is committed, arms in alternating
 order. Timed, inside the worker process (monotonic clock): from the first record handed to the function or agent
 to the last output: aligned, the return of the ZooKeeper commit of the job epoch holding the last record (the
 worker's ``committed`` line); plain, the broker's acknowledgement of the last output record (the send callback;
-Faust publishes an agent's sends when the event is acked). Faust's start-up (process start, consumer group join,
+with Faust's default ``stream_publish_on_commit`` off, a send goes to aiokafka's producer at once, which sends it
+when its batch fills, its linger ends or a commit flushes it). Faust's start-up (process start, consumer group join,
 the aligned job's open) is excluded and reported apart (start of the process to first record). CPU per record is
 the worker process's own CPU (``time.process_time()``: every thread, Faust's loop, librdkafka's and aiokafka's
 work; not the broker's nor ZooKeeper's) over the same span. The median over rounds is reported; the ratio is the
@@ -61,7 +75,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from aligner.connectors.kafka import QUIET, ensure_topic
+from aligner.connectors.kafka import LINGER_MS, QUIET, ensure_topic
 from aligner.connectors.runtime import KeyedState
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.source import SourceRecord
@@ -123,6 +137,37 @@ def tag(record: SourceRecord, state: KeyedState) -> Iterator[tuple[bytes | None,
 
 # ---- the worker processes (BENCH_FAUST_ARM set) --------------------------------------------------------------
 
+PLAIN_SETTINGS: dict[str, Any] = {
+    "producer_linger": LINGER_MS / 1000,
+    "producer_max_batch_size": 1_000_000,
+    "producer_max_request_size": 1_000_000,
+    "consumer_max_fetch_size": 16 * 1024 * 1024,
+    "broker_commit_interval": 0.3,
+}
+"""The plain app's Faust settings, matched to the aligned arm where they overlap: the aligned sink's producer
+lingers ``LINGER_MS`` (1 s) with librdkafka's default batch and message size (1,000,000 bytes); its source fetches up
+to 16 MiB per partition (``consumer_config``'s ``max.partition.fetch.bytes``); the aligned job commits every 0.3 s
+(``interval``), and a Faust commit flushes the producer before committing offsets, as the aligned commit flushes
+the sink's. Faust's defaults are a linger of 0 and 16 KiB batches (a produce request every few records), 4 MiB
+fetches and a commit every 2.8 s. Not settable through Faust: aiokafka's fetch wait (Faust fixes 1.5 s; the aligned
+source waits 0.5 s, which matters only when caught up) and its total fetch size (aiokafka's 50 MiB; 64 MiB)."""
+
+QUIET_LOGGERS = ("aiokafka", "faust", "mode", "aligner", "kazoo")
+"""Loggers held at WARNING in both workers. The worker runs with ``-l warn``, but Faust's worker then sets the root
+logger to DEBUG for its start-up spinner (``faust.Worker._setup_spinner_handler``: only the console handler gets
+the WARN level) and never sets it back, so every ``log.debug`` of aiokafka's and Faust's per-message paths builds
+a log record that the handler then drops (11 % of a plain worker's samples before). A user setting the levels of
+the libraries' own loggers keeps them at warning whatever the root logger's level."""
+
+
+def quiet_debug() -> None:
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+if ARM:
+    quiet_debug()
+
 if ARM == "aligned":
     import aligner.connectors.faust as aligned
 
@@ -142,7 +187,7 @@ elif ARM == "plain":
 
     _round = os.environ.get("BENCH_FAUST_ROUND", "0")
     app = faust.App(f"bench-faust-plain-{_round}", broker=f"kafka://{os.environ['ALIGNER_KAFKA']}",
-                    datadir=os.environ["FAUST_DATADIR"])
+                    datadir=os.environ["FAUST_DATADIR"], **PLAIN_SETTINGS)
     _expected = int(os.environ["BENCH_FAUST_RECORDS"])
     _in_topic = app.topic(os.environ["BENCH_FAUST_INPUT"], key_type=bytes, value_type=bytes,
                           key_serializer="raw", value_serializer="raw")
@@ -368,7 +413,8 @@ def main() -> None:
     write_results("bench_faust", {
         "benchmark": "bench_faust", "records_per_round": args.records, "rounds": args.rounds,
         "partitions": PARTITIONS, "epoch_records": EPOCH, "value_bytes": len(json_record(0)),
-        "plain_guarantee": "at-least-once (Faust's default)", "runs": runs, "records_per_s_median": rate,
+        "plain_guarantee": "at-least-once (Faust's default)", "plain_settings": PLAIN_SETTINGS,
+        "quiet_loggers": list(QUIET_LOGGERS), "runs": runs, "records_per_s_median": rate,
         "cpu_us_per_record": cpu, "start_s_median": start, "ratio": ratio, "ratio_per_round": per_round,
         "ratio_interval": interval, "align_seconds": align_s, "load_average": load,
         **work_results(work, ("records",)),
