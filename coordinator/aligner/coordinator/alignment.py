@@ -47,7 +47,7 @@ def leadership(ledger: Ledger, timeout: float | None = None, identifier: str | N
     try:
         yield
     finally:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # an unreachable ZooKeeper frees the lock with the session anyway
             election.lock.release()
 
 

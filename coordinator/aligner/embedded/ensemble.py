@@ -286,6 +286,6 @@ class ZkEnsemble:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGCONT)
             _kill_group(proc.pid)
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(subprocess.TimeoutExpired):  # killed: reaped by whoever waits last
                 proc.wait(timeout=5)
         self._procs.clear()

@@ -495,7 +495,7 @@ class EmbeddedStack:
             self.ensemble.stop()
         for proc in reversed(self._procs):
             _kill_group(proc.pid)
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(subprocess.TimeoutExpired):  # killed: reaped by whoever waits last
                 proc.wait(timeout=5)
         self._procs.clear()
         if self._own_workdir:

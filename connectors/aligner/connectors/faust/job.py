@@ -269,7 +269,7 @@ class _JobService(Service):
             error: BaseException | None = None
             try:
                 self.job.run(self._stop_flag, loop)
-            except BaseException as exc:
+            except BaseException as exc:  # handed to the loop's thread below, which reports it and stops the worker
                 error = exc
             with contextlib.suppress(RuntimeError):  # the loop closed: the process is exiting anyway
                 loop.call_soon_threadsafe(self._finished, error)
@@ -341,10 +341,10 @@ def _exit_now(code: int, why: str | None = None) -> None:
     """Exit at once with output flushed (a stopping worker: every committed epoch is safe in ZooKeeper)."""
     if why is not None:
         log.warning("%s; exiting now", why)
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # exiting now: a handler failing to close must not keep the process
         logging.shutdown()
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a closed or broken stream: nothing left to flush into
             stream.flush()  # type: ignore[union-attr]
     os._exit(code)
 

@@ -53,7 +53,7 @@ class WorkerThread:
     def _run(self) -> None:
         try:
             self.worker.run(self.stop)
-        except BaseException as exc:
+        except BaseException as exc:  # recorded for finish()/the process, which report it; logged unless asked to stop
             if not (isinstance(exc, StoppedError) and self.stop.is_set()):
                 log.error("%s worker %d ended: %s", self.worker.spec.job, self.worker.worker, one_line(exc),
                           exc_info=exc)

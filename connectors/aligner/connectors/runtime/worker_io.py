@@ -279,10 +279,10 @@ class WorkerIO:
     def close_io(self) -> None:
         sink, source, self.sink, self.source = self.sink, self.source, None, None
         if sink is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # closing after a failure: the next open starts from ZooKeeper
                 sink.close()
         if source is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # closing after a failure: the next open starts from ZooKeeper
                 source.close()
 
     def close(self) -> None:

@@ -181,7 +181,7 @@ def ledger(outage_limit: float | None = ZK_OUTAGE_LIMIT, stop: threading.Event |
     finally:
         if bound is not None:
             bound.close()  # closing the session reports LOST; that is no outage
-        with suppress(Exception):
+        with suppress(Exception):  # the command's outcome is decided: a failing close changes nothing it did
             led.close()
 
 
