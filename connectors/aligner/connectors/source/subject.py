@@ -21,6 +21,8 @@ from aligner.models import Mode
 
 
 class SubjectSource:
+    """What the runtime, Faust and the experiments call; each call goes to the part whose job it is."""
+
     def __init__(self, ledger: Ledger, bootstrap: str, assignment: Mapping[str, Sequence[int]],
                  mode: Mode = "exactly_once", name: str | None = None) -> None:
         self.ledger = ledger
