@@ -396,7 +396,7 @@ def test_a_source_with_the_ten_ms_wait_reads_a_large_partition(slow_stack: Stack
     source = SubjectSource(slow_ledger, slow_stack.kafka, {subject: [0]})
     got: list[int] = []
     try:
-        assert source._fetching.wait_ms == 10
+        assert source._fetch.fetching.wait_ms == 10
         source.set_limit(subject, epoch)
 
         def read() -> bool:
@@ -407,7 +407,7 @@ def test_a_source_with_the_ten_ms_wait_reads_a_large_partition(slow_stack: Stack
         # A liveness bound, not a speed test: how soon the raised wait finds the data on a partition of 60k batches
         # follows the machine's load (32 s to 152 s in make test runs).
         wait_for(read, 400.0, f"the source to consume epoch {epoch}", interval=0.0)
-        assert source._fetching.wait_ms > 10
+        assert source._fetch.fetching.wait_ms > 10
     finally:
         source.close()
     assert len(got) == BIG and sorted(got) == list(range(BIG))
