@@ -93,7 +93,7 @@ soak: setup
 # Every import of the library resolved (the three roots of the namespace package `aligner`, see pyproject.toml),
 # and the benchmarks, the demo and the tests, so that one the library's change breaks fails here, not when next run.
 typecheck: setup
-	$(VENV)/bin/mypy -p aligner -p aligner.connectors -p aligner.coordinator
+	$(VENV)/bin/mypy -p aligner -p aligner.connectors -p aligner.coordinator -p aligner.embedded
 	$(VENV)/bin/mypy experiments tests
 
 # CONSOLE: the port of `aligner console` while the demo runs (0: none).

@@ -26,7 +26,7 @@ from rich.table import Table
 from aligner.connectors.kafka import LINGER_MS
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import EmbeddedStack
+from aligner.embedded.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from experiments.common import write_results
 

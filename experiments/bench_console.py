@@ -35,7 +35,7 @@ from typing import Any
 
 from rich.console import Console
 
-from aligner.coordinator.stack import EmbeddedStack, wait_for
+from aligner.embedded.stack import EmbeddedStack, wait_for
 from aligner.ledger import Ledger
 from aligner.models import ConsumerNode, JobNode, Range, SubjectNode
 from experiments.bench_status import build_ledger

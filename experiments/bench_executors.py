@@ -35,8 +35,8 @@ from aligner.connectors.sink import SinkProducer
 from aligner.connectors.spark.job import stop_query
 from aligner.connectors.spark.lineage import sink_lineage
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.spark_cluster import SparkCluster, executor_of
-from aligner.coordinator.stack import EmbeddedStack, wait_for
+from aligner.embedded.spark_cluster import SparkCluster, executor_of
+from aligner.embedded.stack import EmbeddedStack, wait_for
 from aligner.ledger import Ledger
 from experiments.common import spark_reads, value, write_results
 

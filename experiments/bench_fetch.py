@@ -32,7 +32,7 @@ from rich.table import Table
 
 from aligner.connectors import kafka as kafka_module
 from aligner.connectors.kafka import QUIET, FetchingConsumer, consumer_config, ensure_topic, fetched_end_offsets
-from aligner.coordinator.stack import EmbeddedStack
+from aligner.embedded.stack import EmbeddedStack
 from experiments import ForeignCpu
 from experiments.common import write_results
 
@@ -167,7 +167,7 @@ def main() -> None:
     sizes = [int(x) for x in args.sizes.split(",")]
     waits = [int(x) for x in args.waits.split(",")]
     logging.getLogger("kazoo").setLevel(logging.ERROR)
-    logging.getLogger("aligner.watchdog").setLevel(logging.ERROR)
+    logging.getLogger("aligner.connectors.watchdog").setLevel(logging.ERROR)
     console = Console(width=140)
     rows: list[dict[str, Any]] = []
     early: dict[int, float] = {}

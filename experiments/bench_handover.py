@@ -3,10 +3,10 @@
 For each state size (``--keys`` and a tenth of it) the old version (2 workers) has written its keyed state
 into its changelog subject (one partition per worker, every key once, ``--value-bytes`` per value, in epochs
 of 100,000 records). A new version of 1 worker, and one of 4, takes it over as
-:meth:`aligner.connectors.worker_io.WorkerIO` does at its first epoch: every old changelog partition read
+:meth:`aligner.connectors.runtime.worker_io.WorkerIO` does at its first epoch: every old changelog partition read
 exactly as of the last epoch (those that can hold its keys, :func:`aligner.keys.sources`: both for the
 worker of 1, one for each worker of 4), the keys :func:`aligner.keys.worker_of` gives the worker kept
-(:func:`aligner.connectors.state.take_keys`). Reported per size, median of ``--rounds``: seconds for the
+(:func:`aligner.connectors.runtime.state.take_keys`). Reported per size, median of ``--rounds``: seconds for the
 new worker of 1 (all keys) and for each new worker of 4 (a quarter, all four in turn), and the raw
 baseline in the same process: a plain confluent-kafka read of the same partitions' offsets
 (``experiments.common.read_raw``), keys filtered by the same rule.
@@ -28,9 +28,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from aligner.connectors.runtime.state import MemoryStore, create_changelog, encode_value, take_keys
 from aligner.connectors.sink import SinkProducer
-from aligner.connectors.state import MemoryStore, create_changelog, encode_value, take_keys
-from aligner.coordinator.stack import EmbeddedStack
+from aligner.embedded.stack import EmbeddedStack
 from aligner.keys import sources, worker_of
 from aligner.ledger import Ledger
 from experiments.common import Work, read_raw, work_results, write_results

@@ -40,12 +40,12 @@ from rich.table import Table
 
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.runtime import JobSpec, JobWorker, KeyedState
+from aligner.connectors.runtime.worker import WorkerThread
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.source import SourceRecord
 from aligner.connectors.subjects import create_subject
-from aligner.connectors.worker import WorkerThread
 from aligner.coordinator.alignment import Coordinator
-from aligner.coordinator.stack import EmbeddedStack, StackInfo
+from aligner.embedded.stack import EmbeddedStack, StackInfo
 from aligner.ledger import Ledger
 from experiments import ForeignCpu
 from experiments.common import json_value, write_results
@@ -141,7 +141,7 @@ class Profile:
     def __init__(self, worker: JobWorker, consume_cap: float | None = None) -> None:
         self.epochs: dict[int, dict[str, float]] = {}
         self._cur: dict[str, float] = {}
-        w, source, sink = worker, worker.source, worker.sink
+        w, source, sink = worker, worker.io.source, worker.io.sink
         assert source is not None and sink is not None, "the worker is started"
         source._consumer = TimedConsumer(source._consumer, self, consume_cap)  # type: ignore[assignment]  # a timing proxy
         arm = w.ledger.watches.arm_watch

@@ -65,14 +65,14 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from rich.console import Console
 from rich.table import Table
 
-from aligner.connectors.job_spec import takes_batch
 from aligner.connectors.kafka import QUIET, consumer_config, ensure_topic
 from aligner.connectors.runtime import JobSpec, JobWorker, KeyedState, batch, settle_heap
+from aligner.connectors.runtime.job_spec import takes_batch
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.source import SourceRecord, source_settings
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
-from aligner.coordinator.stack import EmbeddedStack
+from aligner.embedded.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from aligner.stamps import HEADER, Stamp
 from experiments import ForeignCpu
@@ -180,7 +180,7 @@ def align_worker(led: Ledger, sink: SinkProducer, worker: JobWorker, console: Co
             aligned_steps = 0
             while not (coordinated.is_set() and aligned_steps >= 2) and not stop.is_set():
                 worker.step(stop)
-                aligned_steps += worker.aligned
+                aligned_steps += worker.sources.aligned
         except BaseException as exc:
             errors.append(exc)
 
@@ -201,7 +201,7 @@ def align_worker(led: Ledger, sink: SinkProducer, worker: JobWorker, console: Co
     if errors:
         raise errors[0]
     last = sink.lease.node.committed_epoch or 0
-    source = worker.source
+    source = worker.io.source
     assert source is not None, "the worker is started"
     while source.consumed("in") < last:  # the writer stopped: every step below has its epoch
         worker.step(stop)
@@ -347,9 +347,9 @@ class CountingConsumer:
 
 def counted(worker: JobWorker) -> None:
     """The worker's source consumer, wrapped for counting (again after a replacement)."""
-    assert worker.source is not None
-    if not isinstance(worker.source._consumer, CountingConsumer):
-        worker.source._consumer = CountingConsumer(worker.source._consumer)  # type: ignore[assignment]
+    assert worker.io.source is not None
+    if not isinstance(worker.io.source._consumer, CountingConsumer):
+        worker.io.source._consumer = CountingConsumer(worker.io.source._consumer)  # type: ignore[assignment]
 
 
 class FirstRecord:
@@ -390,8 +390,8 @@ def aligned_run(worker: JobWorker, first: FirstRecord, fn: Any, epochs: int) -> 
     first.install(worker, fn)
     out0 = worker.records_out
     m0 = CountingConsumer.messages
-    assert worker.sink is not None, "the worker is started"
-    e0 = worker.sink.next_epoch
+    assert worker.io.sink is not None, "the worker is started"
+    e0 = worker.io.sink.next_epoch
     first.reset()
     cpu0, t_start = time.process_time(), time.perf_counter()
     for _ in range(epochs):
@@ -403,7 +403,7 @@ def aligned_run(worker: JobWorker, first: FirstRecord, fn: Any, epochs: int) -> 
     n = worker.records_out - out0
     return {"records": n, "seconds": t_end - first.at, "seconds_from_start": t_end - t_start,
             "consumed_messages": CountingConsumer.messages - m0,
-            "transactions": worker.sink.next_epoch - e0,  # one Kafka transaction per sink epoch
+            "transactions": worker.io.sink.next_epoch - e0,  # one Kafka transaction per sink epoch
             "cpu_us_per_record": (time.process_time() - cpu0) / max(n, 1) * 1e6}
 
 
@@ -449,7 +449,7 @@ def main() -> None:
         with SinkProducer(led, info.kafka, "in", "gen", 0, list(range(PARTITIONS))) as sink:
             write_epochs(sink, 3, 8)
             align_s = align_worker(led, sink, worker, console)
-            if not worker.aligned:
+            if not worker.sources.aligned:
                 raise RuntimeError("the worker is not aligned")
             cpu = ForeignCpu(info.zk_pid, info.kafka_pid)
             for r in range(args.rounds):
@@ -491,8 +491,8 @@ def main() -> None:
                 console.print(f"round {r + 1}/{args.rounds}: " + ", ".join(
                     f"{n} {v[-1]['records'] / v[-1]['seconds']:,.0f}/s" for n, v in results.items()))
             foreign = cpu.cores()
-            assert worker.sink is not None, "the worker is started"
-            aligned_epochs = [e for e in range(worker.sink.next_epoch) if worker.jobs.job_epoch("pipe", e)]
+            assert worker.io.sink is not None, "the worker is started"
+            aligned_epochs = [e for e in range(worker.io.sink.next_epoch) if worker.jobs.job_epoch("pipe", e)]
         worker.close()
         tuned.close()
         job_led.close()

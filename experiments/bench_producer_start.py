@@ -24,7 +24,7 @@ from confluent_kafka import Producer
 
 from aligner.connectors.kafka import QUIET, ensure_topic
 from aligner.connectors.stamped import StampedProducer
-from aligner.coordinator.stack import EmbeddedStack
+from aligner.embedded.stack import EmbeddedStack
 from experiments import ForeignCpu
 from experiments.common import Work, work_results, write_results
 

@@ -36,7 +36,7 @@ from rich.table import Table
 
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import EmbeddedStack
+from aligner.embedded.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from experiments import ForeignCpu
 from experiments.common import VALUE_BYTES, Work, read_raw, work_results, write_numbered, write_results

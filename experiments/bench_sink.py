@@ -50,7 +50,7 @@ from rich.table import Table
 from aligner.connectors.kafka import QUIET, ensure_topic
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import EmbeddedStack
+from aligner.embedded.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from aligner.stamps import HEADER, Stamp
 from experiments import ForeignCpu, cpu_seconds, pin_threads

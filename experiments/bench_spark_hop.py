@@ -25,7 +25,7 @@ from typing import Any
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.spark.job import stop_query
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import EmbeddedStack, wait_for
+from aligner.embedded.stack import EmbeddedStack, wait_for
 from aligner.ledger import Ledger
 from experiments.common import spark_reads, value, write_results
 

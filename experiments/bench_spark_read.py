@@ -27,7 +27,7 @@ import statistics
 import time
 
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import EmbeddedStack
+from aligner.embedded.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from experiments.common import VALUE_BYTES, Work, read_raw, work_results, write_numbered, write_results
 

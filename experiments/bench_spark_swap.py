@@ -46,7 +46,7 @@ from aligner.connectors.sink import SinkProducer
 from aligner.connectors.spark.job import AlignedQuery, register_query
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.hotswap import HotSwap
-from aligner.coordinator.stack import EmbeddedStack, wait_for
+from aligner.embedded.stack import EmbeddedStack, wait_for
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger
 from experiments.common import json_value, write_results

@@ -36,9 +36,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from aligner.connectors.runtime.state import MemoryStore, RocksStore, StateStore, create_changelog
 from aligner.connectors.sink import SinkProducer
-from aligner.connectors.state import MemoryStore, RocksStore, StateStore, create_changelog
-from aligner.coordinator.stack import EmbeddedStack
+from aligner.embedded.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from aligner.models import ContributionNode
 from experiments.common import Work, read_raw, work_results, write_results

@@ -29,7 +29,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from aligner.connectors.state import MemoryStore, RocksStore, StateStore
+from aligner.connectors.runtime.state import MemoryStore, RocksStore, StateStore
 from experiments.common import Work, work_results, write_results
 
 console = Console(highlight=False)

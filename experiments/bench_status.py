@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import EmbeddedStack
+from aligner.embedded.stack import EmbeddedStack
 from aligner.layout import BUCKET, Layout, writer_id
 from aligner.ledger import Ledger
 from aligner.models import ContributionNode, EpochNode, Range, parse

@@ -60,7 +60,7 @@ from aligner.connectors.kafka import QUIET, ensure_topic
 from aligner.connectors.runtime import JobSpec, JobWorker, settle_heap
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import EmbeddedStack
+from aligner.embedded.stack import EmbeddedStack
 from aligner.errors import StoppedError
 from aligner.ledger import Ledger
 from experiments import ForeignCpu
@@ -134,24 +134,24 @@ def serve_aligned(config: ChildConfig, commands: queue.Queue[str | None], stop: 
         try:
             settle_heap()  # as `aligner-worker` does once its worker is open
             first = FirstRecord()
-            source = worker.source
+            source = worker.io.source
             assert source is not None
             say({"ready": os.getpid()})
             while (command := commands.get()) is not None:
                 if command == "step":
                     worker.step(stop)
-                    say({"aligned": worker.aligned, "consumed": source.consumed(INPUT)})
+                    say({"aligned": worker.sources.aligned, "consumed": source.consumed(INPUT)})
                     continue
                 until = int(command.split()[1])
                 first.reset()
                 first.install(worker, identity)  # the wrapper steps aside after the first record: again per run
                 out0 = worker.records_out
-                assert worker.sink is not None
-                e0 = worker.sink.next_epoch
+                assert worker.io.sink is not None
+                e0 = worker.io.sink.next_epoch
                 while source.consumed(INPUT) < until:
                     worker.step(stop)
                 say({"records": worker.records_out - out0, "first": first.at, "end": time.perf_counter(),
-                     "consumed": source.consumed(INPUT), "transactions": worker.sink.next_epoch - e0})
+                     "consumed": source.consumed(INPUT), "transactions": worker.io.sink.next_epoch - e0})
         finally:
             worker.close()
     finally:
@@ -251,14 +251,14 @@ class Child:
 
 class Workers:
     """A job's worker processes, stepped so that ``bench_pipeline.align_worker`` aligns them as it aligns one
-    in-process JobWorker (it uses ``spec``, ``step``, ``aligned`` and ``source.consumed`` only). A step steps the
-    workers that consumed the least: one that ended its last unaligned epoch earlier joins the aligned job epochs
-    one step later, and stepping the others with it would leave them waiting for an epoch no one writes."""
+    in-process JobWorker (it uses ``spec``, ``step``, ``sources.aligned`` and ``io.source.consumed`` only). A step
+    steps the workers that consumed the least: one that ended its last unaligned epoch earlier joins the aligned job
+    epochs one step later, and stepping the others with it would leave them waiting for an epoch no one writes."""
 
     def __init__(self, spec: JobSpec, children: list[Child]) -> None:
         self.spec = spec
         self.children = children
-        self.source = self
+        self.io = self.sources = self.source = self  # the parts align_worker reads, as a JobWorker's
         self.states = [{"aligned": False, "consumed": -1} for _ in children]
 
     @property

@@ -28,7 +28,7 @@ from rich.table import Table
 
 from aligner.connectors.sink import SinkProducer, partitions_for
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import EmbeddedStack
+from aligner.embedded.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from experiments import ForeignCpu
 from experiments.common import LedgerTimer, write_results

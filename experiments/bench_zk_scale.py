@@ -38,7 +38,7 @@ from kazoo.client import KazooClient
 from rich.console import Console
 from rich.table import Table
 
-from aligner.coordinator.stack import EmbeddedStack
+from aligner.embedded.stack import EmbeddedStack
 from aligner.ledger import Contribution, Ledger
 from aligner.models import Range, SubjectNode, WritersNode
 from experiments import ForeignCpu, cpu_seconds

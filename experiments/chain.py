@@ -25,15 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aligner.connectors.latency import EpochLatency, LatencyLog, LatencyProbe, json_field
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.runtime import JobFunction, JobSpec
+from aligner.connectors.runtime.latency import EpochLatency, LatencyLog, LatencyProbe, json_field
+from aligner.connectors.runtime.worker import WorkerThread
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
-from aligner.connectors.worker import WorkerThread
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
-from aligner.coordinator.stack import EmbeddedStack, StackInfo, wait_for
+from aligner.embedded.stack import EmbeddedStack, StackInfo, wait_for
 from aligner.ledger import Ledger
 from aligner.models import Mode
 from experiments.common import json_value

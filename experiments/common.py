@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, overload
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from aligner.connectors.kafka import LINGER_MS, consumer_config, end_offsets
 from aligner.connectors.sink import SinkProducer
@@ -196,3 +196,28 @@ def read_back(bootstrap: str, topic: str, since: Mapping[int, int], transactions
     ends = end_offsets(bootstrap, topic, sorted(since))
     values = read_raw(bootstrap, topic, {p: (o, ends[p]) for p, o in since.items()})
     return Work(records=len(values), transactions=transactions, bytes=sum(len(v or b"") for v in values))
+
+
+def read_back_eof(bootstrap: str, topic: str, partitions: int) -> Work:
+    """Every record of a topic written outside transactions (a plain producer's output, finished before this is
+    called), read from the start to each partition's end (``_PARTITION_EOF``), outside the timed part: their count
+    and the bytes of their values. Not :func:`read_back`: the embedded broker's ListOffsets answers the last
+    batch's base offset + 1, which is the end only when a commit marker ends the partition (PLATFORM.md)."""
+    n = size = 0
+    consumer = Consumer(consumer_config(bootstrap))
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        pending = set(range(partitions))
+        while pending:
+            for m in consumer.consume(10000, timeout=0.2):
+                err = m.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(str(err))
+                    pending.discard(m.partition())
+                    continue
+                n += 1
+                size += len(m.value() or b"")
+    finally:
+        consumer.close()
+    return Work(records=n, bytes=size)

@@ -40,9 +40,9 @@ from aligner.connectors.spark.lineage import sink_lineage, source_batch
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
-from aligner.coordinator.spark_cluster import SparkCluster
-from aligner.coordinator.stack import StackInfo, wait_for
 from aligner.coordinator.verify import span_text, verify_consumed
+from aligner.embedded.spark_cluster import SparkCluster
+from aligner.embedded.stack import StackInfo, wait_for
 from aligner.errors import UnknownJobError
 from aligner.jobs import JobLedger
 from aligner.ledger import Ledger

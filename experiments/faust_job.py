@@ -58,8 +58,8 @@ import faust
 
 import aligner.connectors.faust as aligned
 from aligner.connectors.runtime import KeyedState
+from aligner.connectors.runtime.worker import load_function
 from aligner.connectors.source import SourceRecord
-from aligner.connectors.worker import load_function
 from aligner.settings import Settings
 
 JOB_ID = os.environ.get("FAUST_JOB_ID", "faust-tagger")
@@ -115,10 +115,10 @@ def pause_at(spec: str):
 
     def fault(at: str) -> None:
         w = job.worker
-        assert w is not None and w.sink is not None, "a fault point is reached by a started worker"
+        assert w is not None and w.io.sink is not None, "a fault point is reached by a started worker"
         # Before the ZooKeeper commit the lease still points at the open epoch.
-        current = w.sink.next_epoch if at in ("before_kafka_commit", "after_kafka_commit") else \
-            w.sink.next_epoch - 1
+        current = w.io.sink.next_epoch if at in ("before_kafka_commit", "after_kafka_commit") else \
+            w.io.sink.next_epoch - 1
         if at == point and current == epoch:
             say(f"paused {epoch} {point}")
             threading.Event().wait()

@@ -30,7 +30,7 @@ from confluent_kafka import Producer
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
-from aligner.coordinator.stack import EmbeddedStack
+from aligner.embedded.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from experiments.common import json_value
 
@@ -104,9 +104,9 @@ def main(minutes: Annotated[float, typer.Option(min=0.1, help="Length of the sil
         producer.start()
         procs = [Proc("aligner.coordinator", *conn, "markers", inp, "--interval", "0.5")]
         for i in range(2):
-            procs.append(Proc("aligner.connectors.worker", *conn, "--job", job, "--function", "tests.jobs:tag_v1",
-                              "--input", inp, "--output", out, "--worker", str(i), "--parallelism", "2",
-                              "--interval", "0.5"))
+            procs.append(Proc("aligner.connectors.runtime.worker", *conn, "--job", job,
+                              "--function", "tests.jobs:tag_v1", "--input", inp, "--output", out,
+                              "--worker", str(i), "--parallelism", "2", "--interval", "0.5"))
         try:
             for w in procs[1:]:
                 w.wait_line("committed")

@@ -32,11 +32,11 @@ import typer
 
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.runtime import KeyedState
+from aligner.connectors.runtime.state import RocksStore, open_store
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.source import SourceRecord
-from aligner.connectors.state import RocksStore, open_store
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import EmbeddedStack
+from aligner.embedded.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from experiments.common import json_value
 
@@ -77,7 +77,7 @@ def main(keys: Annotated[int, typer.Option(min=1)] = 500_000,
                 producer.commit()
             producer.finish()
         print(f"input: {keys} records in {time.monotonic() - t0:.1f}s", flush=True)
-        argv = [sys.executable, "-m", "aligner.connectors.worker", "--zk", info.zk, "--kafka", info.kafka,
+        argv = [sys.executable, "-m", "aligner.connectors.runtime.worker", "--zk", info.zk, "--kafka", info.kafka,
                 "--root", root, "--job", job, "--function", "experiments.state_kills:keep", "--input", inp,
                 "--output", out, "--interval", "1.0", "--state", state, "--state-dir", state_dir]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}

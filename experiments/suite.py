@@ -31,7 +31,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from aligner.coordinator.stack import StackInfo
+from aligner.embedded.stack import StackInfo
 from experiments import ForeignCpu, plots
 from experiments.analysis import EpochPoint, before_after, epoch_series, points_json, since_start, steady, summary
 from experiments.chain import ChainConfig, ChainResult, RunMode, exactly_once, open_stack, run_chain

@@ -38,7 +38,7 @@ from typing import Any
 
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import StackInfo
+from aligner.embedded.stack import StackInfo
 from aligner.layout import split_writer
 from aligner.ledger import Ledger
 from aligner.models import Phase
@@ -103,7 +103,7 @@ class Upgrades:
         for w in range(workers):
             env = {"CHAOS_WORKER": str(w), "CHAOS_VERSION": str(v)}
             if engine == "runtime":
-                argv = python("aligner.connectors.worker", "--zk", self.info.zk, "--kafka", self.info.kafka,
+                argv = python("aligner.connectors.runtime.worker", "--zk", self.info.zk, "--kafka", self.info.kafka,
                               "--root", ROOT, "--job", job_name(v), "--version", str(v),
                               "--function", "experiments.chaos.jobs:job_a", "--input", IN, "--output", OUT,
                               "--worker", str(w), "--parallelism", str(workers), "--interval", str(self.interval),

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import pytest
 
 from aligner.connectors.runtime import JobFunction, JobSpec
-from aligner.coordinator.stack import EmbeddedStack, StackInfo
+from aligner.embedded.stack import EmbeddedStack, StackInfo
 from aligner.ledger import Ledger
 from tests import guard
 from tests.helpers import Worker

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from aligner.coordinator.stack import StackInfo
+from aligner.embedded.stack import StackInfo
 from experiments.browser import free_port, get_json
 from tests.helpers import Worker, wait_for
 

@@ -198,7 +198,7 @@ def raw_count(bootstrap: str, topic: str, partitions: int) -> int:
 
 def detached_stack_down(env: dict[str, str]) -> None:
     """`aligner stack down` for a test's private ALIGNER_HOME; whatever it could not stop is killed."""
-    from aligner.coordinator.stack import _alive, _kill_group
+    from aligner.embedded.stack import _alive, _kill_group
     from tests.conftest import run_cli
 
     state = Path(env["ALIGNER_HOME"]) / "stack.json"

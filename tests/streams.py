@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.runtime import JobFunction, JobSpec
+from aligner.connectors.runtime.worker import WorkerThread
 from aligner.connectors.sink import SinkProducer
-from aligner.connectors.worker import WorkerThread
-from aligner.coordinator.stack import StackInfo
+from aligner.embedded.stack import StackInfo
 from aligner.ledger import Ledger
 from tests import guard
 from tests.helpers import json_value

@@ -37,7 +37,7 @@ from aligner.ledger import Ledger
 from aligner.settings import ZkAuth
 from aligner.zk import RetryingClient
 
-log = logging.getLogger("aligner.acl")
+log = logging.getLogger(__name__)
 
 __all__ = ["ALL", "CONTAINERS", "GRANTS", "AclLedger", "AclPolicy", "Grants", "acl_for", "describe", "digest_id",
            "grants_json", "parse_identity", "rule"]
@@ -138,14 +138,12 @@ class AclLedger:
                         pass  # removed meanwhile (gc)
                     except NoAuthError:
                         raise self._foreign(p) from None
-                    except Exception as exc:
-                        raise self.zk.denied(exc, "setting the ACL", p) from None
         return count
 
     def _foreign(self, path: str) -> AccessDeniedError:
         """A node whose ACL this identity may not change: one made before the first grant by another identity
         (writable by its creator only) says so."""
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # naming the owner is a nicety: failing that, the plain refusal
             acls, _stat = self.zk.get_acls(path)
             owners = sorted(who.split(":", 1)[1] for who, perms in map(describe, acls)
                             if who.startswith("digest:") and perms == "ALL")

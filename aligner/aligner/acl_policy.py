@@ -31,7 +31,7 @@ from aligner.errors import AccessDeniedError, AlignerError, MalformedNodeError
 from aligner.layout import CONTAINERS, Layout, declared
 from aligner.settings import ZkAuth
 
-log = logging.getLogger("aligner.acl")
+log = logging.getLogger(__name__)
 
 GRANTS = "acl"
 """Name of the grants node under the root (``Layout.grants``)."""

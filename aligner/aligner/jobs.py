@@ -20,6 +20,8 @@ from aligner.models import (
     ConsumerNode,
     JobEpochNode,
     JobNode,
+    M,
+    Node,
     Span,
     SwapNode,
     WorkerEpochNode,
@@ -29,7 +31,7 @@ from aligner.ops import Create, Op, raise_failure
 from aligner.recipes.store import Store
 from aligner.recipes.subjects import SubjectRecipes
 
-log = logging.getLogger("aligner.jobs")
+log = logging.getLogger(__name__)
 
 
 class JobLedger:
@@ -144,30 +146,31 @@ class JobLedger:
         return aggregate(states)
 
     def decision(self, job: str) -> tuple[AlignmentDecision | None, int]:
-        try:
-            return self.ledger.read(AlignmentDecision, self.layout.decision(job))
-        except NoNodeError:
-            return None, -1
+        return self._read_versioned(AlignmentDecision, self.layout.decision(job))
 
     def decide(self, decision: AlignmentDecision, version: int) -> int:
         """Record the coordinator's next step before taking it; returns the new version."""
-        path = self.layout.decision(decision.job)
-        if version < 0:
-            self.zk.create(path, decision.dump())
-            return 0
-        return self.zk.set(path, decision.dump(), version=version).version
+        return self._write_versioned(self.layout.decision(decision.job), decision, version)
 
     # ---- hot-swap -----------------------------------------------------------------------------
 
     def swap(self, old_job: str) -> tuple[SwapNode | None, int]:
-        try:
-            return self.ledger.read(SwapNode, self.layout.swap(old_job))
-        except NoNodeError:
-            return None, -1
+        return self._read_versioned(SwapNode, self.layout.swap(old_job))
 
     def write_swap(self, node: SwapNode, version: int) -> int:
         """Create or compare-and-set the swap node; written before the jobs act on it."""
-        path = self.layout.swap(node.old)
+        return self._write_versioned(self.layout.swap(node.old), node, version)
+
+    def _read_versioned(self, model: type[M], path: str) -> tuple[M | None, int]:
+        """(node, version), or (None, -1) before the first write: the version :meth:`_write_versioned` creates at."""
+        try:
+            return self.ledger.read(model, path)
+        except NoNodeError:
+            return None, -1
+
+    def _write_versioned(self, path: str, node: Node, version: int) -> int:
+        """Create the node (``version`` -1) or compare-and-set it: a step recorded before it is taken, by one
+        writer at a time; returns the new version."""
         if version < 0:
             self.zk.create(path, node.dump())
             return 0
@@ -354,7 +357,7 @@ class PipelinedReports:
         self._exists: set[str] = set()
 
     def send(self, subject: str, node: ConsumerNode) -> None:
-        self._settle(subject)
+        self._check_answer(subject)
         if subject in self._exists:
             self._pending[subject] = self.jobs.report_async(self.job, subject, self.worker, node)
         else:  # the first report (or one after the node was removed) creates the node: waited for
@@ -364,9 +367,9 @@ class PipelinedReports:
     def flush(self) -> None:
         """Wait for every report sent."""
         for subject in list(self._pending):
-            self._settle(subject)
+            self._check_answer(subject)
 
-    def _settle(self, subject: str) -> None:
+    def _check_answer(self, subject: str) -> None:
         pending = self._pending.pop(subject, None)
         if pending is not None:
             try:

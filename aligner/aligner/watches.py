@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
-log = logging.getLogger("aligner.zk")
+log = logging.getLogger(__name__)
 
 
 def _identity(value: object) -> object:

@@ -44,7 +44,7 @@ from aligner.metrics import ZK_CONNECTED, ZK_OUTAGES
 from aligner.ops import VERB, Check, Create, Delete, Op, SetData
 from aligner.watches import SharedWatches, Watches
 
-log = logging.getLogger("aligner.zk")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

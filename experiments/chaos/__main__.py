@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from aligner.coordinator.processes import DEBIAN_ZK_JAR, ZK_JAR_ENV
+from aligner.embedded.processes import DEBIAN_ZK_JAR, ZK_JAR_ENV
 from experiments.chaos import nemesis, timeline
 from experiments.chaos.run import Interrupted, Run, execute
 from experiments.common import RESULTS

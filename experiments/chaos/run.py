@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.ensemble import ZkEnsemble
-from aligner.coordinator.netns import NetLab
-from aligner.coordinator.spark_cluster import SparkCluster
-from aligner.coordinator.stack import EmbeddedStack, StackInfo
+from aligner.embedded.ensemble import ZkEnsemble
+from aligner.embedded.netns import NetLab
+from aligner.embedded.spark_cluster import SparkCluster
+from aligner.embedded.stack import EmbeddedStack, StackInfo
 from aligner.errors import StackError
 from aligner.ledger import Ledger
 from experiments.chaos.nemesis import KILLS, NETWORK, Fault
@@ -185,7 +185,7 @@ class Run:
     """Job A's workers keep their state in RocksDB (under the run's ``state`` directory); damage-state then
     kills a worker and damages its store (a table file truncated or a byte flipped) before its restart."""
     netns: bool = False
-    """Every component in a network namespace of its own (:mod:`aligner.coordinator.netns`): the network and
+    """Every component in a network namespace of its own (:mod:`aligner.embedded.netns`): the network and
     clock faults can then cut, slow or skew one component while the others run on."""
     lab: NetLab | None = None
     history: Any = None

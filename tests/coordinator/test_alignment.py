@@ -252,7 +252,7 @@ def _ends(ledger: Ledger, subject: str, epoch: int, partitions: list[int]) -> di
 def _step_into(worker: JobWorker, stop: threading.Event, subject: str, state: State) -> bool:
     """Run one job epoch; whether the worker's consumer of ``subject`` is now in ``state`` (a wait_for condition)."""
     worker.step(stop)
-    return worker.alignment[subject].state is state
+    return worker.sources.states[subject].state is state
 
 
 def test_align_arriving_during_the_epoch_before_j_extends_it_to_k(stack, ledger, subject_name, spawn):
@@ -267,8 +267,8 @@ def test_align_arriving_during_the_epoch_before_j_extends_it_to_k(stack, ledger,
     worker = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
     wait_for(lambda: ledger.epochs.frontier(raw) is not None, LIVE, "the input's first epoch")
     _send(jobs, spec.job, raw, Command(kind="catch_up"))
-    wait_for(lambda: worker.step(stop) and worker.alignment[raw].state is State.READY, LIVE, "Ready")
-    before_j = worker.sink.next_epoch
+    wait_for(lambda: worker.step(stop) and worker.sources.states[raw].state is State.READY, LIVE, "Ready")
+    before_j = worker.io.sink.next_epoch
     seen = worker.records_in
     done = threading.Event()
 
@@ -287,7 +287,7 @@ def test_align_arriving_during_the_epoch_before_j_extends_it_to_k(stack, ledger,
         stop.set()
         stepping.join(30)
     stop.clear()
-    assert worker.alignment[raw].state is State.ALIGNING, "the Align was not taken during J - 1"
+    assert worker.sources.states[raw].state is State.ALIGNING, "the Align was not taken during J - 1"
     node = jobs.worker_epoch(spec.job, 0, before_j)
     assert node.offsets[raw] == _ends(ledger, raw, k - 1, [0, 1]), f"epoch {before_j} did not end at k - 1 = {k - 1}"
     worker.step(stop)
@@ -312,15 +312,15 @@ def test_worker_restarted_while_aligning_ends_its_first_aligned_epoch_on_k(stack
 
     send(Command(kind="catch_up"))
     wait_for(lambda: _step_into(worker, stop, raw, State.READY), LIVE, "the consumer to be Ready")
-    k, j = (ledger.epochs.frontier(raw) or 0) + 3, worker.sink.next_epoch + 6
+    k, j = (ledger.epochs.frontier(raw) or 0) + 3, worker.io.sink.next_epoch + 6
     send(Command(kind="align", subject_epoch=k, job_epoch=j))
     wait_for(lambda: _step_into(worker, stop, raw, State.ALIGNING), LIVE, "the consumer to accept Align")
 
     worker.close()  # a restart: the accepted Align comes back from the committed job epoch
     worker = spawn(JobWorker(ledger, stack.kafka, spec, 0, tag_v1)).open()
-    assert worker.alignment[raw].state is State.ALIGNING
-    wait_for(lambda: _step_into(worker, stop, raw, State.ALIGNED) and worker.sink.lease.node.committed_epoch >= j, LIVE,
-             "job epoch J to commit")
+    assert worker.sources.states[raw].state is State.ALIGNING
+    wait_for(lambda: _step_into(worker, stop, raw, State.ALIGNED) and worker.io.sink.lease.node.committed_epoch >= j,
+             LIVE, "job epoch J to commit")
 
     node = jobs.worker_epoch(spec.job, 0, j)
     assert node.covered is not None
@@ -347,20 +347,20 @@ def test_split_alignment_is_aborted_and_aligned_again(stack, ledger, subject_nam
     wait_for(lambda: ledger.epochs.frontier(raw) is not None, LIVE, "the input's first epoch")
 
     def state(w: JobWorker) -> State:
-        return w.alignment[raw].state
+        return w.sources.states[raw].state
 
     _send(jobs, spec.job, raw, Command(kind="catch_up"))
     wait_for(lambda: (w0.step(stop), w1.step(stop)) and state(w0) is state(w1) is State.READY, LIVE, "Ready")
     for _ in range(3):
         w1.step(stop)  # w1 runs ahead: it will have started J when the Align comes
-    j = w0.sink.next_epoch + 1
+    j = w0.io.sink.next_epoch + 1
     # k well in the future (AHEAD input epochs, ~2 s of input): w0 takes the Align whenever its watch
     # delivers it within that time, rather than racing the generator to k (w1 rejects it for J alone).
     _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.epochs.frontier(raw) or 0) + AHEAD,
                                        job_epoch=j))
     wait_for(lambda: (w0.step(stop), w1.step(stop)) and state(w0) is State.ALIGNED, LIVE, "w0 to start J")
     assert state(w1) is State.READY  # rejected: too late
-    later = max(w0.sink.next_epoch, w1.sink.next_epoch) + 3
+    later = max(w0.io.sink.next_epoch, w1.io.sink.next_epoch) + 3
     _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.epochs.frontier(raw) or 0) + AHEAD,
                                        job_epoch=later))
     wait_for(lambda: w1.step(stop) and state(w1) is State.ALIGNING, LIVE, "w1 to take the later Align")
@@ -382,7 +382,7 @@ def test_split_alignment_is_aborted_and_aligned_again(stack, ledger, subject_nam
         stop.set()
         coordinator.join(30)
     assert result and jobs.source_state(spec.job, raw).state is State.ALIGNED
-    assert w0.alignment[raw] == w1.alignment[raw]
+    assert w0.sources.states[raw] == w1.sources.states[raw]
     stop.clear()
     enough.set()
     gen.finished()
@@ -415,23 +415,23 @@ def test_sources_aligned_at_different_job_epochs_are_aborted_and_aligned_again(s
              "input")
 
     def state(s: str) -> State:
-        return w.alignment[s].state
+        return w.sources.states[s].state
 
     for s in (left, right):
         _send(jobs, spec.job, s, Command(kind="catch_up"))
     wait_for(lambda: w.step(stop) and state(left) is state(right) is State.READY, LIVE, "Ready")
-    j = w.sink.next_epoch + 1
+    j = w.io.sink.next_epoch + 1
     _send(jobs, spec.job, left, Command(kind="align", subject_epoch=(ledger.epochs.frontier(left) or 0) + AHEAD,
                                         job_epoch=j))
     _send(jobs, spec.job, right, Command(kind="align", subject_epoch=0, job_epoch=j))  # k already read: rejected
     wait_for(lambda: w.step(stop) and state(left) is State.ALIGNED, LIVE, "the left source to start J")
     assert state(right) is State.READY
-    later = w.sink.next_epoch + 2
+    later = w.io.sink.next_epoch + 2
     k = (ledger.epochs.frontier(right) or 0) + AHEAD
     _send(jobs, spec.job, right, Command(kind="align", subject_epoch=k, job_epoch=later))
     wait_for(lambda: w.step(stop) and state(right) is State.ALIGNED, LIVE, "the right source to start its J")
     for _ in range(3):
-        assert w.step(stop) and not w.aligned  # split: unaligned epochs, no error
+        assert w.step(stop) and not w.sources.aligned  # split: unaligned epochs, no error
     # As the coordinator left it: its last choice, which the right source took and the left one rejects.
     _, version = jobs.decision(spec.job)
     jobs.decide(AlignmentDecision(job=spec.job, subjects=(left, right), phase=DecisionPhase.ALIGNING,
@@ -448,7 +448,7 @@ def test_sources_aligned_at_different_job_epochs_are_aborted_and_aligned_again(s
     finally:
         stop.set()
         coordinator.join(30)
-    assert result and w.aligned and jobs.source_state(spec.job, left).job_epoch == result[0].job_epoch
+    assert result and w.sources.aligned and jobs.source_state(spec.job, left).job_epoch == result[0].job_epoch
     stop.clear()
     enough.set()
     for g in gens:
@@ -519,18 +519,18 @@ def test_a_coverage_record_that_differs_from_the_workers_own_aborts_the_epoch_an
     _send(jobs, spec.job, raw, Command(kind="catch_up"))
     wait_for(lambda: _step_into(worker, stop, raw, State.READY), LIVE, "the consumer to be Ready")
     _send(jobs, spec.job, raw, Command(kind="align", subject_epoch=(ledger.epochs.frontier(raw) or 0) + 3,
-                                       job_epoch=worker.sink.next_epoch + 2))
+                                       job_epoch=worker.io.sink.next_epoch + 2))
     wait_for(lambda: _step_into(worker, stop, raw, State.ALIGNED), LIVE, "the consumer to be Aligned")
     aligned.set()
-    e = worker.sink.next_epoch
+    e = worker.io.sink.next_epoch
     start = _job_epoch(jobs, spec.job, e - 1).next[raw]
     wait_for(lambda: (ledger.epochs.frontier(raw) or 0) >= start + 1, LIVE, "both subject epochs of the next job epoch")
     jobs.fix_job_epoch(spec.job, e, {raw: Span(first=start, last=start)}, {raw: start + 1})
 
-    attempt = worker.sink.attempt
+    attempt = worker.io.sink.attempt
     gen.finished()
     worker.run(stop)  # the contested attempt is aborted and retried inside run, as a broker failure would be
-    assert worker.sink.attempt > attempt, "the epoch was not aborted"
+    assert worker.io.sink.attempt > attempt, "the epoch was not aborted"
     node = jobs.worker_epoch(spec.job, 0, e)
     assert node.covered == {raw: Span(first=start, last=start)}
     assert node.offsets[raw] == _ends(ledger, raw, start, [0, 1])

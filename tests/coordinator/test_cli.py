@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Producer
 
 from aligner.connectors.sink import SinkProducer
-from aligner.coordinator.stack import _alive
+from aligner.embedded.stack import _alive
 from tests.conftest import run_cli
 from tests.helpers import SPARK_TEST_JVM
 

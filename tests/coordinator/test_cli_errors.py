@@ -25,7 +25,7 @@ from kazoo.client import KazooClient
 from aligner.connectors.kafka import QUIET
 from aligner.connectors.marker import EpochMarker
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack, StackInfo, free_port
+from aligner.embedded.stack import ZOOKEEPER, EmbeddedStack, StackInfo, free_port
 from aligner.errors import StoppedError
 from aligner.ledger import Ledger
 from aligner.models import JobNode, SubjectNode

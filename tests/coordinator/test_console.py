@@ -15,17 +15,17 @@ from typing import Any
 from aligner.acl import AclLedger
 from aligner.connectors.runtime import JobSpec
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
-from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack
+from aligner.embedded.stack import ZOOKEEPER, EmbeddedStack
 from aligner.ledger import Ledger
 from aligner.lineage import flatten, subject_epoch_lineage
 from aligner.models import JobNode, SubjectNode
 from aligner.settings import parse_zk_auth
 from experiments.browser import post_json
-from tests.console import by_id, start_console
+from tests.console import Console, by_id, start_console
 from tests.helpers import wait_for
-from tests.jobs import tag_v1, tag_v2
+from tests.jobs import tag_v1
+from tests.swaps import finish, following, start_versions
 
 LIVE = 180.0
 """Liveness bound (seconds) on waits for progress: generous, for a busy machine; never a speed check."""
@@ -35,29 +35,27 @@ OTHER = "digest:console-viewer:secret"
 
 
 def test_the_chain_and_a_hotswap_started_from_the_cli_show_live(stack, ledger, root, subject_name, spawn, page):
-    raw, target = subject_name, f"{subject_name}-t"
-    create_subject(ledger, stack.kafka, raw, 2)
-    create_subject(ledger, stack.kafka, target, 4)
-    more = threading.Event()
-    gen = spawn.generator(raw, epochs=5000, pace=0.04, until=more)
-    old = JobSpec(job=f"{raw}-v1", inputs=(raw,), output=target, interval=0.2, output_partitions=(0, 1))
-    new = JobSpec(job=f"{raw}-v2", inputs=(raw,), output=target, interval=0.2, output_partitions=(2, 3),
-                  version="2", follows=old.job)
-    v1 = spawn.job(old, tag_v1)
-    console = start_console(spawn, stack, root)
-    page.goto(console.url)
-    page.evaluate("window.__sameDocument = true")
-    for node in (f"s:{raw}", f"j:{old.job}", f"s:{target}"):
-        page.locator(f'#graph [data-id="{node}"]').wait_for()
-    assert page.locator("#graph path.edge").count() == 2
+    raw = subject_name
+    consoles: list[Console] = []
 
-    Coordinator(ledger).align(old.job, timeout=LIVE)
-    state_cell = by_id(page, f"job-{old.job}").locator("[data-field=state]")
-    state_cell.filter(has_text=re.compile(r"^aligned")).wait_for()
-    v2 = spawn.job(new, tag_v2)
+    def open_page() -> None:
+        """v1 runs, not aligned yet: the page shows the chain, and will show what follows without a reload."""
+        consoles.append(start_console(spawn, stack, root))
+        page.goto(consoles[0].url)
+        page.evaluate("window.__sameDocument = true")
+        for node in (f"s:{raw}", f"j:{raw}-v1", f"s:{raw}-t"):
+            page.locator(f'#graph [data-id="{node}"]').wait_for()
+        assert page.locator("#graph path.edge").count() == 2
+
+    def aligned_shown(_target: str) -> None:
+        by_id(page, f"job-{raw}-v1").locator("[data-field=state]").filter(has_text=re.compile(r"^aligned")).wait_for()
+
+    target, more, gen, old, new, v1, v2 = start_versions(stack, ledger, spawn, raw, before_align=open_page,
+                                                         before_v2=aligned_shown)
+    console = consoles[0]
     page.locator(f'#graph [data-id="j:{new.job}"]').wait_for()
     swapper = HotSwap(ledger)
-    wait_for(lambda: swapper.committed(new.job, new.inputs) >= 0, LIVE, "v2 following")
+    following(swapper, new)
     cli = spawn.worker("aligner.coordinator", "--zk", stack.zk, "--kafka", stack.kafka, "--root", root, "hotswap",
                        "--old", old.job, "--new", new.job, "--subject", target, "--timeout", str(LIVE), "--json")
     by_id(page, f"swap-{old.job}").locator('.timeline li[data-phase="done"]').wait_for()
@@ -71,6 +69,17 @@ def test_the_chain_and_a_hotswap_started_from_the_cli_show_live(stack, ledger, r
     swap, _ = swapper.jobs.swap(old.job)
     assert swap is not None and swap.phase == "done"
     wait_for(lambda: (ledger.epochs.frontier(target) or 0) > swap.epoch, LIVE, "v2 output")
+    _lineage_by_clicks(page, ledger, raw, target)
+
+    # Actions are off unless asked for: no buttons, and the API refuses with one line.
+    assert page.locator("button[data-action]:visible").count() == 0
+    status, body = post_json(console.url + "/api/actions", {"kind": "align", "job": old.job})
+    assert status == 403 and "--allow-actions" in body["error"]
+    finish(more, gen, v1, v2)
+
+
+def _lineage_by_clicks(page: Any, ledger: Ledger, raw: str, target: str) -> None:
+    """The target's newest epoch shows the ledger's cut of ``raw``; a click on one of its epochs opens that."""
     by_id(page, f"subject-{target}").locator("button.link").click()
     tree = page.locator("[data-testid=lineage-tree]")
     tree.wait_for()
@@ -83,15 +92,6 @@ def test_the_chain_and_a_hotswap_started_from_the_cli_show_live(stack, ledger, r
     assert shown == expected[raw] and shown, f"page shows {shown}, the ledger says {expected}"
     links.first.click()
     page.locator("#lineage p").filter(has_text=f"{raw} epoch {shown[0]}").wait_for()
-
-    # Actions are off unless asked for: no buttons, and the API refuses with one line.
-    assert page.locator("button[data-action]:visible").count() == 0
-    status, body = post_json(console.url + "/api/actions", {"kind": "align", "job": old.job})
-    assert status == 403 and "--allow-actions" in body["error"]
-    more.set()
-    gen.finished()
-    v1.join()
-    v2.join()
 
 
 def test_an_alignment_started_from_the_page_completes(stack, ledger, root, subject_name, spawn, page):

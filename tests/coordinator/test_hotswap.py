@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+from typing import Any
 
 import pytest
 
@@ -20,38 +21,10 @@ from tests.conftest import run_cli
 from tests.helpers import json_value, wait_for
 from tests.jobs import count_key, count_v1, count_v2, tag_v1, tag_v2, tag_v3
 from tests.streams import assert_exactly_once, read_all
-from tests.swaps import assert_s_before_s_plus_1, committed, precommit_acked
+from tests.swaps import assert_s_before_s_plus_1, committed, finish, following, precommit_acked, start_versions
 
 LIVE = 180
 """Liveness bound (seconds) on waits for progress: generous, for a busy machine; never a speed check."""
-
-
-def _setup(stack, ledger, spawn, raw, v1_fn=tag_v1, v2_fn=tag_v2, inherit_state=False, before_v2=None,
-           shadow=False, target_partitions=4):
-    target = f"{raw}-t"
-    create_subject(ledger, stack.kafka, raw, 2)
-    create_subject(ledger, stack.kafka, target, target_partitions)
-    more = threading.Event()
-    gen = spawn.generator(raw, epochs=5000, pace=0.04, until=more)
-    old = JobSpec(job=f"{raw}-v1", inputs=(raw,), output=target, interval=0.2, output_partitions=(0, 1))
-    new = JobSpec(job=f"{raw}-v2", inputs=(raw,), output=target, interval=0.2, output_partitions=(2, 3),
-                  version="2", follows=old.job, inherit_state=inherit_state, shadow=shadow)
-    v1 = spawn.job(old, v1_fn)
-    Coordinator(ledger).align(old.job, timeout=LIVE)
-    if before_v2 is not None:
-        before_v2(target)
-    v2 = spawn.job(new, v2_fn)
-    return target, more, gen, old, new, v1, v2
-
-
-
-
-def _finish(more, gen, v1, v2):
-    """End the input and wait (liveness bounds only) for both jobs to drain it and finish."""
-    more.set()
-    gen.finished()
-    v1.join()
-    v2.join()
 
 
 def _verify(ledger, stack, target, gen, swap_epoch):
@@ -68,9 +41,9 @@ def _verify(ledger, stack, target, gen, swap_epoch):
 
 
 def test_hotswap_under_continuous_input_is_exactly_once(stack, ledger, subject_name, spawn):
-    target, more, gen, old, new, v1, v2 = _setup(stack, ledger, spawn, subject_name)
+    target, more, gen, old, new, v1, v2 = start_versions(stack, ledger, spawn, subject_name)
     swapper = HotSwap(ledger)
-    wait_for(lambda: swapper.committed(new.job, new.inputs) >= 0, LIVE, "v2 following")
+    following(swapper, new)
     before = max(swapper.committed(old.job, old.inputs), swapper.committed(new.job, new.inputs))
     swap = swapper.run(old.job, new.job, target, timeout=LIVE)
     assert swap.phase == "done"
@@ -78,7 +51,7 @@ def test_hotswap_under_continuous_input_is_exactly_once(stack, ledger, subject_n
     # many epochs later it lands is a timing figure (printed below; measured by the hotswap experiment).
     assert swap.epoch > before, f"swap at {swap.epoch}, but the jobs had committed {before} when accepted"
     wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= swap.epoch + 5, LIVE, "v2 output after the swap")
-    _finish(more, gen, v1, v2)
+    finish(more, gen, v1, v2)
     gap = _verify(ledger, stack, target, gen, swap.epoch)
     print(f"hot-swap accepted with the jobs at epoch {before}, S = {swap.epoch}, epochs S and S+1 {gap:.3f}s apart")
     # The swapped-out job's state goes; the epoch history lineage needs stays.
@@ -95,11 +68,11 @@ def test_new_version_inheriting_the_old_state_continues_it_exactly(stack, ledger
     def some_state(target: str) -> None:
         wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= 5, LIVE, "v1 to build up some state")
 
-    target, more, gen, old, new, v1, v2 = _setup(stack, ledger, spawn, subject_name, count_v1, count_v2,
+    target, more, gen, old, new, v1, v2 = start_versions(stack, ledger, spawn, subject_name, count_v1, count_v2,
                                                  inherit_state=True, before_v2=some_state)
     swap = HotSwap(ledger).run(old.job, new.job, target, timeout=LIVE)
     wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
-    _finish(more, gen, v1, v2)
+    finish(more, gen, v1, v2)
     outputs = read_all(ledger, stack.kafka, target)
     assert_exactly_once(outputs, gen.sent)
     by_partition: dict[int, list[tuple[int, int, int]]] = {}
@@ -120,7 +93,7 @@ def test_shadow_is_verified_before_the_swap(stack, ledger, subject_name, spawn, 
     """v2 runs in shadow mode: what it voids at the target goes to its shadow subject, epoch for epoch.
     A verified swap refuses while v2's results differ from v1's, and goes ahead when the difference
     (the version field) is declared intended; the shadow then equals v1's output on every epoch both wrote."""
-    target, more, gen, old, new, v1, v2 = _setup(stack, ledger, spawn, subject_name, shadow=True)
+    target, more, gen, old, new, v1, v2 = start_versions(stack, ledger, spawn, subject_name, shadow=True)
     with pytest.raises(HotSwapRefused, match=r"differs from .* at epoch \d+"):
         verify_before_swap(ledger, stack.kafka, old.job, new.job, 3, timeout=LIVE)
     assert HotSwap(ledger).jobs.swap(old.job)[0] is None, "a refused swap changed nothing"
@@ -131,14 +104,16 @@ def test_shadow_is_verified_before_the_swap(stack, ledger, subject_name, spawn, 
     assert report is not None and report["first_difference"] is None and report["epochs"] == 3
     swap = HotSwap(ledger).run(old.job, new.job, target, timeout=LIVE)
     wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
-    _finish(more, gen, v1, v2)
+    finish(more, gen, v1, v2)
     _verify(ledger, stack, target, gen, swap.epoch)
     span = shadow_span(ledger, old.job, new.job)
     assert span is not None and span[1] == swap.epoch
     whole = verify_outputs(ledger, stack.kafka, [old.job, new.job], *span, by_job=True, ignore=["v"])
     assert whole["first_difference"] is None and whole["records"] > 0
-    assert all(epoch <= swap.epoch for epoch, _ in read_all(ledger, stack.kafka, new.shadow_subject))
-    ended = ledger.subjects.writers(new.shadow_subject)[0].writers
+    shadow = new.shadow_subject
+    assert shadow is not None
+    assert all(epoch <= swap.epoch for epoch, _ in read_all(ledger, stack.kafka, shadow))
+    ended = ledger.subjects.writers(shadow)[0].writers
     assert ended and all(e.finished_after == swap.epoch for e in ended.values()), f"the shadow lives on: {ended}"
 
 
@@ -146,7 +121,7 @@ def test_a_job_upgraded_twice_is_exactly_once(stack, ledger, subject_name, spawn
     """v1 -> v2 -> v3 under continuous input: v3 follows v2, which took over v1's job epochs; each
     version's results land in its own epochs, every input exactly once. The second swap is refused
     while v2 is still only following v1."""
-    target, more, gen, old, new, v1, v2 = _setup(stack, ledger, spawn, subject_name, target_partitions=6)
+    target, more, gen, old, new, v1, v2 = start_versions(stack, ledger, spawn, subject_name, target_partitions=6)
     newest = JobSpec(job=f"{subject_name}-v3", inputs=(subject_name,), output=target, interval=0.2,
                      output_partitions=(4, 5), version="3", follows=new.job)
     swapper = HotSwap(ledger)
@@ -159,7 +134,7 @@ def test_a_job_upgraded_twice_is_exactly_once(stack, ledger, subject_name, spawn
     second = HotSwap(ledger).run(new.job, newest.job, target, timeout=LIVE)
     assert second.phase == "done" and second.epoch > first.epoch
     wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= second.epoch + 3, LIVE, "v3 output after the second swap")
-    _finish(more, gen, v1, v2)
+    finish(more, gen, v1, v2)
     v3.join()
     outputs = read_all(ledger, stack.kafka, target)
     assert_exactly_once(outputs, gen.sent)
@@ -172,7 +147,7 @@ def test_a_job_upgraded_twice_is_exactly_once(stack, ledger, subject_name, spawn
 
 
 def test_coordinator_killed_after_precommit_resumes_the_swap(stack, ledger, subject_name, cli_env, spawn):
-    target, more, gen, old, new, v1, v2 = _setup(stack, ledger, spawn, subject_name)
+    target, more, gen, old, new, v1, v2 = start_versions(stack, ledger, spawn, subject_name)
     wait_for(lambda: bool(all(c.job_epoch is not None for c in HotSwap(ledger).jobs.consumers(new.job, subject_name)
                               .values()) and HotSwap(ledger).jobs.consumers(new.job, subject_name)), LIVE,
              "v2 following")
@@ -188,7 +163,7 @@ def test_coordinator_killed_after_precommit_resumes_the_swap(stack, ledger, subj
     swap = HotSwap(ledger).jobs.swap(old.job)[0]
     assert swap is not None and swap.phase == "done"
     wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
-    _finish(more, gen, v1, v2)
+    finish(more, gen, v1, v2)
     _verify(ledger, stack, target, gen, swap.epoch)
 
 
@@ -221,10 +196,10 @@ def test_job_killed_at_a_swap_step_still_swaps_exactly_once(stack, root, ledger,
     args = {"old": [*common, "--job", f"{raw}-v1", "--function", "tests.jobs:tag_v1", "--output-partitions", "0,1"],
             "new": [*common, "--job", f"{raw}-v2", "--function", "tests.jobs:tag_v2", "--output-partitions", "2,3",
                     "--version", "2", "--follows", f"{raw}-v1"]}
-    procs = {"old": spawn.worker("aligner.connectors.worker", *args["old"])}
+    procs = {"old": spawn.worker("aligner.connectors.runtime.worker", *args["old"])}
     procs["old"].wait_line(lambda line: line.startswith("committed"))
     Coordinator(ledger).align(f"{raw}-v1", timeout=LIVE)
-    procs["new"] = spawn.worker("aligner.connectors.worker", *args["new"])
+    procs["new"] = spawn.worker("aligner.connectors.runtime.worker", *args["new"])
     procs["new"].wait_line(lambda line: line.startswith("open"))
     swapper = HotSwap(ledger)
     jobs = swapper.jobs
@@ -241,7 +216,7 @@ def test_job_killed_at_a_swap_step_still_swaps_exactly_once(stack, root, ledger,
         swap = committed(swap)
         jobs.write_swap(swap, version)
     procs[who].kill()
-    procs[who] = spawn.worker("aligner.connectors.worker", *args[who])
+    procs[who] = spawn.worker("aligner.connectors.runtime.worker", *args[who])
     procs[who].wait_line(lambda line: line.startswith("open"))
     done = swapper.run(o.job, n.job, target, timeout=LIVE)
     assert done.phase == "done" and done.epoch == swap.epoch
@@ -286,7 +261,7 @@ def test_verify_reports_the_first_differing_epoch(stack, ledger, subject_name, c
     ja_epoch, jb_epoch = da.job_epoch, db.job_epoch
     assert ja_epoch is not None and jb_epoch is not None, "a done alignment names its job epoch"
     wait_for(lambda: (ledger.epochs.frontier(a) or 0) >= ja_epoch + 5, LIVE, "aligned output")
-    _finish(more, gen, ja, jb)
+    finish(more, gen, ja, jb)
     jobs = HotSwap(ledger).jobs
     # Both are aligned on the same input: compare the job epochs covering the same subject epochs.
     by_subject: dict[int, dict[str, int]] = {}
@@ -313,10 +288,10 @@ def test_verify_reports_the_first_differing_epoch(stack, ledger, subject_name, c
 
 def test_coordinator_lost_after_commit_is_resumed_by_the_next(stack, ledger, subject_name, cli_env, spawn):
     """The commit phase written, then the coordinator gone: `aligner hotswap` again finishes it."""
-    target, more, gen, old, new, v1, v2 = _setup(stack, ledger, spawn, subject_name)
+    target, more, gen, old, new, v1, v2 = start_versions(stack, ledger, spawn, subject_name)
     swapper = HotSwap(ledger)
     o, n = swapper.check(old.job, new.job, target)
-    wait_for(lambda: swapper.committed(new.job, new.inputs) >= 0, LIVE, "v2 following")
+    following(swapper, new)
     swap, version = precommit_acked(swapper, o, n, LIVE)
     swapper.jobs.write_swap(committed(swap), version)  # ... and the coordinator dies
     resumed = spawn.worker("aligner.coordinator", "hotswap", "--old", old.job, "--new", new.job, "--subject", target,
@@ -325,7 +300,7 @@ def test_coordinator_lost_after_commit_is_resumed_by_the_next(stack, ledger, sub
     done = swapper.jobs.swap(old.job)[0]
     assert done is not None and done.phase == "done" and done.epoch == swap.epoch
     wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
-    _finish(more, gen, v1, v2)
+    finish(more, gen, v1, v2)
     _verify(ledger, stack, target, gen, swap.epoch)
 
 
@@ -351,10 +326,10 @@ def test_a_new_version_started_before_the_old_is_aligned_waits_to_join(stack, le
     writers = ledger.subjects.writers(target)[0].writers
     assert not any(w.startswith(f"{new.job}:") for w in writers), "v2 joined unaligned"
     Coordinator(ledger).align(old.job, timeout=LIVE)
-    wait_for(lambda: swapper.committed(new.job, new.inputs) >= 0, LIVE, "v2 following")
+    following(swapper, new)
     swap = swapper.run(old.job, new.job, target, timeout=LIVE)
     wait_for(lambda: (ledger.epochs.frontier(target) or 0) >= swap.epoch + 3, LIVE, "v2 output after the swap")
-    _finish(more, gen, v1, v2)
+    finish(more, gen, v1, v2)
     _verify(ledger, stack, target, gen, swap.epoch)
 
 
@@ -425,11 +400,7 @@ def test_swaps_rescale_keyed_state_and_keep_per_key_order(stack, ledger, subject
     swaps = []
     for v, (old, new) in enumerate(itertools.pairwise(versions), start=2):
         threads += [spawn.job(new, count_key(v), w) for w in range(new.parallelism)]
-
-        def following(new: JobSpec = new) -> bool:
-            return swapper.committed(new.job, new.inputs) >= 0
-
-        wait_for(following, LIVE, f"v{v} following")
+        following(swapper, new, f"v{v} following")
         swap = swapper.run(old.job, new.job, target, timeout=LIVE)
 
         def swapped(s: int = swap.epoch) -> bool:
@@ -445,17 +416,23 @@ def test_swaps_rescale_keyed_state_and_keep_per_key_order(stack, ledger, subject
         records = list(reader.read(target, 0, ledger.epochs.frontier(target)))
     outputs = [(r.epoch, json_value(r.value)) for r in records]
     assert_exactly_once(outputs, gen.sent)
+    _assert_keys_run_on(records, outputs, swaps, keys=12)
+    assert ledger.subjects.subject(target).partitions == 4
+    jobs = swapper.jobs
+    for new in versions[1:]:
+        first = min(jobs.worker_epoch_numbers(new.job, 0))
+        assert jobs.worker_epoch(new.job, 0, first).state_from == f"{new.follows}@{first - 1}"
+
+
+def _assert_keys_run_on(records: list[Any], outputs: list[tuple[int, Any]], swaps: list[int], keys: int) -> None:
+    """Each result from the version that owned its epoch, each key in one partition throughout, and its running
+    count 1, 2, 3, ... across every version in offset order."""
     counts: dict[str, list[int]] = {}
     partition_of: dict[str, set[int]] = {}
     for r, (epoch, value) in zip(records, outputs, strict=True):
         assert value["v"] == 1 + sum(epoch > s for s in swaps), f"epoch {epoch}: a v{value['v']} result"
         counts.setdefault(value["k"], []).append(value["count"])
         partition_of.setdefault(value["k"], set()).add(r.partition)
-    assert len(counts) == 12 and all(len(p) == 1 for p in partition_of.values()), partition_of
+    assert len(counts) == keys and all(len(p) == 1 for p in partition_of.values()), partition_of
     for key, seq in counts.items():
         assert seq == list(range(1, len(seq) + 1)), f"key {key}: counts {seq[:50]} do not run on across the swaps"
-    assert ledger.subjects.subject(target).partitions == 4
-    jobs = swapper.jobs
-    for new in versions[1:]:
-        first = min(jobs.worker_epoch_numbers(new.job, 0))
-        assert jobs.worker_epoch(new.job, 0, first).state_from == f"{new.follows}@{first - 1}"

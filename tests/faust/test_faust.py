@@ -22,16 +22,16 @@ from typing import Any, cast
 import pytest
 
 from aligner.connectors.faust.job import GROUP_SETTINGS, _sync_function, _tune
-from aligner.connectors.job_spec import BatchFunction, RecordFunction, takes_batch
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.runtime import KeyedState, batch
+from aligner.connectors.runtime.job_spec import BatchFunction, RecordFunction, takes_batch
+from aligner.connectors.runtime.state import MemoryStore
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.source import SourceRecord
-from aligner.connectors.state import MemoryStore
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
-from aligner.coordinator.stack import free_port
+from aligner.embedded.stack import free_port
 from aligner.ledger import Ledger
 from tests.helpers import Worker, faust_env, faust_worker, json_value, raw_count, wait_for
 

@@ -20,7 +20,7 @@ from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
 from aligner.connectors.faust import configure, faust_app
 from aligner.connectors.faust.credentials import broker_credentials
-from aligner.coordinator.stack import TlsFiles, make_tls
+from aligner.embedded.stack import TlsFiles, make_tls
 from aligner.errors import KafkaConfigError
 
 

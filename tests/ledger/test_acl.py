@@ -19,7 +19,7 @@ from kazoo.security import Permissions
 
 from aligner.acl import AclLedger, Grants, acl_for, digest_id, rule
 from aligner.alignment import Command
-from aligner.coordinator.stack import StackInfo
+from aligner.embedded.stack import StackInfo
 from aligner.errors import AccessDeniedError, AlignerError
 from aligner.layout import Layout, writer_id
 from aligner.ledger import Lease, Ledger

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import StackInfo
+from aligner.embedded.stack import StackInfo
 from aligner.errors import EpochCollectedError
 from aligner.ledger import Ledger
 from aligner.models import EpochNode

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.ensemble import ZkEnsemble
-from aligner.coordinator.stack import EmbeddedStack, StackInfo
+from aligner.embedded.ensemble import ZkEnsemble
+from aligner.embedded.stack import EmbeddedStack, StackInfo
 from aligner.errors import StackError
 from aligner.ledger import Ledger
 from tests.helpers import Worker, wait_for

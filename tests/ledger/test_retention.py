@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.gc import collect
-from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack, StackInfo, free_port
+from aligner.embedded.stack import ZOOKEEPER, EmbeddedStack, StackInfo, free_port
 from aligner.ledger import Lease, Ledger
 from aligner.lineage import SparkLineageLedger
 from aligner.lineage_models import SparkSinkEpochNode, SparkSourceBatchNode

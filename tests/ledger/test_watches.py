@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import pytest
 
-from aligner.connectors.job_spec import JobSpec
+from aligner.connectors.runtime.job_spec import JobSpec
 from aligner.connectors.subjects import create_subject
 from aligner.ledger import Ledger
 from aligner.models import JobNode

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from aligner.coordinator.stack import EmbeddedStack, StackInfo, _alive, components, make_tls
+from aligner.embedded.stack import EmbeddedStack, StackInfo, _alive, components, make_tls
 from aligner.errors import AlignerError, UnreachableError
 from aligner.ledger import Ledger
 from aligner.models import Range, SubjectNode

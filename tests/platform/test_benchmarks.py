@@ -36,11 +36,15 @@ SMOKE = {
     "bench_spark_read": ["--records", "20000", "--rounds", "1"],
     "bench_spark_hop": ["--minutes", "0.3"],
     "bench_spark_swap": ["--swaps", "1", "--steady", "5"],
+    "bench_spark_pipeline": ["--records", "20000", "--rounds", "1"],
+    "bench_faust": ["--records", "5000", "--rounds", "1"],
 }
-"""Each benchmark of the docs' Benchmarks table with arguments that make it run for seconds, not minutes."""
+"""Each benchmark of the docs' Benchmarks table with arguments that make it run for seconds, not minutes (bench_faust
+takes about a minute: the plain Faust arm's first JoinGroup on the embedded broker alone takes ~30 s with Faust's
+defaults)."""
 
 WORK = {"bench_sink", "bench_reader", "bench_pipeline", "bench_workers", "bench_state", "bench_handover",
-        "bench_state_ops", "bench_spark_read", "bench_producer_start"}
+        "bench_state_ops", "bench_spark_read", "bench_producer_start", "bench_spark_pipeline", "bench_faust"}
 """The benchmarks whose ratios compare arms that must do the same work: each records ``work`` per arm and the
 ``comparable`` fields (experiments.common.work_results), and every arm must agree on each of those. The others
 record none: one arm against a figure (latency, hop, swap gap, batches), counts rather than rates

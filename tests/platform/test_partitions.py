@@ -1,7 +1,7 @@
 """Network partitions (issue 52): a component cut off from ZooKeeper, Kafka or its peers while the chain runs.
 
 Each test plays the chaos checker's run with a fixed nemesis of one network fault, every component in a
-network namespace of its own (:mod:`aligner.coordinator.netns`), and holds the drained chain to the checker's
+network namespace of its own (:mod:`aligner.embedded.netns`), and holds the drained chain to the checker's
 every anomaly class, fencing and missing commits included. They need root (namespaces, nftables).
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from aligner.coordinator.netns import NetLab, available
+from aligner.embedded.netns import NetLab, available
 from aligner.epochs import CommittedEpoch, Slice
 from experiments.chaos.history import History
 from experiments.chaos.nemesis import NETWORK, QUORUM, Fault, schedule
@@ -136,7 +136,7 @@ def test_a_producer_waiting_on_the_broker_says_why_once_and_when_it_answers(
     from aligner.connectors.stamped import BrokerWait
 
     wait = BrokerWait("A/0", "epoch 7's records", warn_after=0.0)
-    with caplog.at_level(logging.WARNING, logger="aligner.stamped"):
+    with caplog.at_level(logging.WARNING, logger="aligner.connectors.stamped"):
         wait.still("3 not delivered yet")
         wait.still("3 not delivered yet")
         wait.answered()
@@ -172,7 +172,7 @@ def test_a_follower_cut_from_its_leader_serves_old_reads_until_a_sync(tmp_path: 
     every committed write: on the cut follower it waits until the follower reaches its leader again."""
     import threading
 
-    from aligner.coordinator.ensemble import ZkEnsemble
+    from aligner.embedded.ensemble import ZkEnsemble
     from aligner.ledger import Ledger
 
     with NetLab() as net:

@@ -20,7 +20,7 @@ from aligner.connectors.kafka import QUIET, consumer_config
 from aligner.connectors.marker import EpochMarker
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.cli.connect import ZK_OUTAGE_LIMIT
-from aligner.coordinator.stack import _alive
+from aligner.embedded.stack import _alive
 from aligner.ledger import Ledger
 from aligner.models import SubjectNode
 from tests.conftest import ROOT, run_cli
@@ -308,7 +308,7 @@ def test_stack_up_rebuilds_a_member_that_refuses_its_damaged_data(home_env: dict
 def test_a_stack_in_a_relative_directory_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``python -m experiments.chaos --out experiments/results/x`` gave ZooKeeper a relative dataDir, which it
     resolved in its own directory and refused ("Invalid config")."""
-    from aligner.coordinator.stack import EmbeddedStack
+    from aligner.embedded.stack import EmbeddedStack
 
     monkeypatch.chdir(tmp_path)
     with EmbeddedStack(Path("rel") / "stack") as info:

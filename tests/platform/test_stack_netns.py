@@ -20,8 +20,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.client import KazooClient
 
 from aligner.connectors.kafka import QUIET, consumer_config
-from aligner.coordinator.netns import LabState, NetLab, available
-from aligner.coordinator.stack import _alive, wait_for
+from aligner.embedded.netns import LabState, NetLab, available
+from aligner.embedded.stack import _alive, wait_for
 from tests.conftest import ROOT, run_cli
 from tests.helpers import detached_stack_down
 
@@ -208,7 +208,7 @@ def test_the_lab_is_kept_in_the_state_file_and_old_state_files_still_read(tmp_pa
     veth index) as the lab that opened made them."""
     from dataclasses import asdict
 
-    from aligner.coordinator.stack import StackInfo, _write_state, read_stack
+    from aligner.embedded.stack import StackInfo, _write_state, read_stack
 
     old: dict[str, Any] = {"zk": "127.0.0.1:2181", "kafka": "127.0.0.1:9092", "workdir": str(tmp_path),
                            "zk_pid": 1, "kafka_pid": 2}

@@ -23,7 +23,7 @@ from confluent_kafka import Producer
 
 from aligner.connectors.fetch_probe import PROBE_FLOOR, SLOW_FETCH_S, probe
 from aligner.connectors.kafka import QUIET, ensure_topic
-from aligner.coordinator.stack import _alive
+from aligner.embedded.stack import _alive
 from tests.conftest import ROOT, run_cli
 from tests.helpers import detached_stack_down, wait_for
 from tests.runtime.test_slow_broker import BIG, fill_batches

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from aligner.coordinator.processes import DEBIAN_ZK_JAR, ZK_CONF, zk_classpath
+from aligner.embedded.processes import DEBIAN_ZK_JAR, ZK_CONF, zk_classpath
 from tests.conftest import ROOT, run_cli
 
 

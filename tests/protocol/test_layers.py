@@ -48,17 +48,29 @@ def names_module(module: str, banned: tuple[str, ...]) -> bool:
 
 
 def test_aligner_imports_no_layer_above_and_no_engine() -> None:
-    banned = ("aligner.connectors", "aligner.coordinator", "connectors", "coordinator", "pyspark", "faust")
+    banned = ("aligner.connectors", "aligner.coordinator", "aligner.embedded", "connectors", "coordinator", "pyspark",
+              "faust")
     found = [f"{rel}:{line} imports {mod}" for rel, tree in sources("aligner")
              for line, mod in imported_modules(tree) if names_module(mod, banned)]
     assert found == [], "aligner/ is the bottom layer (protocol and ledger), framework free:\n" + "\n".join(found)
 
 
 def test_connectors_never_import_the_coordinator() -> None:
-    banned = ("aligner.coordinator", "coordinator")
+    banned = ("aligner.coordinator", "coordinator", "aligner.embedded")
     found = [f"{rel}:{line} imports {mod}" for rel, tree in sources("connectors")
              for line, mod in imported_modules(tree) if names_module(mod, banned)]
-    assert found == [], "connectors sit below the coordinator:\n" + "\n".join(found)
+    assert found == [], "connectors sit below the coordinator and the embedded stack:\n" + "\n".join(found)
+
+
+def test_the_embedded_stack_is_beside_the_coordinator_not_inside_it() -> None:
+    """The embedded stack (ZooKeeper, Tansu, a Spark cluster for the demo and the tests) needs only the
+    protocol layer's settings and errors: the coordinator drives it, it never reaches into the coordinator
+    or an engine, so a production install can ignore it."""
+    banned = ("aligner.coordinator", "aligner.connectors", "coordinator", "connectors")
+    found = [f"{rel}:{line} imports {mod}" for rel, tree in sources("coordinator/aligner/embedded")
+             for line, mod in imported_modules(tree) if names_module(mod, banned)]
+    assert found == [], "the embedded stack imports only aligner/:\n" + "\n".join(found)
+    assert not (ROOT / "coordinator/aligner/coordinator/stack.py").exists()
 
 
 ENGINES = ("aligner.connectors.spark", "aligner.connectors.faust", "pyspark", "pyarrow", "pandas", "faust")

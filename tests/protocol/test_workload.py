@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+from aligner.connectors.runtime.state import MemoryStore
 from aligner.connectors.source import SourceRecord
-from aligner.connectors.state import MemoryStore
 from experiments.hotness import hot_issues
 from experiments.workload import ISSUE_COMMENTS, ISSUES, PR_COMMENTS, Pacer, Workload
 

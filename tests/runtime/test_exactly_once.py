@@ -252,8 +252,8 @@ def test_a_source_skips_stamps_only_where_a_range_holds_nothing_but_the_committe
     monkeypatch.setattr(Slice, "only_committed_from", spy)
     source = SubjectSource(ledger, stack.kafka, {subject_name: [0]})
     source._consumer.close()  # read_uncommitted, so the aborted attempt shows on every broker
-    source._fetching = FetchingConsumer(stack.kafka, {"isolation.level": "read_uncommitted"}, 100)
-    source._consumer = source._fetching.consumer
+    source._fetch.fetching = FetchingConsumer(stack.kafka, {"isolation.level": "read_uncommitted"}, 100)
+    source._consumer = source._fetch.fetching.consumer
     try:
         source.load()
         kept: list[SourceRecord] = []

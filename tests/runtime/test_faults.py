@@ -2,7 +2,7 @@
 
 These tests run on a stack of their own (they kill its ZooKeeper and pause its broker). Every
 component is a real process: an outside producer (a thread of the test, plain confluent-kafka),
-the epoch marker (``aligner markers``) and two job workers (``python -m aligner.connectors.worker``).
+the epoch marker (``aligner markers``) and two job workers (``python -m aligner.connectors.runtime.worker``).
 Outage lengths are the tests' input; every other wait is on a condition with a liveness bound.
 """
 
@@ -22,7 +22,7 @@ from confluent_kafka import Producer
 
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
-from aligner.coordinator.stack import ZOOKEEPER, EmbeddedStack, StackInfo
+from aligner.embedded.stack import ZOOKEEPER, EmbeddedStack, StackInfo
 from aligner.ledger import Ledger
 from tests.helpers import Worker, json_value, wait_for
 from tests.streams import assert_exactly_once, read_all
@@ -110,9 +110,9 @@ class Chain:
 
     def start_worker(self, index: int, interval: float = 0.3, opened: bool = True) -> Worker:
         """Worker ``index`` of the job; with ``opened``, once it says it opened (not while ZooKeeper is down)."""
-        w = Worker("aligner.connectors.worker", "--zk", self.info.zk, "--kafka", self.info.kafka, "--root", self.root,
-                   "--job", self.job, "--function", "tests.jobs:tag_v1", "--input", self.inp, "--output", self.out,
-                   "--worker", str(index), "--parallelism", "2", "--interval", str(interval))
+        w = Worker("aligner.connectors.runtime.worker", "--zk", self.info.zk, "--kafka", self.info.kafka,
+                   "--root", self.root, "--job", self.job, "--function", "tests.jobs:tag_v1", "--input", self.inp,
+                   "--output", self.out, "--worker", str(index), "--parallelism", "2", "--interval", str(interval))
         self.procs.append(w)
         if opened:
             w.wait_line(lambda line: line.startswith("open"), timeout=LIVE)
@@ -330,7 +330,7 @@ def test_a_commit_that_times_out_recreates_the_producer(own_stack, caplog) -> No
     _, info = own_stack
     led = Ledger.connect(info.zk, f"/aligner-kip890-{uuid.uuid4().hex[:8]}")
     create_subject(led, info.kafka, "s", 2)
-    caplog.set_level("INFO", logger="aligner.stamped")
+    caplog.set_level("INFO", logger="aligner.connectors.stamped")
     try:
         with SinkProducer(led, info.kafka, "s", "w", 0, [0, 1]) as p:
             for e in range(3):

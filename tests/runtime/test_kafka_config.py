@@ -22,7 +22,7 @@ from aligner.connectors.reader import EpochReader
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.source import SubjectSource, source_settings
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import StackInfo
+from aligner.embedded.stack import StackInfo
 from aligner.errors import KafkaConfigError
 from aligner.ledger import Ledger
 from aligner.models import SubjectNode

@@ -6,10 +6,10 @@ import json
 import time
 from typing import cast
 
-from aligner.connectors.job_spec import RecordFunction
-from aligner.connectors.latency import LatencyLog, LatencyProbe, json_field
+from aligner.connectors.runtime.job_spec import RecordFunction
+from aligner.connectors.runtime.latency import LatencyLog, LatencyProbe, json_field
+from aligner.connectors.runtime.state import MemoryStore
 from aligner.connectors.source import SourceRecord
-from aligner.connectors.state import MemoryStore
 from aligner.models import WorkerEpochNode
 
 

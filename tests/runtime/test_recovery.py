@@ -38,7 +38,7 @@ def test_job_killed_twenty_times_outputs_every_result_once(stack, root, ledger, 
     rng = random.Random(7)
     attempts = []
     for _ in range(KILLS):
-        w = spawn.worker("aligner.connectors.worker", *args)
+        w = spawn.worker("aligner.connectors.runtime.worker", *args)
         opened = w.wait_line(lambda line: line.startswith("open"), timeout=LIVE)
         attempts.append(opened)
         # Kill at a random point: right after opening, mid-epoch, or after some commits.
@@ -48,7 +48,7 @@ def test_job_killed_twenty_times_outputs_every_result_once(stack, root, ledger, 
         w.kill()
     kills_done.set()
     gen.finished()
-    w = spawn.worker("aligner.connectors.worker", *args)
+    w = spawn.worker("aligner.connectors.runtime.worker", *args)
     w.finish(timeout=LIVE)
     assert len({a.split("attempt=")[1] for a in attempts}) == KILLS
     assert_exactly_once(read_all(ledger, stack.kafka, x), gen.sent)
@@ -70,7 +70,7 @@ def test_state_bases_let_retention_collect_the_changelog_and_kills_restore_exact
             "tests.jobs:count_v1", "--input", raw, "--output", x, "--interval", "0.05", "--state-snapshot-every", "3"]
     tight = RetentionPolicy(hours=0, min_epochs=2)
     for _ in range(6):
-        w = spawn.worker("aligner.connectors.worker", *args)
+        w = spawn.worker("aligner.connectors.runtime.worker", *args)
         for _ in range(4):
             w.wait_line(lambda line: line.startswith("committed"), timeout=LIVE)
         collect(ledger, policy=tight, subjects=[changelog])  # the output stays whole, to be counted
@@ -78,7 +78,7 @@ def test_state_bases_let_retention_collect_the_changelog_and_kills_restore_exact
     assert ledger.subjects.first_retained(changelog) > 0, "retention never collected the changelog"
     kills_done.set()
     gen.finished()
-    spawn.worker("aligner.connectors.worker", *args).finish(timeout=LIVE)
+    spawn.worker("aligner.connectors.runtime.worker", *args).finish(timeout=LIVE)
     outputs = read_all(ledger, stack.kafka, x)
     assert_exactly_once(outputs, gen.sent)
     assert_counts_run_on(outputs)
@@ -99,13 +99,13 @@ def test_batch_job_killed_again_and_again_outputs_every_result_once(stack, root,
     args = ["--zk", stack.zk, "--kafka", stack.kafka, "--root", root, "--job", f"{raw}-b",
             "--function", "tests.jobs:count_batch", "--input", raw, "--output", x, "--interval", "0.05"]
     for _ in range(5):
-        w = spawn.worker("aligner.connectors.worker", *args)
+        w = spawn.worker("aligner.connectors.runtime.worker", *args)
         for _ in range(3):
             w.wait_line(lambda line: line.startswith("committed"), timeout=LIVE)
         w.kill()
     kills_done.set()
     gen.finished()
-    spawn.worker("aligner.connectors.worker", *args).finish(timeout=LIVE)
+    spawn.worker("aligner.connectors.runtime.worker", *args).finish(timeout=LIVE)
     outputs = read_all(ledger, stack.kafka, x)
     assert_exactly_once(outputs, gen.sent)
     assert_counts_run_on(outputs)

@@ -25,12 +25,12 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 
 from aligner.connectors import kafka as kafka_module
-from aligner.connectors.job_spec import JobSpec
 from aligner.connectors.kafka import QUIET, FetchingConsumer, fetched_end_offsets
 from aligner.connectors.marker import EpochMarker
 from aligner.connectors.reader import EpochReader
+from aligner.connectors.runtime.job_spec import JobSpec
 from aligner.connectors.subjects import create_subject
-from aligner.coordinator.stack import EmbeddedStack, StackInfo
+from aligner.embedded.stack import EmbeddedStack, StackInfo
 from aligner.ledger import Ledger
 from aligner.models import Range
 from tests.helpers import wait_for
@@ -149,7 +149,7 @@ def test_a_ten_ms_wait_is_raised_until_fetches_answer(slow_stack: StackInfo, slo
     finally:
         fc.close()
     kafka_module._learned.pop(slow_stack.kafka, None)
-    with caplog.at_level(logging.WARNING, logger="aligner.watchdog"), \
+    with caplog.at_level(logging.WARNING, logger="aligner.connectors.watchdog"), \
             EpochReader(slow_ledger, slow_stack.kafka, stall_timeout=1.0) as reader:
         got = numbers(reader, subject, epoch, epoch)
     assert len(got) == BIG and sorted(got) == list(range(BIG))
@@ -316,7 +316,7 @@ def test_chain_moves_again_after_a_broker_pause_on_a_partition_past_30k_batches(
     owned.append(job)
 
     def job_at() -> int:
-        source = job.worker.source
+        source = job.worker.io.source
         return 0 if source is None else source.offsets().get(subject, {}).get(0, 0)
 
     wait_for(lambda: job_at() >= STALLING, LIVE, f"the job to read {STALLING} batches", interval=0.1)
@@ -327,7 +327,7 @@ def test_chain_moves_again_after_a_broker_pause_on_a_partition_past_30k_batches(
 
     os.kill(slow_stack.kafka_pid, signal.SIGSTOP)
     try:
-        with caplog.at_level(logging.WARNING, logger="aligner.watchdog"):
+        with caplog.at_level(logging.WARNING, logger="aligner.connectors.watchdog"):
             reader = ReaderThread(slow_ledger, kafka, *big)
             owned.append(reader)
             time.sleep(PAUSE)  # the outage itself is the test's input, not a wait for progress
@@ -369,7 +369,7 @@ def test_stall_warns_once_names_the_partition_and_clears(caplog: pytest.LogCaptu
     now = [100.0]
     stall = Stall("marker of in", "in", 1, warn_after=10.0, clock=lambda: now[0])
     gauge = STALLED.labels("marker of in", "in", "1")
-    with caplog.at_level(logging.WARNING, logger="aligner.watchdog"):
+    with caplog.at_level(logging.WARNING, logger="aligner.connectors.watchdog"):
         now[0] += 9.0
         assert not stall.report(5, "its end offset", "slow") and gauge._value.get() == 0
         now[0] += 2.0
@@ -396,7 +396,7 @@ def test_a_source_with_the_ten_ms_wait_reads_a_large_partition(slow_stack: Stack
     source = SubjectSource(slow_ledger, slow_stack.kafka, {subject: [0]})
     got: list[int] = []
     try:
-        assert source._fetching.wait_ms == 10
+        assert source._fetch.fetching.wait_ms == 10
         source.set_limit(subject, epoch)
 
         def read() -> bool:
@@ -407,7 +407,7 @@ def test_a_source_with_the_ten_ms_wait_reads_a_large_partition(slow_stack: Stack
         # A liveness bound, not a speed test: how soon the raised wait finds the data on a partition of 60k batches
         # follows the machine's load (32 s to 152 s in make test runs).
         wait_for(read, 400.0, f"the source to consume epoch {epoch}", interval=0.0)
-        assert source._fetching.wait_ms > 10
+        assert source._fetch.fetching.wait_ms > 10
     finally:
         source.close()
     assert len(got) == BIG and sorted(got) == list(range(BIG))

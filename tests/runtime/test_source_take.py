@@ -1,4 +1,4 @@
-"""The aligned source's per-run hot path (``SubjectSource._take`` and the stash it fills and ``_resume`` serves):
+"""The aligned source's per-run hot path (``SourceFetch._take`` and the stash it fills and ``_resume`` serves):
 bisecting runs into pieces and keeping each piece whole keeps exactly what the rule, applied one record at a time,
 keeps: whatever the runs, segments, leaked attempts, end-of-partition events, bound and stash."""
 
@@ -13,7 +13,9 @@ from confluent_kafka import KafkaError, Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aligner.connectors import source as srcmod
+from aligner.connectors.source.fetch import SourceFetch
+from aligner.connectors.source.positions import Part
+from aligner.connectors.source.record import SourceRecord
 from aligner.epochs import Slice
 from aligner.errors import DataLossError
 from aligner.stamps import HEADER, Stamp, stamp_of
@@ -109,24 +111,19 @@ def _one_at_a_time(segments: list[Segment], bound: int, moved: int, runs: list[l
 
 def _bisected(segments: list[Segment], bound: int, moved: int, runs: list[list[Message]]) -> tuple[Any, ...]:
     """The source's own ``_take`` over the runs consume cut, then its ``_resume`` once the bound moves."""
-    def stop_at_bound(part: Any) -> None:
-        part.paused = True
-        part.fetch_at = part.bound
-        part.pos = part.bound
-
-    source = types.SimpleNamespace(mode="exactly_once", _stop_at_bound=stop_at_bound, _fetch_ahead=lambda part: None,
+    source = types.SimpleNamespace(mode="exactly_once", _fetch_ahead=lambda part: None,
                                    _assign=lambda part: None, _unassign=lambda part: None)
-    for name in ("_take_clean", "_stash"):
-        setattr(source, name, getattr(srcmod.SubjectSource, name).__get__(source))
-    part = srcmod._Part("in", "t", 0, pos=segments[0][1], bound=bound, segments=deque(segments))
-    records: list[srcmod.SourceRecord] = []
+    for name in ("_take_clean", "_take_each", "_stash_from", "_stop_at_bound"):
+        setattr(source, name, getattr(SourceFetch, name).__get__(source))
+    part = Part("in", "t", 0, pos=segments[0][1], bound=bound, segments=deque(segments))
+    records: list[SourceRecord] = []
     errors = 0
     for run in runs:
-        errors += srcmod.SubjectSource._take(source, part, run, records)  # type: ignore[arg-type]
+        errors += SourceFetch._take(source, part, run, records)  # type: ignore[arg-type]
     before = ([(r.offset, r.epoch, r.key) for r in records], part.pos, [m.offset() for m in part.stash], errors)
     part.bound = moved
     if part.paused:
-        srcmod.SubjectSource._resume(source, part, records)  # type: ignore[arg-type]
+        SourceFetch._resume(source, part, records)  # type: ignore[arg-type]
     out = [(r.offset, r.epoch, r.key) for r in records]
     return before, (out, part.pos, [m.offset() for m in part.stash], part.paused)
 

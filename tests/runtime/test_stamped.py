@@ -2,7 +2,8 @@
 
 A job's output and its changelog subject (state as a subject) are written this way: both
 subjects' records of an epoch are committed together or not at all, under the same epoch number.
-Real ZooKeeper and broker; records are read back exactly, by epoch, with the aligned reader.
+Real ZooKeeper and broker; records are read back exactly, by epoch, with the aligned reader. The last
+two tests need neither: they check how the stamped producer is composed and where its open epoch lives.
 """
 
 from __future__ import annotations
@@ -11,15 +12,20 @@ import json
 import zlib
 from collections import Counter
 from collections.abc import Iterable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 
+from aligner.connectors.lane import Lane
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.sink import SinkProducer
+from aligner.connectors.stamped import StampedProducer
 from aligner.connectors.subjects import create_subject
 from aligner.errors import AlignerError, SubjectConflictError
 from aligner.ops import Create, Op
+from aligner.stamps import Stamp
 from tests.helpers import raw_records, record_stamp
 
 RECORDS = 30
@@ -233,3 +239,51 @@ def test_send_many_keeps_each_partitions_order_across_calls_and_single_sends(sta
         assert offsets == sorted(offsets) and len(offsets) > 0
     spread = Counter(by_value[v].partition for v in unkeyed)  # two batches of 2,500: 832 or 834 per partition each
     assert spread.keys() == {0, 1, 2} and all(1664 <= n <= 1668 for n in spread.values()), spread
+
+
+class _Kafka:
+    """Stands in for the Kafka producer of a StampedProducer: the open-epoch bookkeeping needs no broker."""
+
+    stale = False
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.calls.append("commit")
+
+    def abort_transaction(self, timeout: float) -> None:
+        self.calls.append("abort")
+
+
+def test_the_stamped_producer_is_composed_of_a_kafka_producer_and_lanes() -> None:
+    """Neither a Kafka producer nor a lane itself: ``send`` is its main lane's own bound method (no hop on the
+    hot path), and a sink producer's is the same method."""
+    p = StampedProducer("127.0.0.1:1", "txn", "out", [0, 1], also={"log": [0]})
+    assert not isinstance(p, (Producer, Lane))
+    assert p.main is p.lane("out") and p.send == p.main.send and p.send_many == p.main.send_many  # bound to the lane
+    sink = SinkProducer(SimpleNamespace(stopping=lambda: False), "127.0.0.1:1", "out", "job", 0, [0])  # type: ignore[arg-type]
+    assert sink.send == sink.producer.main.send and not isinstance(sink, (Producer, Lane, StampedProducer))
+
+
+def test_one_field_holds_the_open_epoch_until_its_owner_ends_it() -> None:
+    """Kafka committed but the owner's commit point (ZooKeeper) not yet: the epoch stays open, takes no record,
+    and an abort ends it without aborting the committed Kafka transaction."""
+    p = StampedProducer("127.0.0.1:1", "txn", "out", [0])
+    kafka = _Kafka()
+    p._kp = kafka  # type: ignore[assignment]
+    p.begin_epoch(4, {"out": Stamp("job", 4, 1)})
+    assert (p.epoch, p.in_transaction) == (4, True)
+    p.commit_transaction(end=False)
+    assert (p.epoch, p.in_transaction) == (4, False)
+    with pytest.raises(AlignerError, match="still open"):
+        p.begin_epoch(5, {"out": Stamp("job", 5, 1)})
+    with pytest.raises(AlignerError):
+        p.send(b"late")
+    with pytest.raises(AlignerError, match="no open epoch"):
+        p.flush_epoch({"out": {0: 0}})
+    p.abort_transaction()
+    assert p.epoch is None and kafka.calls == ["begin", "commit"]

@@ -11,8 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aligner.connectors.sink import SinkProducer
-from aligner.connectors.state import (
+from aligner.connectors.runtime.state import (
     MemoryStore,
     RocksStore,
     StateStore,
@@ -22,7 +21,9 @@ from aligner.connectors.state import (
     open_store,
     restore,
 )
+from aligner.connectors.sink import SinkProducer
 from aligner.errors import AlignerError, EpochCollectedError, EpochNotCommittedError, StateDamagedError
+from aligner.recipes.changelogs import ChangelogReads
 from aligner.retention import Retention
 
 Op = tuple[str, Any]
@@ -249,6 +250,48 @@ def test_len_counts_exactly_however_often_it_is_asked(epochs: list[tuple[list[tu
 
 # ---- restore from the changelog on the stack -----------------------------------------------------
 
+def test_mark_changed_keeps_the_committed_values_and_the_count() -> None:
+    """Restore's repair: the keys count as changed (the next changelog epoch rewrites them) with their
+    committed values, a key absent from the base as a delete; nothing a job reads changes."""
+    with MemoryStore() as store:
+        store.put("a", 1)
+        store.put("b", 2)
+        store.mark_committed(1)
+        store.mark_changed(["a", "gone"])
+        assert dict(store.changes()) == {"a": b"1", "gone": None}
+        assert _state(store) == {"a": 1, "b": 2} and len(store) == 2
+
+
+def test_the_changelog_reads_are_a_recipe_over_the_ledger() -> None:
+    """Like the ledger's own recipes: no inheritance, and nothing kept but the ledger's store and reads."""
+    from kazoo.client import KazooClient
+
+    from aligner.ledger import Ledger
+
+    led = Ledger(KazooClient(hosts="127.0.0.1:1"))  # never started: no connection is made
+    reads = ChangelogReads(led, led.epochs)
+    assert ChangelogReads.__mro__ == (ChangelogReads, object)
+    assert reads.store is led and reads.epochs is led.epochs and set(vars(reads)) == {"store", "epochs"}
+
+
+def test_changelog_reads_follow_the_owner_of_a_partition(stack, ledger, changelog) -> None:
+    """The owner's own contribution where the subject's epoch is not committed as a whole (worker 1 lags)."""
+    subject, numbers, lagged = changelog
+    reads = ChangelogReads(ledger, ledger.epochs)
+    writers, _ = ledger.subjects.writers(subject)
+    owner, lagging = writers.owner_of(0), writers.owner_of(1)
+    assert owner is not None and lagging is not None
+    slices = reads.slices(subject, owner, writers.writers[owner].writes, 0, numbers[0], numbers[-1])
+    assert set(slices) == set(numbers)  # the epochs worker 1 never wrote too, from worker 0's contributions
+    last = slices[numbers[-1]]
+    assert reads.end_at(subject, owner, 0, numbers[-1]) == last.end
+    assert reads.committed_position(subject, owner, 0) == last.end
+    assert reads.end_at(subject, owner, 0, numbers[-1] + 1) is None
+    with pytest.raises(EpochNotCommittedError):
+        reads.contribution(subject, owner, numbers[-1] + 1)
+    assert reads.committed_position(subject, lagging, 1) == reads.end_at(subject, lagging, 1, lagged[-1])
+
+
 def test_restore_is_exact_at_every_epoch(stack, ledger, changelog) -> None:
     subject, numbers, lagged = changelog
     expected = _expected()
@@ -405,7 +448,7 @@ def test_a_damaged_local_store_is_moved_aside_and_restored_from_the_changelog(st
         raw = bytearray(table.read_bytes())
         raw[10] ^= 0xFF
         table.write_bytes(bytes(raw))
-    caplog.set_level("WARNING", logger="aligner.state")
+    caplog.set_level("WARNING", logger="aligner.connectors.runtime.state")
     store = open_store(path)
     try:
         assert store.tag is None and len(store) == 0, "a damaged store was opened as if whole"
@@ -422,7 +465,7 @@ def test_a_scan_of_a_damaged_store_raises_instead_of_ending_early(tmp_path: Path
     """Damage in a data block past the first (the tag reads fine): rocksdict's own iterators just stop
     there (a third of the keys, silently); the store's scan raises, and open_store's checksum scan of
     existing state finds it before any record is processed."""
-    from aligner.connectors.state import Tag
+    from aligner.connectors.runtime.state import Tag
 
     path = tmp_path / "big"
     with RocksStore(path) as store:

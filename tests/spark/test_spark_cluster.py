@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from aligner.coordinator.hotswap import HotSwap
-from aligner.coordinator.spark_cluster import SparkCluster, executor_of
+from aligner.embedded.spark_cluster import SparkCluster, executor_of
 from tests.helpers import Worker, as_args, raw_count, wait_for
 from tests.relay import LIVE, SINK, check, fill, kill, start, wait_batch
 from tests.spark_queries import SwapPair

@@ -14,7 +14,7 @@ import pytest
 
 from aligner.connectors.reader import EpochReader
 from aligner.coordinator.hotswap import HotSwap
-from aligner.coordinator.spark_cluster import ConnectServer
+from aligner.embedded.spark_cluster import ConnectServer
 from tests.helpers import as_args, wait_for
 from tests.relay import LIVE, SINK, check, fill, kill, start
 from tests.spark_queries import SwapPair

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import KazooException, NoNodeError
 
 from aligner.epochs import CommittedEpoch, assemble, missing_writers
 from aligner.errors import AlignerError, EpochCollectedError, EpochNotCommittedError, MalformedNodeError
 from aligner.models import ContributionNode, EpochNode, WritersNode, parse
 from aligner.recipes.store import Store
 from aligner.recipes.subjects import SubjectRecipes
+
+log = logging.getLogger(__name__)
 
 _PIPELINE_EPOCHS = 500
 """Epochs whose reads ``committed_many`` keeps in flight at once."""
@@ -33,6 +36,13 @@ def _when_all(requests: Sequence[Any], then: Callable[[], None]) -> None:
 
     for request in requests:
         request.rawlink(one)
+
+
+def _prefetch_skipped(subject: str, epoch: int, exc: Exception) -> None:
+    """A prefetch is a guess: what stops it is left for the reader's own read to meet and raise."""
+    if isinstance(exc, NoNodeError):
+        return  # not committed yet (or collected): the usual case of a worker ahead of its input
+    log.debug("prefetch of %s epoch %d skipped: %s: %s", subject, epoch, type(exc).__name__, exc)
 
 
 class EpochReads:
@@ -97,7 +107,8 @@ class EpochReads:
     def prefetch_committed(self, subject: str, epoch: int) -> None:
         """Read a committed epoch into the cache in the background, without waiting: a worker asks for the
         epoch it reads next while it processes this one, so its next epoch starts with no read. An epoch
-        not committed yet, or any failure, leaves the cache as it was: the next ``committed_if`` reads then."""
+        not committed yet, a lost connection or a malformed node leaves the cache as it was (logged): the next
+        ``committed_if`` reads then, and raises what it meets."""
         kazoo = self.store.zk.kazoo
         if self.store.cached(subject, epoch) is not None or not kazoo.connected:
             return
@@ -110,7 +121,8 @@ class EpochReads:
         try:  # kazoo's callback thread: only async requests from here on
             node = parse(EpochNode, path, node_req.get_nowait()[0])
             present = set(children_req.get_nowait())
-        except Exception:
+        except (KazooException, AlignerError) as exc:
+            _prefetch_skipped(subject, epoch, exc)
             return
         if not node.writers or missing_writers(node, present):
             return
@@ -118,10 +130,12 @@ class EpochReads:
         pending = {w: self.store.zk.kazoo.get_async(f"{path}/{w}") for w in node.writers}
 
         def assembled() -> None:
-            with contextlib.suppress(Exception):
+            try:
                 contributions = {w: parse(ContributionNode, f"{path}/{w}", req.get_nowait()[0])
                                  for w, req in pending.items()}
                 self.store.cache(subject, epoch, assemble(subject, node, contributions))
+            except (KazooException, AlignerError) as exc:
+                _prefetch_skipped(subject, epoch, exc)
 
         _when_all(tuple(pending.values()), assembled)
 

@@ -19,7 +19,7 @@ from aligner.errors import StoppedError
 from aligner.metrics import INPUT_WAIT
 from aligner.models import now_ms
 
-log = logging.getLogger("aligner.runtime")
+log = logging.getLogger(__name__)
 
 WAIT_LOG_AFTER = 30.0
 """Seconds without input after which a worker says (once, then every 10 minutes) that it waits."""

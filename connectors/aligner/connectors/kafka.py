@@ -25,9 +25,9 @@ from aligner.connectors.watchdog import Stall
 from aligner.errors import AlignerError, StoppedError, TopicMissingError, UnreachableError
 from aligner.settings import kafka_properties
 
-log = logging.getLogger("aligner.kafka")
+log = logging.getLogger(__name__)
 
-LIBRDKAFKA_LOG = logging.getLogger("aligner.librdkafka")
+LIBRDKAFKA_LOG = logging.getLogger(f"{__name__}.librdkafka")
 """Where librdkafka's own log lines go. An unreachable broker makes librdkafka log every reconnect
 attempt (hundreds of lines a minute) to stderr; routed here they are dropped unless a handler is
 attached to this logger, and components report outages in their own words instead."""

@@ -19,7 +19,7 @@ from aligner.zk import StoppedError
 
 MARKER_SINK = "marker"
 
-log = logging.getLogger("aligner.marker")
+log = logging.getLogger(__name__)
 
 
 class EpochMarker:

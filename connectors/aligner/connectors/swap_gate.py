@@ -18,7 +18,7 @@ from aligner.ledger import Ledger
 from aligner.models import Phase, SwapNode
 from aligner.zk import StoppedError
 
-log = logging.getLogger("aligner.swap")
+log = logging.getLogger(__name__)
 
 
 class SwapGate:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from prometheus_client import Gauge
 
-log = logging.getLogger("aligner.watchdog")
+log = logging.getLogger(__name__)
 
 STALLED = Gauge(
     "aligner_fetch_stalled_seconds",

@@ -22,7 +22,7 @@ from aligner.errors import AlignerError, AlignmentSplitError, EpochCollectedErro
 from aligner.ledger import Ledger
 from aligner.models import AlignmentDecision, DecisionPhase, now_ms
 
-log = logging.getLogger("aligner.coordinator")
+log = logging.getLogger(__name__)
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -47,7 +47,7 @@ def leadership(ledger: Ledger, timeout: float | None = None, identifier: str | N
     try:
         yield
     finally:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # an unreachable ZooKeeper frees the lock with the session anyway
             election.lock.release()
 
 

@@ -16,11 +16,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from kazoo.exceptions import KazooException
 from prometheus_client.core import GaugeMetricFamily, Metric, StateSetMetricFamily
 from prometheus_client.registry import Collector
 
 from aligner.alignment import State
 from aligner.coordinator.alignment import Coordinator
+from aligner.errors import AlignerError
 from aligner.ledger import Ledger
 from aligner.lineage import query_statuses
 from aligner.models import now_ms
@@ -79,8 +81,9 @@ class LedgerCollector(Collector):
         try:
             self.snapshot, self.up = take(self.ledger), True
         except Exception as exc:  # an outage or a malformed node: keep serving the last snapshot, marked stale
-            if self.up:
-                log.warning("exporter: the ledger could not be read (%s); serving the last snapshot", exc)
+            if self.up:  # anything unexpected is logged with its traceback: a scrape never hides a bug
+                log.warning("exporter: the ledger could not be read (%s); serving the last snapshot", exc,
+                            exc_info=not isinstance(exc, (AlignerError, KazooException)))
             self.up = False
 
     def run(self, stop: threading.Event) -> None:

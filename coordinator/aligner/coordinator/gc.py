@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any
 
 from aligner.errors import AlignerError
+from aligner.layout import split_writer
 from aligner.ledger import Ledger
 from aligner.models import JobNode, SwapNode
 from aligner.retention import Retention
@@ -142,7 +143,7 @@ class Needs:
             doc, _ = ledger.subjects.writers(target)
         except AlignerError:
             return True
-        mine = [e for w, e in doc.writers.items() if w.split(":", 1)[0] == job]
+        mine = [e for w, e in doc.writers.items() if split_writer(w)[0] == job]
         return all(e.finished_after is not None for e in mine)
 
 

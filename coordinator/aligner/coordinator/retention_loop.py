@@ -30,7 +30,7 @@ from aligner.errors import AlignerError, StoppedError
 from aligner.ledger import Ledger
 from aligner.retention_policy import RetentionPolicy
 
-log = logging.getLogger("aligner.coordinator.retention")
+log = logging.getLogger(__name__)
 
 LEADER = Gauge("aligner_retention_leader", "1 while this process leads and applies retention")
 PASSES = Counter("aligner_retention_passes_total", "Retention passes run by this process", ["outcome"])

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from aligner.ledger import Ledger
 from aligner.zk import StoppedError
 
-log = logging.getLogger("aligner.coordinator")
+log = logging.getLogger(__name__)
 
 TICK = 1.0
 """Seconds between re-checks when no watch fired."""

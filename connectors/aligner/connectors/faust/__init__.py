@@ -73,6 +73,6 @@ from aligner.extras import require
 require("faust", "aligner.connectors.faust")  # one line naming the extra, not a No module named 'faust'
 
 from aligner.connectors.faust.job import AlignedJob, configure, faust_app, job  # noqa: E402
-from aligner.connectors.job_spec import batch  # noqa: E402
+from aligner.connectors.runtime.job_spec import batch  # noqa: E402
 
 __all__ = ["AlignedJob", "batch", "configure", "faust_app", "job"]

@@ -22,15 +22,15 @@ from mode import Service
 from mode import Worker as ModeWorker
 
 from aligner.connectors.faust.credentials import broker_credentials
-from aligner.connectors.job_spec import takes_batch
 from aligner.connectors.runtime import JobFunction, JobSpec, JobWorker, KeyedState, batch, settle_heap
+from aligner.connectors.runtime.job_spec import takes_batch
 from aligner.connectors.sink import TRANSIENT, FaultHook
 from aligner.ledger import Ledger
 from aligner.models import Mode
 from aligner.settings import Settings
 from aligner.zk import StoppedError
 
-log = logging.getLogger("aligner.faust")
+log = logging.getLogger(__name__)
 
 Emitted = Iterable[tuple[bytes | None, bytes]]
 Report = Callable[[str], None]
@@ -187,13 +187,14 @@ class AlignedJob:
 
     def status(self) -> dict[str, Any]:
         w = self.worker
-        if w is None or w.sink is None:
+        if w is None or w.io.sink is None:
             return {"job": self.spec.job, "running": False}
+        swap = w.gate.swap
         return {"job": self.spec.job, "worker": w.worker, "running": not self.finished.is_set(),
-                "committed_epoch": w.sink.lease.node.committed_epoch, "aligned": w.aligned,
-                "follows": self.spec.follows, "swap": w.swap.model_dump(mode="json") if w.swap is not None else None,
-                "modes": {s: w.mode_of(s) for s in self.spec.inputs}, "records_in": w.records_in,
-                "records_out": w.records_out, "waiting_since": w.waiting_since}
+                "committed_epoch": w.io.sink.lease.node.committed_epoch, "aligned": w.sources.aligned,
+                "follows": self.spec.follows, "swap": swap.model_dump(mode="json") if swap is not None else None,
+                "modes": {s: w.sources.mode_of(s) for s in self.spec.inputs}, "records_in": w.records_in,
+                "records_out": w.records_out, "waiting_since": w.idle.since}
 
     def run(self, stop: threading.Event, loop: asyncio.AbstractEventLoop) -> None:
         """The blocking epoch loop: from the last committed epoch until the inputs finish or ``stop``.
@@ -223,14 +224,15 @@ class AlignedJob:
                     return
                 self.worker = worker
                 settle_heap()
-                assert worker.sink is not None
-                self.report(f"open job={self.spec.job} worker={index} next={worker.sink.next_epoch} "
-                            f"attempt={worker.sink.attempt}")
+                assert worker.io.sink is not None
+                self.report(f"open job={self.spec.job} worker={index} next={worker.io.sink.next_epoch} "
+                            f"attempt={worker.io.sink.attempt}")
                 worker.run(stop, on_epoch=lambda epoch: self.report(
-                    f"committed {epoch} aligned={worker.aligned} in={worker.records_in} out={worker.records_out}"))
+                    f"committed {epoch} aligned={worker.sources.aligned} in={worker.records_in} "
+                    f"out={worker.records_out}"))
                 if not stop.is_set():
                     self.finished.set()
-                    last = worker.sink.lease.node.committed_epoch if worker.sink is not None else None
+                    last = worker.io.sink.lease.node.committed_epoch if worker.io.sink is not None else None
                     self.report(f"finished job={self.spec.job} worker={index} last={last}")
             finally:
                 worker.close()
@@ -267,7 +269,7 @@ class _JobService(Service):
             error: BaseException | None = None
             try:
                 self.job.run(self._stop_flag, loop)
-            except BaseException as exc:
+            except BaseException as exc:  # handed to the loop's thread below, which reports it and stops the worker
                 error = exc
             with contextlib.suppress(RuntimeError):  # the loop closed: the process is exiting anyway
                 loop.call_soon_threadsafe(self._finished, error)
@@ -339,10 +341,10 @@ def _exit_now(code: int, why: str | None = None) -> None:
     """Exit at once with output flushed (a stopping worker: every committed epoch is safe in ZooKeeper)."""
     if why is not None:
         log.warning("%s; exiting now", why)
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # exiting now: a handler failing to close must not keep the process
         logging.shutdown()
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a closed or broken stream: nothing left to flush into
             stream.flush()  # type: ignore[union-attr]
     os._exit(code)
 

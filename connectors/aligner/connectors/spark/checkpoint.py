@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-log = logging.getLogger("aligner.spark")
+log = logging.getLogger(__name__)
 
 LOGS = ("offsets", "commits")
 """The checkpoint's write-ahead logs whose entries Spark writes through temporary files."""

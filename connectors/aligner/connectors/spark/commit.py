@@ -25,7 +25,7 @@ from aligner.errors import AlignerError
 from aligner.ledger import Contribution, Lease, Ledger
 from aligner.models import Range
 
-log = logging.getLogger("aligner.spark.writer")
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -44,6 +44,8 @@ from aligner.models import FieldSpec, SubjectNode
 from aligner.recipes.spark import SparkBatchRecipes
 from aligner.settings import Settings
 
+log = logging.getLogger(__name__)
+
 RAW_COLUMNS = ("key", "value", "partition", "offset", "epoch", "timestamp")
 SUBJECT_COLUMN = "subject"
 """Last column of multi-subject streaming reads only: the subject a row was read from."""
@@ -386,7 +388,7 @@ def ledger_for(zk: str, root: str) -> Ledger:
             try:
                 led = Ledger.connect(zk, root, timeout=5.0)
             except KazooTimeoutError:
-                logging.getLogger("aligner.spark").warning("ZooKeeper at %s unreachable; retrying", zk)
+                log.warning("ZooKeeper at %s unreachable; retrying", zk)
         _LEDGERS[key] = led
         return led
 

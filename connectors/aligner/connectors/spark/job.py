@@ -69,7 +69,7 @@ __all__ = ["PAUSE", "STOP_GRACE", "AlignedQuery", "JobPlanner", "Planned", "awai
            "output_partitions", "register_query", "report", "shadow_slots", "sink_slots", "start_of", "stop_query",
            "swap_in", "swap_out", "wait_target"]
 
-log = logging.getLogger("aligner.spark.job")
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Planned:

@@ -22,7 +22,7 @@ from aligner.layout import writer_id
 from aligner.ledger import Lease, Ledger
 from aligner.models import EpochNode, JobNode, Phase, ProducerNode, SwapNode, WritersNode
 
-log = logging.getLogger("aligner.spark.writer")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

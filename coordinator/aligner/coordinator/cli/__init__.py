@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except (KeyboardInterrupt, typer.Abort):
         print("aligner: interrupted", file=sys.stderr)
         sys.exit(130)
-    except Exception as exc:
+    except Exception as exc:  # the CLI's last line: each failure is one line and an exit code (ALIGNER_DEBUG re-raises)
         if os.environ.get("ALIGNER_DEBUG"):
             raise
         text, code = describe(exc)

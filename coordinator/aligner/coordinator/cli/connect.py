@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from aligner.coordinator import stack as stack_mod
 from aligner.coordinator.cli.common import usage, validation_text
+from aligner.embedded import stack as stack_mod
 from aligner.errors import AlignerError, StackError, UnreachableError
 from aligner.settings import Settings
 
@@ -37,7 +37,10 @@ KAFKA_CONNECT_TIMEOUT = 8.0
 """Seconds to wait for the first Kafka metadata answer before a command gives up."""
 
 
-class State:
+class CommandConnection:
+    """The connection settings one CLI command runs with, and where they came from (flags, environment or the
+    embedded stack): not the alignment :class:`aligner.alignment.State`."""
+
     settings: Settings
     explicit: frozenset[str] = frozenset()
     """Connection settings given by flag or environment; the others may come from the embedded stack."""
@@ -46,7 +49,7 @@ class State:
     """The detached stack whose addresses this command uses, if any."""
 
 
-state = State()
+state = CommandConnection()
 
 
 def configure(zk: str | None, kafka: str | None, root: str | None, zk_auth: str | None,
@@ -178,7 +181,7 @@ def ledger(outage_limit: float | None = ZK_OUTAGE_LIMIT, stop: threading.Event |
     finally:
         if bound is not None:
             bound.close()  # closing the session reports LOST; that is no outage
-        with suppress(Exception):
+        with suppress(Exception):  # the command's outcome is decided: a failing close changes nothing it did
             led.close()
 
 

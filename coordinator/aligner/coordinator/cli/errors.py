@@ -9,9 +9,9 @@ from __future__ import annotations
 from pydantic import ValidationError
 from typer._click import exceptions as click_errors  # typer vendors click: its exceptions are these
 
-from aligner.coordinator import stack as stack_mod
 from aligner.coordinator.cli.common import validation_text
 from aligner.coordinator.cli.connect import state, unreachable
+from aligner.embedded import stack as stack_mod
 from aligner.errors import AlignerError
 
 

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from aligner.coordinator import stack as stack_mod
 from aligner.coordinator.cli.common import JsonFlag, emit, err, out
 from aligner.coordinator.cli.connect import state
+from aligner.embedded import stack as stack_mod
 from aligner.errors import StackError
 
 if TYPE_CHECKING:

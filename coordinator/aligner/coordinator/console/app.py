@@ -23,7 +23,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from aligner.coordinator.console import actions
@@ -78,96 +78,110 @@ def same_origin(request: Request) -> bool:
     return origin is None or urlsplit(origin).netloc == request.headers.get("host")
 
 
-def create_app(hub: Hub, runner: actions.Runner, guard: Guard, stop: threading.Event) -> Starlette:
-    lineages: LRUCache[tuple[str, int], dict[str, Any]] = LRUCache(maxsize=1024)
-    lock = threading.Lock()
+class Console:
+    """The routes of one console: each reads the hub's shared state, never ZooKeeper for the picture."""
 
-    async def page(_request: Request) -> Response:
+    def __init__(self, hub: Hub, runner: actions.Runner, guard: Guard, stop: threading.Event) -> None:
+        self.hub = hub
+        self.runner = runner
+        self.guard = guard
+        self.stop = stop
+        self.lineages: LRUCache[tuple[str, int], dict[str, Any]] = LRUCache(maxsize=1024)
+        self.lock = threading.Lock()
+        """Guards :attr:`lineages`: lineage reads run in the thread pool."""
+
+    def routes(self) -> list[BaseRoute]:
+        return [
+            Route("/", self.page),
+            Route("/api/state", self.state),
+            Route("/api/events", self.events),
+            Route("/api/lineage/{subject}/{epoch:int}", self.lineage),
+            Route("/api/actions", self.act, methods=["POST"]),
+            Route("/api/actions/describe", self.describe, methods=["POST"]),
+            Route("/api/settings", self.settings),
+            Mount("/static", app=StaticFiles(directory=str(STATIC)), name="static"),
+        ]
+
+    async def page(self, _request: Request) -> Response:
         return FileResponse(str(STATIC / "index.html"))
 
-    async def state(_request: Request) -> Response:
-        return Response(hub.state_json(), media_type="application/json")
+    async def state(self, _request: Request) -> Response:
+        return Response(self.hub.state_json(), media_type="application/json")
 
-    async def events(request: Request) -> Response:
-        async def stream() -> AsyncIterator[dict[str, str]]:
-            changed = hub.listen()
-            try:
-                sent = -1
-                while not stop.is_set():
-                    if hub.version != sent:
-                        sent = hub.version
-                        yield {"event": "state", "data": hub.state_json()}
-                    try:
-                        await asyncio.wait_for(changed.wait(), timeout=1.0)
-                    except TimeoutError:
-                        continue
-                    changed.clear()
-            finally:
-                hub.unlisten(changed)
+    async def events(self, _request: Request) -> Response:
+        return EventSourceResponse(self._stream(), ping=KEEPALIVE)
 
-        return EventSourceResponse(stream(), ping=KEEPALIVE)
+    async def _stream(self) -> AsyncIterator[dict[str, str]]:
+        """The state at every change the hub announces; the one-second wait notices the console stopping."""
+        hub = self.hub
+        changed = hub.listen()
+        try:
+            sent = -1
+            while not self.stop.is_set():
+                if hub.version != sent:
+                    sent = hub.version
+                    yield {"event": "state", "data": hub.state_json()}
+                try:
+                    await asyncio.wait_for(changed.wait(), timeout=1.0)
+                except TimeoutError:
+                    continue
+                changed.clear()
+        finally:
+            hub.unlisten(changed)
 
-    async def lineage(request: Request) -> Response:
+    async def lineage(self, request: Request) -> Response:
         subject = request.path_params["subject"]
         epoch = request.path_params["epoch"]
         if not NAME.fullmatch(subject):
             return JSONResponse({"error": f"{subject!r} is not a subject name"}, status_code=404)
         key = (subject, epoch)
-        with lock:
-            cached = lineages.get(key)
+        with self.lock:
+            cached = self.lineages.get(key)
         if cached is None:
-            if not hub.connected:  # a read would wait for ZooKeeper, holding a server thread
+            if not self.hub.connected:  # a read would wait for ZooKeeper, holding a server thread
                 return JSONResponse({"error": "ZooKeeper is unreachable: lineage is read once it is back"},
                                     status_code=503)
             try:
-                cached = await run_in_threadpool(_lineage, hub, subject, epoch)
+                cached = await run_in_threadpool(_lineage, self.hub, subject, epoch)
             except AlignerError as exc:
                 return JSONResponse({"error": str(exc)}, status_code=404)
-            except Exception as exc:  # said in one line on the page; the log has the rest
+            except Exception as exc:  # one request's failure, said in one line on the page; the log has the rest
                 log.exception("console: lineage of %s epoch %d", subject, epoch)
                 return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=500)
-            with lock:
-                lineages[key] = cached
+            with self.lock:
+                self.lineages[key] = cached
         return JSONResponse(cached)
 
-    async def act(request: Request) -> Response:
+    async def act(self, request: Request) -> Response:
         if not same_origin(request):
             return JSONResponse({"error": "actions are taken from the console's own page (a JSON POST from its "
                                           "origin)"}, status_code=403)
-        refused = guard.refusal(hub)
+        refused = self.guard.refusal(self.hub)
         if refused is not None:
             return JSONResponse({"error": refused}, status_code=403)
         try:
             body = await request.json()
             action = actions.parse(body if isinstance(body, dict) else {})
-            row = runner.start(action)
+            row = self.runner.start(action)
         except ValueError as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
         return JSONResponse(row, status_code=202)
 
-    async def describe(request: Request) -> Response:
+    async def describe(self, request: Request) -> Response:
         """What an action would do, for the page's confirmation, or why it cannot run."""
         try:
             action = actions.parse(await request.json())
             action.argv()
         except ValueError as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
-        return JSONResponse({"what": action.describe(), "refused": guard.refusal(hub)})
+        return JSONResponse({"what": action.describe(), "refused": self.guard.refusal(self.hub)})
 
-    async def settings(_request: Request) -> Response:
-        return JSONResponse({"actions": guard.allowed, "refused": guard.refusal(hub)})
+    async def settings(self, _request: Request) -> Response:
+        return JSONResponse({"actions": self.guard.allowed, "refused": self.guard.refusal(self.hub)})
 
-    routes = [
-        Route("/", page),
-        Route("/api/state", state),
-        Route("/api/events", events),
-        Route("/api/lineage/{subject}/{epoch:int}", lineage),
-        Route("/api/actions", act, methods=["POST"]),
-        Route("/api/actions/describe", describe, methods=["POST"]),
-        Route("/api/settings", settings),
-        Mount("/static", app=StaticFiles(directory=str(STATIC)), name="static"),
-    ]
-    return Starlette(routes=routes)
+
+def create_app(hub: Hub, runner: actions.Runner, guard: Guard, stop: threading.Event) -> Starlette:
+    return Starlette(routes=Console(hub, runner, guard, stop).routes())
 
 
 def _lineage(hub: Hub, subject: str, epoch: int) -> dict[str, Any]:

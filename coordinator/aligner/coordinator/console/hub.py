@@ -114,7 +114,7 @@ class Hub:
                 self._session(connect, stop)
             except StoppedError:
                 return
-            except Exception as exc:
+            except Exception as exc:  # always on: said on the page and logged (with a traceback if unexpected)
                 self._failed(exc)
                 self.publish()
                 self._stale.wait(self.interval)

@@ -21,11 +21,11 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aligner.coordinator.processes import _alive, _kill_group, _spawn, free_port, wait_for
+from aligner.embedded.processes import _alive, _kill_group, _spawn, free_port, wait_for
 from aligner.errors import StackError
 
 if TYPE_CHECKING:
-    from aligner.coordinator.netns import NetLab
+    from aligner.embedded.netns import NetLab
 
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -184,7 +184,7 @@ class SparkCluster:
         each worker's process group is killed and waited for until it is empty, not just its leader."""
         for proc in [*self._workers.values(), *([self._master] if self._master else [])]:
             _kill_group(proc.pid)
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(subprocess.TimeoutExpired):  # the group is killed below anyway
                 proc.wait(timeout=5)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)  # executors still exiting after their worker
@@ -255,6 +255,6 @@ class ConnectServer:
     def stop(self) -> None:
         if self._proc is not None:
             _kill_group(self._proc.pid)
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(subprocess.TimeoutExpired):  # killed: reaped by whoever waits last
                 self._proc.wait(timeout=5)
             self._proc = None

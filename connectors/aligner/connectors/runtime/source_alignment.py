@@ -18,7 +18,7 @@ from aligner.connectors.source import SubjectSource
 from aligner.jobs import JobLedger
 from aligner.models import ConsumerNode, Mode
 
-log = logging.getLogger("aligner.runtime")
+log = logging.getLogger(__name__)
 
 
 class SourceAlignment:

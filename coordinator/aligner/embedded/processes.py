@@ -1,6 +1,6 @@
 """Processes of the embedded stack's servers: finding Java and ZooKeeper, spawning a server in a session of
 its own that dies with its parent, waiting on a condition, stopping a process group. Shared by the single
-server stack (:mod:`aligner.coordinator.stack`) and the ensemble (:mod:`aligner.coordinator.ensemble`)."""
+server stack (:mod:`aligner.embedded.stack`) and the ensemble (:mod:`aligner.embedded.ensemble`)."""
 
 from __future__ import annotations
 

@@ -24,25 +24,24 @@ from collections.abc import Callable
 
 from aligner.alignment import State
 from aligner.connectors.idle import Idle
-from aligner.connectors.job_epochs import JobEpochs
-from aligner.connectors.job_spec import Emitted, JobFunction, JobSpec, KeyedState, StateKind, batch, takes_batch
-from aligner.connectors.sink import TRANSIENT, FaultHook, SinkProducer
-from aligner.connectors.source import SourceRecord, SubjectSource
-from aligner.connectors.source_alignment import SourceAlignment
-from aligner.connectors.state import StateStore
+from aligner.connectors.runtime.job_epochs import JobEpochs
+from aligner.connectors.runtime.job_spec import Emitted, JobFunction, JobSpec, KeyedState, StateKind, batch, takes_batch
+from aligner.connectors.runtime.source_alignment import SourceAlignment
+from aligner.connectors.runtime.worker_io import WorkerIO
+from aligner.connectors.sink import TRANSIENT, FaultHook
+from aligner.connectors.source import SourceRecord
 from aligner.connectors.swap_gate import SwapGate
-from aligner.connectors.worker_io import Alignments, WorkerIO
 from aligner.epoch_step import Act
 from aligner.errors import AlignerError
 from aligner.jobs import PipelinedReports
 from aligner.ledger import Ledger
 from aligner.metrics import KAFKA_RETRIES
-from aligner.models import Mode, Span, SwapNode, WorkerEpochNode
+from aligner.models import Span, WorkerEpochNode
 from aligner.zk import StoppedError
 
 __all__ = ["JobFunction", "JobSpec", "JobWorker", "KeyedState", "StateKind", "batch", "one_line"]
 
-log = logging.getLogger("aligner.runtime")
+log = logging.getLogger(__name__)
 
 
 class JobWorker:
@@ -53,7 +52,9 @@ class JobWorker:
     one (a new attempt of the same epoch), and ends any wait within a second once ``stop`` is set.
     The rules are the pure machines'; its parts do the I/O: :class:`WorkerIO` (sink, source, state,
     recovery and hand-off), :class:`SourceAlignment` (commands), :class:`SwapGate` (both swaps) and
-    :class:`JobEpochs` (aligned coverage).
+    :class:`JobEpochs` (aligned coverage). Callers read a value from the part that owns it: ``io.sink``,
+    ``io.source``, ``io.state`` (kept across in-process reopens, each restoring the last committed epoch),
+    ``sources.states``, ``sources.aligned``, ``sources.mode_of``, ``gate.swap`` and ``idle.since``.
     """
 
     def __init__(self, ledger: Ledger, bootstrap: str, spec: JobSpec, worker: int, fn: JobFunction,
@@ -76,43 +77,6 @@ class JobWorker:
         self.records_in = self.records_out = 0
         self._voiding = False
 
-    # ---- parts --------------------------------------------------------------------------------
-
-    @property
-    def sink(self) -> SinkProducer | None:
-        return self.io.sink
-
-    @property
-    def source(self) -> SubjectSource | None:
-        return self.io.source
-
-    @property
-    def state(self) -> StateStore:  # kept across in-process reopens, each restoring the last committed epoch
-        return self.io.state
-
-    @property
-    def alignment(self) -> Alignments:
-        return self.sources.states
-
-    @alignment.setter
-    def alignment(self, value: Alignments) -> None:
-        self.sources.states = value
-
-    @property
-    def swap(self) -> SwapNode | None:  # the swap that gates this worker now (SwapGate.swap)
-        return self.gate.swap
-
-    def mode_of(self, subject: str) -> Mode:
-        return self.sources.mode_of(subject)
-
-    @property
-    def aligned(self) -> bool:
-        return self.sources.aligned
-
-    @property
-    def waiting_since(self) -> float | None:  # monotonic time since the worker had no input (None: reading)
-        return self.idle.since
-
     # ---- set-up -------------------------------------------------------------------------------
 
     def open(self) -> JobWorker:
@@ -129,20 +93,20 @@ class JobWorker:
         return self
 
     def _join(self) -> None:
-        self.alignment = self.io.open()
+        self.sources.states = self.io.open()
         self.sources.follow()
         self.gate.follow()
 
     def _reopen(self, stop: threading.Event) -> None:
         alignment = self.io.reopen(stop, one_line)
         if alignment is not None:
-            self.alignment = alignment
+            self.sources.states = alignment
 
     def close(self) -> None:
         try:
             self.reports.flush()
-        except Exception as exc:  # closing after an outage or a stop: the next incarnation reports again
-            log.debug("%s worker %d: last reports not confirmed: %s", self.spec.job, self.worker, exc)
+        except Exception as exc:  # closing after an outage or a stop: safe, the next incarnation reports again
+            log.info("%s worker %d: last reports not confirmed: %s", self.spec.job, self.worker, exc)
         self.io.close()
         self.idle.close()
 
@@ -153,35 +117,35 @@ class JobWorker:
             self._report(subject)
 
     def _report(self, subject: str) -> None:
-        assert self.sink is not None and self.source is not None
-        node = self.sources.node(subject, job_epoch=self.sink.lease.node.committed_epoch,
-                                 subject_epoch=self.source.consumed(subject), swap_seen=self.gate.seen,
+        assert self.io.sink is not None and self.io.source is not None
+        node = self.sources.node(subject, job_epoch=self.io.sink.lease.node.committed_epoch,
+                                 subject_epoch=self.io.source.consumed(subject), swap_seen=self.gate.seen,
                                  waiting_since=self.idle.reported_since)
         self.reports.send(subject, node)
 
     def _apply_commands(self, open_epoch: int, boundary: bool) -> None:
-        assert self.source is not None
-        self.sources.apply(self.source, open_epoch, boundary, self._report)
+        assert self.io.source is not None
+        self.sources.apply(self.io.source, open_epoch, boundary, self._report)
 
     # ---- epochs -------------------------------------------------------------------------------
 
     def _process(self, records: list[SourceRecord]) -> None:
-        assert self.sink is not None
+        assert self.io.sink is not None
         shadow = self.spec.shadow_subject
         outputs = self._outputs(records)
         if self._voiding and shadow is not None:
-            self.sink.lane(shadow).send_many(outputs)  # voided at the target, kept in the shadow for comparison
+            self.io.sink.lane(shadow).send_many(outputs)  # voided at the target, kept in the shadow for comparison
         elif self._voiding:
             for _ in outputs:  # state advances; the output is voided
                 pass
         else:
-            self.records_out += self.sink.send_many(outputs)
+            self.records_out += self.io.sink.send_many(outputs)
         self.records_in += len(records)
 
     def _outputs(self, records: list[SourceRecord]) -> Emitted:
         """The job function's outputs for one fetched batch: one call for a batch function, one per record
         otherwise (lazily, so each record's outputs are sent before the next record is processed)."""
-        fn, state = self.fn, self.state
+        fn, state = self.fn, self.io.state
         if takes_batch(fn):  # asked per fetch, not per record: ``fn`` may be replaced (benchmarks)
             return fn(records, state)  # type: ignore[arg-type]
         return (kv for r in records for kv in fn(r, state))  # type: ignore[arg-type]
@@ -194,7 +158,7 @@ class JobWorker:
         command arrives, or ``until``, the unaligned epoch's timer, passes): no fixed timeout, and
         no CPU spent on a quiet input.
         """
-        source = self.source
+        source = self.io.source
         assert source is not None
         loaded_at = 0.0
         while not done():
@@ -224,10 +188,10 @@ class JobWorker:
         return True
 
     def _inputs_finished(self) -> bool:
-        assert self.source is not None
+        assert self.io.source is not None
         for subject in self.spec.inputs:
             last = self.ledger.epochs.finished_watched(subject)  # asked every epoch: kept by a watch, not read
-            if last is None or self.source.consumed(subject) < last:
+            if last is None or self.io.source.consumed(subject) < last:
                 return False
         return True
 
@@ -236,11 +200,11 @@ class JobWorker:
         then it ends exactly where subject epoch k starts, however long that takes. The Align may
         arrive while the epoch runs, so the rule is checked as the epoch goes, not only at its start."""
         ends = time.monotonic() + self.spec.interval
-        source = self.source
+        source = self.io.source
         assert source is not None
 
         def done() -> bool:
-            last_before_j = {s: a for s, a in self.alignment.items()
+            last_before_j = {s: a for s, a in self.sources.states.items()
                              if a.state is State.ALIGNING and a.job_epoch == epoch + 1}
             if last_before_j:
                 return all(source.consumed(s) >= (a.subject_epoch or 0) - 1 for s, a in last_before_j.items())
@@ -249,8 +213,8 @@ class JobWorker:
         self._drain_until(done, stop, epoch, until=ends)
 
     def _run_aligned(self, epoch: int, stop: threading.Event) -> dict[str, Span | None]:
-        covered = self.epochs.covered(epoch, self.alignment, self.gate.old_decides, self._inputs_finished, stop)
-        source = self.source
+        covered = self.epochs.covered(epoch, self.sources.states, self.gate.old_decides, self._inputs_finished, stop)
+        source = self.io.source
         assert source is not None
         for subject, span in covered.items():
             source.set_limit(subject, span.last if span is not None else source.consumed(subject))
@@ -261,9 +225,9 @@ class JobWorker:
     def step(self, stop: threading.Event) -> bool:
         """Run one job epoch; returns False once every input finished and was consumed (or the old
         version of a hot-swap wrote its last epoch). Raises StoppedError when ``stop`` is set."""
-        if self.sink is None and self.io.join_when_aligned(self.epochs.line):
+        if self.io.sink is None and self.io.join_when_aligned(self.epochs.line):
             self._join()
-        sink, source = self.sink, self.source
+        sink, source = self.io.sink, self.io.source
         assert sink is not None and source is not None, "open() first"
         epoch = sink.next_epoch
         self._apply_commands(epoch, boundary=True)
@@ -280,19 +244,20 @@ class JobWorker:
                               lambda last: self.gate.await_target(self.spec.output, last, stop))
         self.sources.started(epoch)
         sink.begin()
-        covered = self._run_aligned(epoch, stop) if self.aligned else None
+        covered = self._run_aligned(epoch, stop) if self.sources.aligned else None
         if covered is None:
             self._run_unaligned(epoch, stop)
         else:
             self.epochs.confirm(epoch)  # its coverage record, sent as the epoch began, stands
         node = WorkerEpochNode(epoch=epoch, mode="aligned" if covered is not None else self.spec.mode,
                                offsets=source.offsets(), load_from=source.load_from(), covered=covered,
-                               alignment=self.alignment, state_from=self.io.inherited)
+                               alignment=self.sources.states, state_from=self.io.inherited)
         self._commit(node, decided.await_target, stop)
         # The Ready test reads each subject's frontier: only a consumer still catching up needs it.
-        ahead = any(a.state is State.CATCHING_UP for a in self.alignment.values()) and source.second_last_ahead()
+        states = self.sources.states
+        ahead = any(a.state is State.CATCHING_UP for a in states.values()) and source.second_last_ahead()
         for subject in self.spec.inputs:
-            self.alignment[subject] = self.alignment[subject].caught_up(ahead)
+            states[subject] = states[subject].caught_up(ahead)
             self._report(subject)
         if self._inputs_finished() and source.caught_up():
             sink.finish()
@@ -301,23 +266,23 @@ class JobWorker:
 
     def _commit(self, node: WorkerEpochNode, await_target: int | None, stop: threading.Event) -> None:
         """The epoch's output, changed keys and worker record in one transaction, after S at the target."""
-        sink = self.sink
+        sink = self.io.sink
         assert sink is not None
         changelog = self.spec.changelog
         if changelog is not None:
             base = self.io.state_base_for(node.epoch)
             if base == node.epoch:
-                self.state.mark_all_changed()  # this epoch's records hold the whole state: a new base
+                self.io.state.mark_all_changed()  # this epoch's records hold the whole state: a new base
             node = node.model_copy(update={"state_base": base})
-            for key, value in self.state.records():  # changed keys, in the epoch's transaction
+            for key, value in self.io.state.records():  # changed keys, in the epoch's transaction
                 sink.send_to(changelog, value, key, self.worker)
-        elif self.state.dirty:
+        elif self.io.state.dirty:
             raise AlignerError(f"job {self.spec.job!r} declares no state (state='none') but its function put some")
         self.gate.await_target(self.spec.output, await_target, stop)
         done = sink.commit(extra=[self.jobs.worker_epoch_op(self.spec.job, self.worker, node)])
         if changelog is not None:
             written = done.also[changelog].get(self.worker)
-            self.state.mark_committed(node.epoch, written.end if written is not None else None)
+            self.io.state.mark_committed(node.epoch, written.end if written is not None else None)
             self.io.inherited = None
             self.io.state_base = node.state_base
         if self.on_commit is not None:
@@ -327,6 +292,7 @@ class JobWorker:
                 log.exception("on_commit hook of %s worker %d failed at epoch %d", self.spec.job, self.worker,
                               node.epoch)
         self.fault("after_epoch")
+
     def run(self, stop: threading.Event, max_epochs: int | None = None,
             on_epoch: Callable[[int], None] | None = None) -> int:
         """Run epochs until the inputs finish, ``max_epochs`` ran or ``stop`` is set; returns how many.
@@ -357,8 +323,8 @@ class JobWorker:
             failures = 0
             done += 1
             if on_epoch is not None:
-                assert self.sink is not None
-                on_epoch(self.sink.lease.node.committed_epoch or 0)
+                assert self.io.sink is not None
+                on_epoch(self.io.sink.lease.node.committed_epoch or 0)
         return done
 
 
@@ -385,9 +351,3 @@ def settle_heap() -> None:
 def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return f"{type(exc).__name__}: {text[:300]}"
-
-
-if __name__ == "__main__":  # `python -m aligner.connectors.runtime`, the older spelling of `aligner-worker`
-    import runpy
-
-    runpy.run_module("aligner.connectors.worker", run_name="__main__", alter_sys=True)

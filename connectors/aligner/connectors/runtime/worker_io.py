@@ -18,10 +18,10 @@ from kazoo.exceptions import NoNodeError
 
 from aligner.alignment import ConsumerAlignment, State
 from aligner.connectors.idle import Idle
-from aligner.connectors.job_spec import JobSpec
+from aligner.connectors.runtime.job_spec import JobSpec
+from aligner.connectors.runtime.state import MemoryStore, StateStore, create_changelog, open_store, take_keys
 from aligner.connectors.sink import TRANSIENT, FaultHook, SinkProducer, partitions_for
 from aligner.connectors.source import SubjectSource
-from aligner.connectors.state import MemoryStore, StateStore, create_changelog, open_store, take_keys
 from aligner.connectors.subjects import ensure_shadow
 from aligner.errors import AlignerError, UnknownSubjectError
 from aligner.keys import sources, worker_of
@@ -30,7 +30,7 @@ from aligner.ledger import Ledger
 from aligner.models import WorkerEpochNode
 from aligner.zk import StoppedError
 
-log = logging.getLogger("aligner.runtime")
+log = logging.getLogger(__name__)
 
 Alignments = dict[str, ConsumerAlignment]
 
@@ -279,10 +279,10 @@ class WorkerIO:
     def close_io(self) -> None:
         sink, source, self.sink, self.source = self.sink, self.source, None, None
         if sink is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # closing after a failure: the next open starts from ZooKeeper
                 sink.close()
         if source is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # closing after a failure: the next open starts from ZooKeeper
                 source.close()
 
     def close(self) -> None:

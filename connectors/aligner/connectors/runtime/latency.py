@@ -27,8 +27,15 @@ from typing import TextIO, cast
 from prometheus_client import Histogram
 from pydantic import BaseModel
 
-from aligner.connectors.job_spec import BatchFunction, Emitted, RecordFunction, batch, takes_batch
-from aligner.connectors.runtime import JobFunction, KeyedState
+from aligner.connectors.runtime.job_spec import (
+    BatchFunction,
+    Emitted,
+    JobFunction,
+    KeyedState,
+    RecordFunction,
+    batch,
+    takes_batch,
+)
 from aligner.connectors.source import SourceRecord
 from aligner.models import WorkerEpochNode
 

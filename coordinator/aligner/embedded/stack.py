@@ -37,9 +37,9 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aligner.coordinator.netns import LabState, NetLab
-from aligner.coordinator.netns import available as netns_available
-from aligner.coordinator.processes import (
+from aligner.embedded.netns import LabState, NetLab
+from aligner.embedded.netns import available as netns_available
+from aligner.embedded.processes import (
     _alive,
     _java,
     _kill_group,
@@ -53,7 +53,7 @@ from aligner.extras import install_hint, missing
 from aligner.layout import DEFAULT_ROOT
 
 if TYPE_CHECKING:
-    from aligner.coordinator.ensemble import ZkEnsemble
+    from aligner.embedded.ensemble import ZkEnsemble
 
 ZK_TLS_CLASSPATH = ("/usr/share/java/netty-codec.jar",)
 """Netty's SslHandler needs netty-codec, which Debian's zookeeper.jar manifest leaves out (libnetty-java,
@@ -401,7 +401,7 @@ class EmbeddedStack:
         """``zk_tls``: ZooKeeper serves only a TLS client port (see the module docstring); off by default.
         ``zk_servers`` > 1: a ZooKeeper ensemble of that many servers (:attr:`ensemble`) instead of one.
         ``netns``: each server in a network namespace of its own of that (open) lab, on its address there
-        (:mod:`aligner.coordinator.netns`), so faults can cut the network between components."""
+        (:mod:`aligner.embedded.netns`), so faults can cut the network between components."""
         if zk_servers > 1 and zk_tls:
             raise StackError("a ZooKeeper ensemble with TLS is not supported by the embedded stack yet")
         self._own_workdir = workdir is None
@@ -414,7 +414,7 @@ class EmbeddedStack:
         self.tls: TlsFiles | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
         self.info: StackInfo | None = None
-        from aligner.coordinator.ensemble import ZkEnsemble  # it builds on this module's helpers
+        from aligner.embedded.ensemble import ZkEnsemble  # it builds on this module's helpers
 
         self.ensemble = ZkEnsemble(self.workdir, zk_servers, tie_to_parent, netns) if zk_servers > 1 else None
 
@@ -495,7 +495,7 @@ class EmbeddedStack:
             self.ensemble.stop()
         for proc in reversed(self._procs):
             _kill_group(proc.pid)
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(subprocess.TimeoutExpired):  # killed: reaped by whoever waits last
                 proc.wait(timeout=5)
         self._procs.clear()
         if self._own_workdir:
@@ -552,7 +552,7 @@ def read_stack(home: Path) -> StackInfo | None:
 
 def _lab_name(name: str) -> str:
     """Component ``name``'s host in the stack's lab: as :class:`EmbeddedStack` and the ensemble name them."""
-    from aligner.coordinator.ensemble import ZkEnsemble
+    from aligner.embedded.ensemble import ZkEnsemble
 
     i = server_index(name)
     return name if i is None else ZkEnsemble.name(i)
@@ -577,7 +577,7 @@ def component(info: StackInfo, name: str) -> Component:
         name, f"none (collects {info.root} by the retention policy)")
     log = str(workdir / _LOGS[_kind(name)])
     if (i := server_index(name)) is not None:
-        from aligner.coordinator.ensemble import SERVER_LOG, server_dir
+        from aligner.embedded.ensemble import SERVER_LOG, server_dir
 
         data, log = str(server_dir(workdir, i) / "data"), str(server_dir(workdir, i) / SERVER_LOG)
     return Component(name, label(name), state, pid, info.address(name), port, data, log, _namespace(info, name))
@@ -638,7 +638,7 @@ def _restart_member(info: StackInfo, i: int, timeout: float, patience: float,
     """An ensemble member on its data; one that refuses it as damaged is rebuilt when, and only when, the
     others serve a quorum (they acknowledged every committed write; waited for up to ``patience`` s);
     else its data stays as it is."""
-    from aligner.coordinator.ensemble import log_size, move_data_aside, quorum_without, refused_its_data, spawn_server
+    from aligner.embedded.ensemble import log_size, move_data_aside, quorum_without, refused_its_data, spawn_server
 
     workdir, name, port = Path(info.workdir), server_name(i), info.zk_ports[i]
     hosts = [info.host(server_name(j)) for j in range(len(info.zk_ports))]
@@ -682,18 +682,8 @@ def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False, retention:
         raise StackError(why)
     with _locked(home):
         info = read_stack(home)
-        if info is not None and in_netns is not None and in_netns != (info.netns is not None):
-            raise StackError(f"the embedded stack in {home} runs " + (
-                "in network namespaces; `aligner stack down` then `aligner stack up` starts one on loopback"
-                if info.netns else "on loopback; `aligner stack down` then `aligner stack up --netns` starts "
-                "one in network namespaces"))
-        if info is not None and zk_tls and not info.zk_tls:
-            raise StackError(f"the embedded stack in {home} runs ZooKeeper without TLS; "
-                             "`aligner stack down` then `aligner stack up --zk-tls` starts one with TLS")
-        if info is not None and zk_servers > 1 and len(info.zk_pids) != zk_servers:
-            raise StackError(f"the embedded stack in {home} runs {len(info.zk_pids) or 1} ZooKeeper server(s); "
-                             f"`aligner stack down` then `aligner stack up --zk-servers {zk_servers}` starts "
-                             f"an ensemble")
+        if info is not None:
+            _refuse_other_shape(home, info, zk_tls, zk_servers, in_netns)
         if info is None:
             workdir = home / "stack"
             workdir.mkdir(parents=True, exist_ok=True)  # an earlier stack's ZooKeeper data is kept, not wiped
@@ -714,6 +704,22 @@ def stack_up(home: Path, timeout: float = 60.0, zk_tls: bool = False, retention:
                 actions[RETENTION] = "started"
             return info, actions
         return _restart_down(home, info, timeout)
+
+
+def _refuse_other_shape(home: Path, info: StackInfo, zk_tls: bool, zk_servers: int, in_netns: bool | None) -> None:
+    """A running stack is restarted as it was started: asking for another shape is an error, not a silent no."""
+    if in_netns is not None and in_netns != (info.netns is not None):
+        raise StackError(f"the embedded stack in {home} runs " + (
+            "in network namespaces; `aligner stack down` then `aligner stack up` starts one on loopback"
+            if info.netns else "on loopback; `aligner stack down` then `aligner stack up --netns` starts "
+            "one in network namespaces"))
+    if zk_tls and not info.zk_tls:
+        raise StackError(f"the embedded stack in {home} runs ZooKeeper without TLS; "
+                         "`aligner stack down` then `aligner stack up --zk-tls` starts one with TLS")
+    if zk_servers > 1 and len(info.zk_pids) != zk_servers:
+        raise StackError(f"the embedded stack in {home} runs {len(info.zk_pids) or 1} ZooKeeper server(s); "
+                         f"`aligner stack down` then `aligner stack up --zk-servers {zk_servers}` starts "
+                         f"an ensemble")
 
 
 def _restart_down(home: Path, info: StackInfo, timeout: float) -> tuple[StackInfo, dict[str, str]]:

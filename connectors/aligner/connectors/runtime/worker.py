@@ -1,7 +1,7 @@
 """A job worker as a process or a thread: the always-on shell around :class:`JobWorker`.
 
-``python -m aligner.connectors.worker --job J --function mod:fn --input IN --output OUT`` (or
-``python -m aligner.connectors.worker``) runs one worker until its inputs finish: SIGTERM or SIGINT
+``python -m aligner.connectors.runtime.worker --job J --function mod:fn --input IN --output OUT`` (or
+``python -m aligner.connectors.runtime.worker``) runs one worker until its inputs finish: SIGTERM or SIGINT
 stops it within seconds with exit 0 and nothing lost (the open epoch is aborted and written again
 by the next incarnation); a mistake is one line on stderr with exit 1 (2 for usage).
 """
@@ -22,13 +22,13 @@ import typer
 from confluent_kafka import KafkaException
 from typer._click import exceptions as click_errors  # typer vendors click: its exceptions are these
 
-from aligner.connectors.runtime import JobFunction, JobSpec, JobWorker, one_line, settle_heap
+from aligner.connectors.runtime.job import JobFunction, JobSpec, JobWorker, one_line, settle_heap
 from aligner.errors import AlignerError, StoppedError
 from aligner.ledger import Ledger
 from aligner.models import WorkerEpochNode
 from aligner.settings import Settings
 
-log = logging.getLogger("aligner.runtime")
+log = logging.getLogger(__name__)
 
 
 class WorkerThread:
@@ -53,7 +53,7 @@ class WorkerThread:
     def _run(self) -> None:
         try:
             self.worker.run(self.stop)
-        except BaseException as exc:
+        except BaseException as exc:  # recorded for finish()/the process, which report it; logged unless asked to stop
             if not (isinstance(exc, StoppedError) and self.stop.is_set()):
                 log.error("%s worker %d ended: %s", self.worker.spec.job, self.worker.worker, one_line(exc),
                           exc_info=exc)
@@ -138,11 +138,7 @@ def run(
 ) -> None:
     """Run one worker of a job until its inputs finish (or SIGTERM)."""
     _check_options(worker, parallelism, mode, state, state_dir, shadow, follows)
-    try:
-        parts = tuple(int(p) for p in output_partitions.split(",")) if output_partitions else None
-    except ValueError:
-        raise typer.BadParameter(f"{output_partitions!r} is not a list of partitions",
-                                 param_hint="--output-partitions") from None
+    parts = _partitions(output_partitions)
     overrides: dict[str, Any] = {k: v for k, v in {"zk": zk, "kafka": kafka, "root": root}.items() if v is not None}
     settings = Settings(**overrides)
     spec = JobSpec(job=job, inputs=tuple(input_), output=output, parallelism=parallelism, version=version,
@@ -153,10 +149,23 @@ def run(
                    state_snapshot_every=state_snapshot_every)
     fn = load_function(function)
     if metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(metrics_port)
+        _serve_metrics(metrics_port)
     _serve(settings, spec, worker, fn, max_epochs)
+
+
+def _partitions(output_partitions: str | None) -> tuple[int, ...] | None:
+    """``--output-partitions`` as partitions (None: the job's share of the output's partitions)."""
+    try:
+        return tuple(int(p) for p in output_partitions.split(",")) if output_partitions else None
+    except ValueError:
+        raise typer.BadParameter(f"{output_partitions!r} is not a list of partitions",
+                                 param_hint="--output-partitions") from None
+
+
+def _serve_metrics(port: int) -> None:
+    from prometheus_client import start_http_server  # only a worker asked for metrics loads the exporter
+
+    start_http_server(port)
 
 
 def _check_options(worker: int, parallelism: int, mode: str, state: str, state_dir: str | None, shadow: bool,
@@ -182,17 +191,17 @@ def _serve(settings: Settings, spec: JobSpec, worker: int, fn: JobFunction, max_
         ledger = Ledger.connect(settings.zk, settings.root, timeout=None, stop=stop)
     except StoppedError:
         return
-    except Exception as exc:
+    except Exception as exc:  # kazoo's, TLS's or a timeout's: re-raised as the one-line error the process exits with
         raise AlignerError(f"cannot reach ZooKeeper at {settings.zk}: {one_line(exc)}") from None
     runner = JobWorker(ledger, settings.kafka, spec, worker, fn)
     try:
         runner.open()
         settle_heap()
-        assert runner.sink is not None
-        print(f"open job={spec.job} worker={worker} next={runner.sink.next_epoch} "
-              f"attempt={runner.sink.attempt}", flush=True)
-        left = None if max_epochs is None else max(0, max_epochs - runner.sink.next_epoch)
-        runner.run(stop, left, on_epoch=lambda e: print(f"committed {e} aligned={runner.aligned}", flush=True))
+        sink = runner.io.sink
+        assert sink is not None
+        print(f"open job={spec.job} worker={worker} next={sink.next_epoch} attempt={sink.attempt}", flush=True)
+        left = None if max_epochs is None else max(0, max_epochs - sink.next_epoch)
+        runner.run(stop, left, on_epoch=lambda e: print(f"committed {e} aligned={runner.sources.aligned}", flush=True))
     except StoppedError:
         pass
     finally:

@@ -30,7 +30,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
-from aligner.coordinator.processes import _alive
+from aligner.embedded.processes import _alive
 from aligner.errors import StackError
 
 PREFIX = "aln"

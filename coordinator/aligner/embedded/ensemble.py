@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aligner.coordinator.processes import (
+from aligner.embedded.processes import (
     _java,
     _kill_group,
     _spawn,
@@ -29,7 +29,7 @@ from aligner.coordinator.processes import (
 from aligner.errors import NoQuorumError, StackError
 
 if TYPE_CHECKING:
-    from aligner.coordinator.netns import NetLab
+    from aligner.embedded.netns import NetLab
 
 ZK_LOGGING = ("/usr/share/java/maven3-slf4j-provider.jar", "/usr/share/java/maven-shared-utils.jar")
 """An SLF4J binding Debian ships (Maven's simple logger): with it each server's log says what the quorum did
@@ -286,6 +286,6 @@ class ZkEnsemble:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGCONT)
             _kill_group(proc.pid)
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(subprocess.TimeoutExpired):  # killed: reaped by whoever waits last
                 proc.wait(timeout=5)
         self._procs.clear()

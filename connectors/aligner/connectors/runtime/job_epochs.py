@@ -21,7 +21,7 @@ from aligner.jobs import PendingJobEpoch
 from aligner.ledger import Ledger
 from aligner.models import JobEpochNode, Span
 
-log = logging.getLogger("aligner.runtime")
+log = logging.getLogger(__name__)
 
 
 class JobEpochs:

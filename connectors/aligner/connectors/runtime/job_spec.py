@@ -6,12 +6,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+from aligner.connectors.runtime.state import StateStore
 from aligner.connectors.source import SourceRecord
-from aligner.connectors.state import StateStore
 from aligner.models import Engine, JobNode, Mode
 
 KeyedState = StateStore
-"""A job's keyed state: JSON values by string key (see :mod:`aligner.connectors.state`)."""
+"""A job's keyed state: JSON values by string key (see :mod:`aligner.connectors.runtime.state`)."""
 
 StateKind = Literal["memory", "rocksdb", "none"]
 
