@@ -323,6 +323,9 @@ class _JobService(Service):
         log.error("%s failed: %s: %s", self.label, type(error).__name__, " ".join(str(error).split())[:500])
         if self._faust_worker is not None:
             self._exit_code = 1
+            # The line above is the one the user reads: the teardown that follows may leave aiokafka connections
+            # for the garbage collector, which asyncio would report as "Unclosed AIOKafkaConnection" lines.
+            logging.getLogger("asyncio").setLevel(logging.CRITICAL)
             os.kill(os.getpid(), signal.SIGTERM)  # Faust's orderly shutdown, as on SIGTERM
         else:
             self._crashing = asyncio.ensure_future(self.crash(error))
