@@ -61,7 +61,6 @@ import argparse
 import json
 import logging
 import os
-import queue
 import signal
 import statistics
 import subprocess
@@ -85,6 +84,7 @@ from aligner.embedded.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from experiments.common import (
     PRODUCER_SETTINGS,
+    EventLines,
     Work,
     median_interval,
     read_back,
@@ -218,42 +218,20 @@ elif ARM == "plain":
 # ---- the benchmark ---------------------------------------------------------------------------------------------
 
 
-class Worker:
+class Worker(EventLines):
     """A Faust worker process of one arm whose event lines can be awaited."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.started = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "experiments.bench_faust", "worker", "-l", "warn",
-                                      "--without-web"], cwd=ROOT_DIR,
-                                     env={**os.environ, "PYTHONPATH": str(ROOT_DIR), **env},
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.stderr: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr or ()), daemon=True).start()
-
-    def _pump(self) -> None:
-        for line in self.proc.stdout or ():
-            if line.strip():
-                self.lines.put(line.strip())
-        self.lines.put(None)
+        super().__init__("experiments.bench_faust", ROOT_DIR, env, BOUND)
 
     def wait(self, event: str) -> dict[str, str]:
         """The fields (``name=value``) of the worker's next ``event`` line."""
-        deadline = time.monotonic() + BOUND
-        while True:
-            try:
-                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                raise RuntimeError(f"no {event} line in {BOUND:.0f}s: {''.join(self.stderr)[-2000:]}") from None
-            if line is None:
-                raise RuntimeError(f"worker exited {self.proc.wait()}: {''.join(self.stderr)[-2000:]}")
-            words = line.split()
-            if words[0] == event:
-                fields = dict(w.split("=", 1) for w in words[1:] if "=" in w)
-                if len(words) > 1 and "=" not in words[1]:
-                    fields["epoch"] = words[1]
-                return fields
+        words = self.next_line(event).split()
+        fields = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+        if len(words) > 1 and "=" not in words[1]:
+            fields["epoch"] = words[1]
+        return fields
 
     def stop(self) -> None:
         """SIGTERM, then wait (a kill if it outlasts the bound)."""

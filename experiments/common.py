@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import random
 import statistics
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -221,3 +225,38 @@ def read_back_eof(bootstrap: str, topic: str, partitions: int) -> Work:
     finally:
         consumer.close()
     return Work(records=n, bytes=size)
+
+
+class EventLines:
+    """A worker process (``python -m MODULE worker -l warn --without-web``, a Faust job's command line) whose
+    stdout event lines (``open ...``, ``committed E ...``) can be awaited; stderr is kept for failure messages."""
+
+    def __init__(self, module: str, root: Path, env: Mapping[str, str], bound: float) -> None:
+        self.bound = bound
+        """Seconds after which waiting for a line counts as failed (a liveness bound, not a figure)."""
+        self.proc = subprocess.Popen([sys.executable, "-m", module, "worker", "-l", "warn", "--without-web"],
+                                     cwd=root, env={**os.environ, "PYTHONPATH": str(root), **env},
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.stderr: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr or ()), daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout or ():
+            if line.strip():
+                self.lines.put(line.strip())
+        self.lines.put(None)
+
+    def next_line(self, event: str) -> str:
+        """The worker's next line whose first word is ``event``."""
+        deadline = time.monotonic() + self.bound
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError(f"no {event} line in {self.bound:.0f}s: {''.join(self.stderr)[-2000:]}") from None
+            if line is None:
+                raise RuntimeError(f"worker exited {self.proc.wait()}: {''.join(self.stderr)[-2000:]}")
+            if line.split()[0] == event:
+                return line

@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -33,7 +31,7 @@ from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
 from aligner.embedded.stack import EmbeddedStack
 from aligner.ledger import Ledger
-from experiments.common import json_value, write_results
+from experiments.common import EventLines, json_value, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = 20
@@ -41,33 +39,15 @@ BOUND = 120.0
 """Seconds after which a step counts as failed (a liveness bound, not a figure)."""
 
 
-class Proc:
+class Proc(EventLines):
     """A Faust worker process whose event lines (``open``, ``committed``, ...) can be awaited."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "experiments.faust_job", "worker", "-l", "warn",
-                                      "--without-web"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.stderr: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr or ()), daemon=True).start()
-
-    def _pump(self) -> None:
-        for line in self.proc.stdout or ():
-            if line.strip():
-                self.lines.put(line.strip())
-        self.lines.put(None)
+        super().__init__("experiments.faust_job", ROOT, env, BOUND)
 
     def wait(self, event: str = "committed") -> str:
         """The worker's next ``event`` line (``committed``, ``finished``)."""
-        deadline = time.monotonic() + BOUND
-        while True:
-            line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            if line is None:
-                raise RuntimeError(f"worker exited {self.proc.wait()}: {''.join(self.stderr)[-2000:]}")
-            if line.startswith(f"{event} "):
-                return line
+        return self.next_line(event)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
