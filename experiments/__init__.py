@@ -16,13 +16,19 @@ def _busy_ticks() -> int:
     return user + nice + system + irq + softirq + steal
 
 
-def _process_ticks(pid: int) -> int:
+def stat_fields(pid: int | str) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name (field 3, the state, is index 0); empty once
+    the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0
-    return int(fields[11]) + int(fields[12])  # utime + stime, all threads
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):  # gone, or gone while being read (an empty file)
+        return []
+
+
+def _process_ticks(pid: int) -> int:
+    fields = stat_fields(pid)
+    return int(fields[11]) + int(fields[12]) if fields else 0  # utime + stime, all threads
 
 
 def cpu_seconds(pid: int) -> float:

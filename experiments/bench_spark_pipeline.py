@@ -73,7 +73,7 @@ from aligner.connectors.sink import SinkProducer
 from aligner.connectors.subjects import create_subject
 from aligner.embedded.stack import EmbeddedStack
 from aligner.ledger import Ledger
-from experiments import cpu_seconds
+from experiments import cpu_seconds, stat_fields
 from experiments.common import (
     PRODUCER_SETTINGS,
     Work,
@@ -231,23 +231,18 @@ def _children() -> dict[int, list[int]]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
+        fields = stat_fields(entry)
+        if not fields:
             continue
+        ppid = int(fields[1])
         kids.setdefault(ppid, []).append(int(entry))
     return kids
 
 
 def _reaped_seconds(pid: int) -> float:
     """CPU seconds of ``pid``'s children that ended and were waited for (cutime + cstime)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+    fields = stat_fields(pid)
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK") if fields else 0.0
 
 
 def tree_cpu(exclude: set[int]) -> float:
