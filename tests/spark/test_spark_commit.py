@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from aligner.connectors.sink import SinkProducer
-from aligner.connectors.subjects import create_subject
 from tests.helpers import SPARK_TEST_JVM, wait_for
+from tests.relay import fill
 
 pytest.importorskip("pyspark")
 
@@ -33,17 +32,6 @@ def spark():
     spark_faults.register(session)
     yield session
     session.stop()
-
-
-def _fill(ledger, kafka: str, source: str, target: str) -> None:
-    create_subject(ledger, kafka, source, 2)
-    create_subject(ledger, kafka, target, 2)
-    with SinkProducer(ledger, kafka, source, "up", 0, [0, 1]) as producer:
-        for e in range(EPOCHS):
-            producer.begin()
-            for j in range(RECORDS):
-                producer.send(json.dumps({"e": e, "j": j}).encode(), key=str(j).encode())
-            producer.commit()
 
 
 def _commits(path: Path) -> list[dict]:
@@ -71,7 +59,7 @@ def _check(commits: list[dict], planned: set[str], batches: int) -> None:
 
 def test_a_sink_batch_commit_is_one_multi_op_and_reads_nothing(spark, stack, root, ledger, tmp_path, spawn):
     source, target = "cx-" + tmp_path.name[-8:], "cy-" + tmp_path.name[-8:]
-    _fill(ledger, stack.kafka, source, target)
+    fill(ledger, stack.kafka, source, target, EPOCHS, RECORDS)
     counted = tmp_path / "requests.jsonl"
     conn = {"zk": stack.zk, "kafka": stack.kafka, "root": root}
     from tests import spark_faults
@@ -99,7 +87,7 @@ def test_a_job_batch_commit_is_one_multi_op_and_reads_nothing_planned(spark, sta
 
     source, target = "jx-" + tmp_path.name[-8:], "jy-" + tmp_path.name[-8:]
     job = "jc-" + tmp_path.name[-8:]
-    _fill(ledger, stack.kafka, source, target)
+    fill(ledger, stack.kafka, source, target, EPOCHS, RECORDS)
     register_query(ledger, job, [source], target)
     counted = tmp_path / "requests.jsonl"
     conn = {"zk": stack.zk, "kafka": stack.kafka, "root": root}
