@@ -168,8 +168,8 @@ class Profile:
         self._wrap(decider if decider is not None and hasattr(decider, "covered") else w,
                    "covered" if decider is not None and hasattr(decider, "covered") else "_covered", after="covered")
         self._wrap(w, "_drain_until", after="drained")
-        self._wrap(sink._kp, "flush", before="flush_start", after="flushed")
-        self._wrap(sink._kp, "commit_transaction", before="kafka_start", after="kafka_done")
+        self._wrap(sink.producer.kp, "flush", before="flush_start", after="flushed")
+        self._wrap(sink.producer.kp, "commit_transaction", before="kafka_start", after="kafka_done")
         self._wrap(sink.ledger.commits, "commit_epoch", before="zk_start", after="zk_done")
 
     def _wrap(self, obj: Any, name: str, before: str | None = None, after: str | None = None,

@@ -81,6 +81,29 @@ def ranges_for(next_offsets: Mapping[int, int], last_delivered: Mapping[int, int
     }
 
 
+def dense_ranges(starts: Mapping[int, int], first: Mapping[int, int], last: Mapping[int, int],
+                 counts: Mapping[int, int]) -> dict[int, Range] | None:
+    """The ranges of an epoch written without stamps, or None when it needs them.
+
+    A partition's range is [first, last + 1) from the delivery reports of its first and last record. When
+    that range has room for exactly the ``count`` records the attempt wrote, each offset in it holds one of
+    them: nothing else (another writer's record, an aborted attempt's, a commit marker) lies among them, so
+    a reader keeps every record in the range and needs no stamp. Offsets before ``first`` (the previous
+    transaction's marker, records of earlier attempts) fall outside the range. A partition without records
+    gets the empty range at its start. Any other partition (a report missing, or records of another writer
+    among this attempt's) makes the whole epoch need stamps: None."""
+    ranges = {}
+    for p, start in starts.items():
+        n = counts.get(p, 0)
+        if n == 0:
+            ranges[p] = Range(start=start, end=start)
+            continue
+        if p not in first or p not in last or first[p] < start or last[p] - first[p] + 1 != n:
+            return None
+        ranges[p] = Range(start=first[p], end=last[p] + 1)
+    return ranges
+
+
 def parse_epoch_span(spec: str) -> tuple[int, int]:
     """'A:B' (inclusive) or 'N' into (first, last)."""
     try:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
+from aligner.epochs import Slice
 from aligner.errors import (
     AlignerError,
     EpochNotCommittedError,
@@ -109,12 +110,23 @@ def test_a_ledger_that_went_back_in_time_is_said_so_not_taken_for_fencing(ledger
         _commit_empty(ledger, after)
 
 
-def test_a_range_that_does_not_continue_the_last_epoch_is_refused(ledger, subject_name):
+def test_a_range_that_starts_before_the_last_epoch_ended_is_refused(ledger, subject_name):
     _subject(ledger, subject_name)
     lease = ledger.claims.claim(subject_name, "a", "0", [0], lambda: {0: 5})
     ledger.commits.ensure_epoch(subject_name, 0)
-    with pytest.raises(Exception, match="must start at 5"):
-        ledger.commits.commit(lease, 0, 1, {0: Range(start=0, end=9)})
+    with pytest.raises(Exception, match="must start at or after 5, not at 4"):
+        ledger.commits.commit(lease, 0, 1, {0: Range(start=4, end=9)})
+
+
+def test_an_unstamped_range_may_start_past_where_the_last_epoch_ended(ledger, subject_name):
+    """An epoch written without stamps starts at its first record (epochs.dense_ranges), past the previous
+    commit marker; the next epoch starts where it ended."""
+    _subject(ledger, subject_name)
+    lease = ledger.claims.claim(subject_name, "a", "0", [0], lambda: {0: 5})
+    ledger.commits.ensure_epoch(subject_name, 0)
+    lease = ledger.commits.commit(lease, 0, None, {0: Range(start=6, end=9)}, counts={0: 3})
+    assert lease.node.next_offsets == {0: 9}
+    assert ledger.epochs.committed(subject_name, 0).slices[0] == Slice(0, 6, 9, None, 3)
 
 
 def test_corrupt_epoch_json_is_reported_with_its_path_and_left_alone(ledger, subject_name):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from aligner.epochs import Slice, assemble, check_retention, parse_epoch_span, ranges_for
+from aligner.epochs import Slice, assemble, check_retention, dense_ranges, parse_epoch_span, ranges_for
 from aligner.errors import AlignerError, EpochNotCommittedError, EpochOutOfRetentionError, MalformedNodeError
 from aligner.layout import Layout, split_writer, writer_id
 from aligner.models import (
@@ -17,7 +19,7 @@ from aligner.models import (
     WritersNode,
     parse,
 )
-from aligner.stamps import HEADER, Stamp, stamp_of
+from aligner.stamps import HEADER, STAMPED_FOR, Stamp, StampChoice, stamp_of
 
 
 def test_parse_names_path_and_field():
@@ -151,3 +153,43 @@ def test_retention_is_checked_against_the_log_start():
     check_retention("s", 3, 0, start=10, log_start=10)
     with pytest.raises(EpochOutOfRetentionError, match="epoch 3 of subject 's' is out of retention: partition 0"):
         check_retention("s", 3, 0, start=9, log_start=10)
+
+
+@given(st.lists(st.sampled_from(["ours", "other", "marker"]), max_size=30), st.integers(0, 1000))
+def test_an_unstamped_range_holds_exactly_the_attempts_records_or_none_is_given(log: list[str], start: int) -> None:
+    """A partition's log from where the epoch started: the attempt's records, other writers' (or aborted
+    attempts') records and commit markers, in any order. The range dense_ranges gives (from the delivery reports
+    of the attempt's first and last record) holds every one of the attempt's records and nothing else; where
+    that cannot be, it gives none and the attempt is written again with stamps."""
+    ours = [start + i for i, who in enumerate(log) if who == "ours"]
+    first = {0: ours[0]} if ours else {}
+    last = {0: ours[-1]} if ours else {}
+    ranges = dense_ranges({0: start}, first, last, {0: len(ours)})
+    if not ours:
+        assert ranges == {0: Range(start=start, end=start)}
+        return
+    among = set(range(ours[0], ours[-1] + 1)) - set(ours)
+    if among:
+        assert ranges is None
+    else:
+        assert ranges is not None
+        assert list(range(ranges[0].start, ranges[0].end)) == ours
+
+
+def test_an_unstamped_range_needs_both_reports_and_no_record_before_the_epoch() -> None:
+    assert dense_ranges({0: 5}, {}, {0: 7}, {0: 3}) is None  # the first record's report is missing
+    assert dense_ranges({0: 5}, {0: 5}, {}, {0: 3}) is None  # the last one's
+    assert dense_ranges({0: 5}, {0: 4}, {0: 6}, {0: 3}) is None  # a first record before the epoch began: a lie
+    assert dense_ranges({0: 5, 1: 0}, {0: 6}, {0: 8}, {0: 3}) == {0: Range(start=6, end=9), 1: Range(start=0, end=0)}
+
+
+def test_a_sink_stamps_for_a_while_after_an_attempt_met_another_writer() -> None:
+    now = [100.0]
+    choice = StampChoice(clock=lambda: now[0])
+    assert not choice.stamped()
+    choice.mixed()
+    now[0] += STAMPED_FOR - 1
+    assert choice.stamped()
+    now[0] += 1
+    assert not choice.stamped()  # tried again without stamps
+    assert StampChoice(always=True).stamped()

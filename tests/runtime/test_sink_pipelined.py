@@ -19,7 +19,7 @@ from aligner.connectors.subjects import create_subject
 from aligner.errors import EpochFailedError, EpochNotCommittedError
 from aligner.ledger import Contribution, Lease, PendingCommit
 from aligner.ops import Op
-from tests.helpers import raw_records, record_stamp
+from tests.helpers import raw_records
 
 RECORDS = 25
 
@@ -100,10 +100,12 @@ def test_a_zookeeper_commit_that_did_not_land_aborts_the_next_epoch_and_rewinds(
         assert sorted(rewritten) == [lost, following]
     assert _read(ledger, stack.kafka, subject_name, lost, following) == {
         e: Counter(vs) for e, vs in rewritten.items()}
-    # The broker holds attempt 1 of both: the lost epoch committed in Kafka, the next one aborted there.
-    attempts = Counter((s.epoch, s.attempt) for s in map(record_stamp, raw_records(stack.kafka, subject_name, 2)))
-    assert attempts[(lost, 1)] == RECORDS and attempts[(lost, 2)] == RECORDS
-    assert attempts[(following, 2)] == RECORDS and attempts[(base, 1)] == RECORDS
+    # The broker holds the first attempt of both: the lost epoch committed in Kafka, the next one aborted there.
+    attempts = Counter((v["epoch"], v["tag"]) for v in (json.loads(m.value())  # type: ignore[arg-type]
+                                                        for m in raw_records(stack.kafka, subject_name, 2)))
+    assert attempts[(lost, "lost")] == RECORDS and attempts[(lost, "again")] == RECORDS
+    assert attempts[(following, "aborted")] == RECORDS and attempts[(following, "again")] == RECORDS
+    assert attempts[(base, "a")] == RECORDS
 
 
 def test_zookeeper_commits_in_flight_at_close_are_found_by_the_next_incarnation(stack, ledger,

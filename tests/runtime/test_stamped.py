@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
+from aligner.connectors.kafka import QUIET
 from aligner.connectors.lane import Lane
 from aligner.connectors.reader import EpochReader
 from aligner.connectors.sink import SinkProducer
 from aligner.connectors.stamped import StampedProducer
 from aligner.connectors.subjects import create_subject
-from aligner.errors import AlignerError, SubjectConflictError
+from aligner.errors import AlignerError, EpochFailedError, SubjectConflictError
 from aligner.ops import Create, Op
 from aligner.stamps import Stamp
 from tests.helpers import raw_records, record_stamp
@@ -115,9 +116,14 @@ def test_two_subjects_commit_the_same_epochs_in_one_multi_op(stack, ledger, two_
     assert ledger.epochs.finished(second) == 6 and ledger.epochs.finished(output) == 6
 
 
-def test_an_aborted_epoch_shows_in_neither_subject_and_is_written_again(stack, ledger, two_subjects) -> None:
+@pytest.mark.parametrize("always_stamp", [False, True], ids=["dense", "stamped"])
+def test_an_aborted_epoch_shows_in_neither_subject_and_is_written_again(stack, ledger, two_subjects,
+                                                                         always_stamp) -> None:
+    """Tansu shows an aborted attempt's records to read_committed readers: stamped, readers drop them by stamp;
+    unstamped, the committed ranges start past them (they hold only the kept attempt's records)."""
     output, second = two_subjects
-    with SinkProducer(ledger, stack.kafka, output, "job", 0, [0, 1], also={second: [0, 1]}) as p:
+    with SinkProducer(ledger, stack.kafka, output, "job", 0, [0, 1], also={second: [0, 1]},
+                      always_stamp=always_stamp) as p:
         first = p.leases
         epoch, _, _ = _write_epoch(p, second, "aborted")
         p.kp.flush(30)  # the aborted records reach the broker (Tansu shows them to read_committed readers)
@@ -129,17 +135,22 @@ def test_an_aborted_epoch_shows_in_neither_subject_and_is_written_again(stack, l
         p.abort()  # an epoch aborted before anything was sent: a third attempt
         again, out, side = _write_epoch(p, second, "kept")
         assert again == epoch
-        p.commit()
+        assert p.commit().attempt == (p.attempt if always_stamp else None)
         attempts = {s: lease.node.incarnation for s, lease in p.leases.items()}
     assert attempts == {s: lease.node.incarnation + 2 for s, lease in first.items()}
     with EpochReader(ledger, stack.kafka) as reader:
         assert _by_epoch(reader, output, epoch, epoch) == _expected({epoch: out})
         assert _by_epoch(reader, second, epoch, epoch) == _expected({epoch: side})
-    for subject in (output, second):  # the broker holds the aborted attempt; readers dropped it by stamp
-        stamps = Counter(record_stamp(m).attempt for m in raw_records(stack.kafka, subject, 2))
-        aborted = RECORDS if subject == output else RECORDS // 3
-        assert stamps[first[subject].node.incarnation] == aborted, (subject, stamps)
-        assert stamps[attempts[subject]] == aborted
+    for subject in (output, second):  # the broker holds the aborted attempt; readers dropped it
+        raw = raw_records(stack.kafka, subject, 2)
+        tags = Counter(json.loads(m.value())["tag"] for m in raw)  # type: ignore[arg-type]
+        written = RECORDS if subject == output else RECORDS // 3
+        assert tags == {"aborted": written, "kept": written}, (subject, tags)
+        if always_stamp:
+            stamps = Counter(record_stamp(m).attempt for m in raw)
+            assert stamps == {first[subject].node.incarnation: written, attempts[subject]: written}, (subject, stamps)
+        else:
+            assert all(m.headers() is None for m in raw), "unstamped records carry no header"
 
 
 def test_a_crash_between_kafka_and_zookeeper_commits_rewrites_both_subjects(stack, ledger, two_subjects) -> None:
@@ -225,7 +236,7 @@ def test_send_many_keeps_each_partitions_order_across_calls_and_single_sends(sta
                 sent.append((b"s", single))
             assert p.send_many(iter([(None, b"%d-gen" % epoch)])) == 1  # any iterable, not only a list
             sent.append((None, b"%d-gen" % epoch))
-            p.commit()
+            assert p.commit().attempt is None  # every partition's first and last record reported: unstamped
     table = routes([0, 1, 2], 3)
     with EpochReader(ledger, stack.kafka) as reader:
         got = list(reader.read(subject_name, epochs[0], epochs[-1]))
@@ -239,6 +250,37 @@ def test_send_many_keeps_each_partitions_order_across_calls_and_single_sends(sta
         assert offsets == sorted(offsets) and len(offsets) > 0
     spread = Counter(by_value[v].partition for v in unkeyed)  # two batches of 2,500: 832 or 834 per partition each
     assert spread.keys() == {0, 1, 2} and all(1664 <= n <= 1668 for n in spread.values()), spread
+
+
+def test_an_unstamped_attempt_with_another_writers_record_among_its_own_is_written_again_stamped(
+        stack, ledger, subject_name) -> None:
+    """A record of another writer (here a plain producer; in production a zombie the broker did not fence, or a
+    user's producer on the subject's topic) lands among an unstamped attempt's records: the attempt cannot name
+    a range holding only its own, so it is aborted, and the sink writes the epoch again with stamps (and keeps
+    stamping for a while). Readers get the epoch's records once, and not the outsider."""
+    create_subject(ledger, stack.kafka, subject_name, 1)
+    topic = ledger.subjects.subject(subject_name).topic
+    outsider = Producer({"bootstrap.servers": stack.kafka, **QUIET})
+    with SinkProducer(ledger, stack.kafka, subject_name, "job", 0, [0]) as p:
+        epoch = p.begin()
+        for j in range(10):
+            p.send(b"first-%d" % j, partition=0)
+        p.kp.flush(30)  # on the broker, first and last reported
+        outsider.produce(topic, b"outsider", partition=0)
+        assert outsider.flush(30) == 0
+        for j in range(10, 20):
+            p.send(b"first-%d" % j, partition=0)
+        with pytest.raises(EpochFailedError, match="another writer's records lie among this attempt's"):
+            p.commit()
+        assert p.stamping.stamped() and p.begin() == epoch
+        kept = [b"kept-%d" % j for j in range(20)]
+        for v in kept:
+            p.send(v, partition=0)
+        assert p.commit().attempt == p.attempt
+    with EpochReader(ledger, stack.kafka) as reader:
+        assert Counter(r.value for r in reader.read(subject_name, epoch)) == Counter(kept)
+    raw = Counter(m.value() for m in raw_records(stack.kafka, subject_name, 1))
+    assert raw[b"outsider"] == 1 and sum(v.startswith(b"first-") for v in raw.elements()) == 20
 
 
 class _Kafka:

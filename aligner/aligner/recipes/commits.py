@@ -269,10 +269,12 @@ class CommitRecipes:
         if set(c.ranges) != set(lease.node.partitions):
             raise AlignerError(f"producer {lease.writer} must give ranges for exactly {list(lease.node.partitions)}")
         for p, r in c.ranges.items():
-            if r.start != lease.node.next_offsets[p]:
+            # An epoch written without stamps starts at its first record, past the previous commit marker
+            # and any earlier attempt's records (epochs.dense_ranges); none starts before the last one ended.
+            if r.start < lease.node.next_offsets[p]:
                 raise AlignerError(
-                    f"producer {lease.writer}: epoch {epoch} partition {p} must start at "
-                    f"{lease.node.next_offsets[p]}, not {r.start}"
+                    f"producer {lease.writer}: epoch {epoch} partition {p} must start at or after "
+                    f"{lease.node.next_offsets[p]}, not at {r.start}"
                 )
 
     def _landed(self, contributions: Sequence[Contribution], nodes: Sequence[ProducerNode]) -> list[Lease] | None:

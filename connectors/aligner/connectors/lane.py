@@ -1,9 +1,11 @@
 """One subject a :class:`~aligner.connectors.stamped.StampedProducer` writes: its private partitions, the
-stamp of the open epoch and the records held back for their delivery reports. ``send`` is the per-record hot path.
+stamp of the open epoch (if it has one) and the records held back for their delivery reports. ``send`` is the
+per-record hot path.
 
-Only the last record of each partition in an epoch needs a delivery report (its offset ends the range), so
-``send`` holds back the latest record per partition and produces the one before it without a Python
-callback; :meth:`Lane.release` produces the held-back records with the callback. The lane knows nothing
+Only the first and the last record of each partition in an epoch need a delivery report (their offsets bound
+the range; see :func:`aligner.epochs.dense_ranges`), so ``send`` holds back the latest record per partition and
+produces the one before it without a Python callback, except the epoch's first; :meth:`Lane.release` produces
+the held-back records with the callback. The lane knows nothing
 of transactions: its owner opens and ends them and collects the first failure of a write (``owner.error``).
 """
 
@@ -12,14 +14,14 @@ from __future__ import annotations
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from time import time_ns
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaException, Producer
 
-from aligner.epochs import ranges_for
+from aligner.epochs import dense_ranges, ranges_for
 from aligner.errors import AlignerError, EpochFailedError
 from aligner.keys import routes
 from aligner.models import Range
@@ -47,6 +49,8 @@ class Written:
     counts: dict[int, int]
     last: dict[int, int]
     """The last delivered offset per partition (partitions without a record are absent)."""
+    first: dict[int, int] = field(default_factory=dict)
+    """The first delivered offset per partition (partitions without a record are absent)."""
 
     @property
     def records(self) -> int:
@@ -64,6 +68,19 @@ def epoch_ranges(starts: Mapping[int, int], last: Mapping[int, int], counts: Map
     return ranges
 
 
+def without_stamps(written: Mapping[str, Written]) -> dict[str, Written] | None:
+    """What an epoch written without stamps commits: each subject's dense ranges (from its first record to its
+    last, :func:`aligner.epochs.dense_ranges`), or None when another writer's records lie among its own in
+    some partition, so that the attempt must be aborted and written again with stamps."""
+    dense = {}
+    for subject, w in written.items():
+        ranges = dense_ranges({p: r.start for p, r in w.ranges.items()}, w.first, w.last, w.counts)
+        if ranges is None:
+            return None
+        dense[subject] = replace(w, ranges=ranges)
+    return dense
+
+
 class Lane:
     """One subject written by a producer: its topic, private partitions and the records of the open epoch.
     ``send`` is the per-record hot path.
@@ -79,12 +96,14 @@ class Lane:
         self.partitions = sorted(partitions)
         self.accepting: frozenset[int] = frozenset()
         """The partitions ``send`` takes: the owned ones while an epoch is open, else none."""
-        self.headers: list[tuple[str, bytes]] = []
+        self.headers: list[tuple[str, bytes]] | None = None
+        """The open epoch's stamp header, or None for an epoch written without stamps."""
         self.held: dict[int, tuple[Any, ...]] = {}
         """Per partition: the produce() arguments of the latest record sent and not yet produced."""
         self.counts: dict[int, int] = {}
         """Per partition: records sent in the open epoch."""
         self.last: dict[int, int] = {}
+        self.first: dict[int, int] = {}
         self._produce: Callable[..., None] | None = None
         self._rr = 0
         self.routes: list[int] = routes(self.partitions, None)
@@ -100,11 +119,13 @@ class Lane:
         self.stop_accepting()
         self._produce = None
 
-    def begin(self, stamp: Stamp) -> None:
-        self.headers = [(HEADER, stamp.encode())]
+    def begin(self, stamp: Stamp | None) -> None:
+        """Open an epoch whose records carry ``stamp`` (None: no stamp; its ranges must then be dense)."""
+        self.headers = None if stamp is None else [(HEADER, stamp.encode())]
         self.held = {}
         self.counts = dict.fromkeys(self.partitions, 0)
         self.last = {}
+        self.first = {}
         self.accepting = frozenset(self.partitions)
 
     def stop_accepting(self) -> None:
@@ -137,6 +158,8 @@ class Lane:
         p, o = msg.partition(), msg.offset()
         if o > self.last.get(p, -1):
             self.last[p] = o
+        if o < self.first.get(p, o + 1):
+            self.first[p] = o
 
     def _produce_one(self, args: tuple[Any, ...], on_delivery: Any = None) -> None:
         """Produce one held-back record (its produce() arguments), waiting for room in the queue."""
@@ -185,11 +208,14 @@ class Lane:
         # alias, ignored when callback is given, even as None), timestamp (taken now: the record is
         # produced later), headers. Passing them by keyword costs ~0.4 us more per record.
         args = (self.topic, value, key, partition, None, None, time_ns() // 1_000_000,
-                self.headers if headers is None else self.headers + headers)
+                self.headers if headers is None else (self.headers or []) + headers)
         held = self.held
         previous = held.get(partition)
         held[partition] = args
         if previous is None:
+            return
+        if n == 2:  # the epoch's first record to this partition: its delivery report starts the range
+            self._produce_one(previous, self._delivered)
             return
         try:  # the record sent before this one, without a delivery report
             self._produce(*previous)  # type: ignore[misc]
@@ -218,17 +244,23 @@ class Lane:
         ps = self._spread(len(batch)) if keys.count(None) == len(keys) else self._picks(keys)
         counts, held, n = self.counts, self.held, len(ps)
         seen = Counter(ps)
+        fresh = [p for p in seen if counts[p] == 0]  # their first record of the epoch is in this batch
+        for p in seen.keys() & held.keys():  # held back by an earlier call: no longer a partition's last
+            self._produce_one(held.pop(p), self._delivered if counts[p] == 1 else None)  # reported if the first
         for p, c in seen.items():
             counts[p] += c
         backwards = ps[::-1]
-        last = sorted(n - 1 - backwards.index(p) for p in seen)
-        for p in seen.keys() & held.keys():  # held back by an earlier call: no longer a partition's last
-            self._produce_one(held.pop(p))
+        last = {n - 1 - backwards.index(p) for p in seen}
+        firsts = {ps.index(p) for p in fresh} - last  # a partition's only record is held back, reported later
         topic, headers, ts, start = self.topic, self.headers, time_ns() // 1_000_000, 0
-        for end in last:
+        for end in sorted(last | firsts):
             self._produce_run(batch, ps, start, end, ts)
             key, value = batch[end]
-            held[ps[end]] = (topic, value, key, ps[end], None, None, ts, headers)  # as in send()
+            args = (topic, value, key, ps[end], None, None, ts, headers)  # as in send()
+            if end in last:
+                held[ps[end]] = args
+            else:
+                self._produce_one(args, self._delivered)
             start = end + 1
         return n
 
@@ -276,4 +308,4 @@ class Lane:
     def written(self, starts: Mapping[int, int], epoch: int) -> Written:
         counts = dict(self.counts)
         ranges = epoch_ranges(starts, self.last, counts, f"epoch {epoch} of {self.subject!r}")
-        return Written(ranges, counts, dict(self.last))
+        return Written(ranges, counts, dict(self.last), dict(self.first))

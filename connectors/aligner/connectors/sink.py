@@ -1,4 +1,4 @@
-"""Transactional subject sink: one Kafka transaction per epoch, every record stamped.
+"""Transactional subject sink: one Kafka transaction per epoch, stamped where it must be.
 
 A producer owns private partitions of the subject. ``commit`` flushes, takes each partition's
 range from the delivery reports, commits the Kafka transaction (the pre-commit) and then commits
@@ -42,7 +42,7 @@ from confluent_kafka import KafkaException
 from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpiredError
 
 from aligner.connectors.kafka import end_offsets, transactional_id
-from aligner.connectors.lane import Lane, Written
+from aligner.connectors.lane import Lane, Written, without_stamps
 from aligner.connectors.sink_claims import claim_lanes
 from aligner.connectors.sink_commits import Confirmed, SinkCommits
 from aligner.connectors.stamped import ReleasingProducer, StampedProducer
@@ -51,7 +51,7 @@ from aligner.ledger import Contribution, Lease, Ledger
 from aligner.metrics import COMMIT_SECONDS, EPOCHS_COMMITTED, LAST_EPOCH, RECORDS_SENT
 from aligner.models import Range
 from aligner.ops import Op
-from aligner.stamps import Stamp
+from aligner.stamps import Stamp, StampChoice
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,8 @@ FaultHook = Callable[[str], None]
 @dataclass(frozen=True)
 class EpochCommit:
     epoch: int
-    attempt: int
+    attempt: int | None
+    """The attempt its records' stamps name; None: they carry none (its ranges hold only its records)."""
     ranges: dict[int, Range]
     records: int
     also: dict[str, dict[int, Range]] = field(default_factory=dict)
@@ -88,28 +89,21 @@ class SinkProducer:
 
     The Kafka half is the :class:`StampedProducer` it is composed of (``producer``; ``send``, ``send_many``,
     ``send_to`` and ``lane`` are its (or its main lane's) bound methods: no hop on the hot path); this class
-    adds the ledger: claims, stamps from the leases' attempts, and the ZooKeeper commit.
+    adds the ledger: claims, stamps from the leases' attempts (when ``stamping`` says), the ZooKeeper commit.
     """
 
-    def __init__(
-        self,
-        ledger: Ledger,
-        bootstrap: str,
-        subject: str,
-        sink: str,
-        producer: str | int,
-        partitions: Sequence[int],
-        *,
-        also: Mapping[str, Sequence[int]] | None = None,
-        kafka_config: dict[str, Any] | None = None,
-        fault: FaultHook | None = None,
-    ) -> None:
+    def __init__(self, ledger: Ledger, bootstrap: str, subject: str, sink: str, producer: str | int,
+                 partitions: Sequence[int], *, also: Mapping[str, Sequence[int]] | None = None,
+                 kafka_config: dict[str, Any] | None = None, fault: FaultHook | None = None,
+                 always_stamp: bool = False) -> None:
         self.producer_id = str(producer)
         self.producer = StampedProducer(bootstrap, transactional_id(subject, sink, self.producer_id), subject,
                                         partitions, also=also, name=f"{self.producer_id} of {subject!r}",
                                         kafka_config=kafka_config, stopping=ledger.stopping)
         self.send, self.send_many = self.producer.send, self.producer.send_many
         self.send_to, self.lane = self.producer.send_to, self.producer.lane
+        self.lanes: dict[str, Lane] = self.producer.lanes
+        """Every subject written, the main one first (the producer's own dict)."""
         self.subject = subject
         self.bootstrap = bootstrap
         self.ledger = ledger
@@ -118,21 +112,13 @@ class SinkProducer:
         self._leases: dict[str, Lease] = {}
         """Per subject written (the output first): the ledger producer's lease."""
         self._zk = SinkCommits(ledger)
+        self.stamping = StampChoice(always_stamp)
 
     # ---- the Kafka half -----------------------------------------------------------------------
 
     @property
-    def lanes(self) -> dict[str, Lane]:
-        return self.producer.lanes
-
-    @property
     def kp(self) -> ReleasingProducer:
         return self.producer.kp
-
-    @property
-    def _kp(self) -> ReleasingProducer | None:
-        """The Kafka producer while open (benchmarks wrap its calls to time the commit's phases)."""
-        return self.producer._kp
 
     @property
     def partitions(self) -> list[int]:
@@ -142,6 +128,11 @@ class SinkProducer:
     def epoch(self) -> int | None:
         """The open epoch, until ZooKeeper committed it (its Kafka transaction may have committed already)."""
         return self.producer.epoch
+
+    @property
+    def stamped(self) -> bool:
+        """Whether the open epoch's records carry stamps."""
+        return self.producer.open_epoch is None or self.producer.open_epoch.stamped
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -171,9 +162,7 @@ class SinkProducer:
     @property
     def lease(self) -> Lease:
         """The output subject's lease (as of the last epoch ZooKeeper confirmed: see :meth:`sync`)."""
-        if not self._leases:
-            raise AlignerError("producer is not open")
-        return self._leases[self.subject]
+        return self.leases[self.subject]
 
     @property
     def leases(self) -> dict[str, Lease]:
@@ -200,7 +189,8 @@ class SinkProducer:
             raise AlignerError(f"epoch {self.epoch} is still open; commit or abort it first")
         epoch = self.next_epoch
         self._zk.ensure_async(epoch, self._leases)  # round trip 1, awaited in commit() (step 3)
-        self.producer.begin_epoch(epoch, {s: Stamp(self.sink, epoch, lease.node.incarnation)
+        stamped = self.stamping.stamped()
+        self.producer.begin_epoch(epoch, {s: Stamp(self.sink, epoch, lease.node.incarnation) if stamped else None
                                           for s, lease in self._leases.items()})
         return epoch
 
@@ -228,16 +218,22 @@ class SinkProducer:
         self._ensure_node(epoch)  # 3. the epoch's node in every subject (round trip 1, sent by begin)
         self._precommit()  # 4. the Kafka commit
         self._fault("after_kafka_commit")
-        attempt = self.attempt
+        attempt = self.attempt if self.stamped else None
         self._commit_point(epoch, written, extra, wait, started)  # 5. the ZooKeeper commit
         main = written[self.subject]
         return EpochCommit(epoch, attempt, main.ranges, main.records,
                            {s: w.ranges for s, w in written.items() if s != self.subject})
 
     def _flush(self) -> dict[str, Written]:
-        """Step 1: the open epoch's records on the broker, each subject's ranges; a failed write aborts."""
+        """Step 1: the open epoch's records on the broker, each subject's ranges; a failed write aborts, and so
+        does an unstamped one with another writer's records among its own (written again with stamps)."""
         try:
-            return self.producer.flush_epoch(self._zk.starts(self._leases))
+            written = self.producer.flush_epoch(self._zk.starts(self._leases))
+            if (dense := written if self.stamped else without_stamps(written)) is None:
+                self.stamping.mixed()
+                raise EpochFailedError(f"epoch {self.epoch}: another writer's records lie among this attempt's, "
+                                       f"which carry no stamps; written again with stamps")
+            return dense
         except EpochFailedError as exc:
             self.abort()
             raise EpochFailedError(f"{exc}; aborted") from exc
@@ -262,7 +258,8 @@ class SinkProducer:
                       started: float) -> None:
         """Step 5: commit the epoch in ZooKeeper, the commit point for aligned readers (or send the commit,
         ``wait=False``); the epoch ends once it is done (or sent)."""
-        contributions = [Contribution(lease, lease.node.incarnation, written[s].ranges, written[s].counts)
+        attempt = {s: lease.node.incarnation if self.stamped else None for s, lease in self._leases.items()}
+        contributions = [Contribution(lease, attempt[s], written[s].ranges, written[s].counts)
                          for s, lease in self._leases.items()]
         if wait:
             leases = self._zk.commit(epoch, contributions, extra)

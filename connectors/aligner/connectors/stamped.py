@@ -1,13 +1,17 @@
 """The stamped transactional producer: the Kafka half of every sink (SinkProducer, the Spark writer).
 
-One Kafka transaction per epoch; every record carries the stamp (sink, epoch, attempt) in its
-headers, so readers keep only the attempt ZooKeeper names. The producer writes one or several
+One Kafka transaction per epoch; a stamped epoch's records carry the stamp (sink, epoch, attempt) in
+their headers, so readers keep only the attempt ZooKeeper names. The producer writes one or several
 subjects in the same transaction, each on its own private partitions (a :class:`~.lane.Lane` per
 subject): a job's output and its changelog subject commit together or not at all. It is composed of
 a Kafka producer and its lanes, as confluent-kafka's own exactly-once example composes a producer,
 and it knows nothing of ZooKeeper: its owner (a sink) takes each lane's ranges from
 :meth:`StampedProducer.flush_epoch`, commits the Kafka transaction (the pre-commit) and then commits
 the epoch through the ledger (the commit point).
+
+An epoch may be written without stamps (its owner's choice): it then commits only if each partition's
+records lie at consecutive offsets (:func:`aligner.epochs.dense_ranges`), which the delivery reports of the
+first and the last record show.
 
 Hot path: ``send`` is the main lane's own bound method (no hop through the producer); see
 :mod:`aligner.connectors.lane` for the held-back records. A failed delivery of a record produced
@@ -76,6 +80,8 @@ class OpenEpoch:
 
     number: int
     precommitted: bool = False
+    stamped: bool = True
+    """Whether its records carry stamps; without, its ranges must be dense (:func:`aligner.epochs.dense_ranges`)."""
 
 
 class ReleasingProducer(Producer):
@@ -222,8 +228,8 @@ class StampedProducer:
         """``send`` to any subject of this producer (the main one or an ``also`` one), in the same transaction."""
         self.lane(subject).send(value, key, partition, headers)
 
-    def begin_epoch(self, epoch: int, stamps: Mapping[str, Stamp]) -> None:
-        """Open the epoch's transaction; each subject's records carry its own stamp."""
+    def begin_epoch(self, epoch: int, stamps: Mapping[str, Stamp | None]) -> None:
+        """Open the epoch's transaction; each subject's records carry its own stamp (None: no stamps)."""
         if self.open_epoch is not None:
             raise AlignerError(f"epoch {self.open_epoch.number} is still open; commit or abort it first")
         if self.kp.stale:
@@ -232,7 +238,7 @@ class StampedProducer:
         self.error = None
         for subject, lane in self.lanes.items():
             lane.begin(stamps[subject])
-        self.open_epoch = OpenEpoch(epoch)
+        self.open_epoch = OpenEpoch(epoch, stamped=None not in stamps.values())
 
     def _release_held(self, report: bool = True) -> None:
         for lane in self.lanes.values():
