@@ -6,7 +6,11 @@ from prometheus_client import Counter, Gauge, Histogram
 
 ZK_ROUND_TRIPS = Counter("aligner_zk_round_trips_total", "ZooKeeper requests made", ["kind"])
 EPOCHS_COMMITTED = Counter("aligner_epochs_committed_total", "Producer epoch commits", ["subject", "sink"])
-RECORDS_SENT = Counter("aligner_records_sent_total", "Stamped records sent by sinks", ["subject", "sink"])
+RECORDS_SENT = Counter("aligner_records_sent_total", "Records sent by sinks", ["subject", "sink"])
+EPOCHS_RESTAMPED = Counter(
+    "aligner_epochs_restamped_total",
+    "Unstamped epoch attempts aborted because another writer's records lay among their own, written again stamped",
+    ["subject", "sink"])
 RECORDS_READ = Counter("aligner_records_read_total", "Records returned by exact epoch reads", ["subject"])
 RECORDS_DROPPED = Counter(
     "aligner_records_dropped_total", "Records dropped because their stamp is not the committed attempt", ["subject"]

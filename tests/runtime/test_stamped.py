@@ -329,3 +329,20 @@ def test_one_field_holds_the_open_epoch_until_its_owner_ends_it() -> None:
         p.flush_epoch({"out": {0: 0}})
     p.abort_transaction()
     assert p.epoch is None and kafka.calls == ["begin", "commit"]
+
+
+def test_a_late_delivery_report_of_an_aborted_epoch_changes_nothing_of_the_next() -> None:
+    """An aborted epoch's first record was produced with a delivery report; the abort purges it, and its failed
+    report is served at a later poll, in the next epoch: that epoch's first, last and error stay its own."""
+    owner = SimpleNamespace(name="p", error=None, kp=None)
+    lane = Lane(owner, "out", [0])  # type: ignore[arg-type]
+    lane.begin(None)
+    aborted = lane._delivered
+    lane.begin(None)
+    aborted(SimpleNamespace(), None)  # the purged record's failure
+    aborted(None, SimpleNamespace(partition=lambda: 0, offset=lambda: 3))
+    assert owner.error is None and lane.first == {} and lane.last == {}
+    lane._delivered(None, SimpleNamespace(partition=lambda: 0, offset=lambda: 7))
+    assert lane.first == lane.last == {0: 7}
+    lane._delivered(SimpleNamespace(), None)  # this epoch's own failure
+    assert owner.error is not None

@@ -104,6 +104,7 @@ class Lane:
         """Per partition: records sent in the open epoch."""
         self.last: dict[int, int] = {}
         self.first: dict[int, int] = {}
+        self._delivered = self._reporter()
         self._produce: Callable[..., None] | None = None
         self._rr = 0
         self.routes: list[int] = routes(self.partitions, None)
@@ -126,6 +127,7 @@ class Lane:
         self.counts = dict.fromkeys(self.partitions, 0)
         self.last = {}
         self.first = {}
+        self._delivered = self._reporter()
         self.accepting = frozenset(self.partitions)
 
     def stop_accepting(self) -> None:
@@ -151,15 +153,24 @@ class Lane:
         self._rr += 1
         return self.partitions[self._rr % len(self.partitions)]
 
-    def _delivered(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            self.owner.error = KafkaException(err)
-            return
-        p, o = msg.partition(), msg.offset()
-        if o > self.last.get(p, -1):
-            self.last[p] = o
-        if o < self.first.get(p, o + 1):
-            self.first[p] = o
+    def _reporter(self) -> Callable[[Any, Any], None]:
+        """The open epoch's delivery report callback. It writes into that epoch's own ``first`` and ``last``, and
+        fails only that epoch: the report of an aborted epoch's record (purged by the abort, served at a later
+        poll) changes nothing of the epoch written after it."""
+        first, last, owner = self.first, self.last, self.owner
+
+        def delivered(err: Any, msg: Any) -> None:
+            if err is not None:
+                if first is self.first:
+                    owner.error = KafkaException(err)
+                return
+            p, o = msg.partition(), msg.offset()
+            if o > last.get(p, -1):
+                last[p] = o
+            if o < first.get(p, o + 1):
+                first[p] = o
+
+        return delivered
 
     def _produce_one(self, args: tuple[Any, ...], on_delivery: Any = None) -> None:
         """Produce one held-back record (its produce() arguments), waiting for room in the queue."""

@@ -48,7 +48,7 @@ from aligner.connectors.sink_commits import Confirmed, SinkCommits
 from aligner.connectors.stamped import ReleasingProducer, StampedProducer
 from aligner.errors import AlignerError, EpochFailedError
 from aligner.ledger import Contribution, Lease, Ledger
-from aligner.metrics import COMMIT_SECONDS, EPOCHS_COMMITTED, LAST_EPOCH, RECORDS_SENT
+from aligner.metrics import COMMIT_SECONDS, EPOCHS_COMMITTED, EPOCHS_RESTAMPED, LAST_EPOCH, RECORDS_SENT
 from aligner.models import Range
 from aligner.ops import Op
 from aligner.stamps import Stamp, StampChoice
@@ -231,6 +231,7 @@ class SinkProducer:
             written = self.producer.flush_epoch(self._zk.starts(self._leases))
             if (dense := written if self.stamped else without_stamps(written)) is None:
                 self.stamping.mixed()
+                EPOCHS_RESTAMPED.labels(self.subject, self.sink).inc()
                 raise EpochFailedError(f"epoch {self.epoch}: another writer's records lie among this attempt's, "
                                        f"which carry no stamps; written again with stamps")
             return dense
