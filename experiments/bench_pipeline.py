@@ -28,6 +28,9 @@ timed), then runs, in alternating order:
   sink in one Kafka transaction (unstamped: dense epochs need none) and commits input offsets, state and
   output in one ZooKeeper multi-op.
 
+CPU per record is printed for this process (its librdkafka threads included), the broker and ZooKeeper, each
+over the arm's run.
+
 Wall time runs from the first record returned by ``consume`` (raw) or handed to the job function
 (aligned) to the last output committed (raw: ``commit_transaction`` returned; aligned: the last
 ``step`` returned, i.e. after its ZooKeeper commit). Times from the start of the run (before the
@@ -77,7 +80,7 @@ from aligner.coordinator.alignment import Coordinator
 from aligner.embedded.stack import EmbeddedStack
 from aligner.ledger import Ledger
 from aligner.stamps import HEADER, Stamp
-from experiments import ForeignCpu
+from experiments import ForeignCpu, cpu_seconds
 from experiments.common import (
     PRODUCER_SETTINGS,
     WORK_FIELDS,
@@ -473,6 +476,7 @@ def main() -> None:
                               else out_topic if name in FUNCTIONS else "raw-out")
                     ensure_topic(info.kafka, output, PARTITIONS)
                     since = topic_ends(info.kafka, output, PARTITIONS)
+                    others0 = cpu_seconds(info.kafka_pid), cpu_seconds(info.zk_pid)
                     if name == "tuned":
                         res = tuned.run(f"tuned-in-{r}-0", "raw-out", args.records)
                     elif name == "tuned + stamp header":
@@ -488,6 +492,9 @@ def main() -> None:
                             write_epochs(sink, epochs, EPOCH)  # its own copy, written now: no prefetch of another's
                             copies += 1
                         res = aligned_run(worker, first, FUNCTIONS[name], epochs)
+                    # the broker's and ZooKeeper's CPU during the run (the peer's and the raw loop's start-up included)
+                    res["broker_cpu_us_per_record"] = (cpu_seconds(info.kafka_pid) - others0[0]) / args.records * 1e6
+                    res["zk_cpu_us_per_record"] = (cpu_seconds(info.zk_pid) - others0[1]) / args.records * 1e6
                     if res["records"] != args.records:
                         raise RuntimeError(f"{name} moved {res['records']} records, expected {args.records}")
                     results[name].append(res)
@@ -509,6 +516,8 @@ def main() -> None:
     rate_start = {n: statistics.median(r["records"] / r["seconds_from_start"] for r in v) for n, v in results.items()}
     cpu_us = {n: statistics.median(r["cpu_us_per_record"] for r in v) for n, v in results.items()
               if all("cpu_us_per_record" in r for r in v)}
+    broker_us = {n: statistics.median(r["broker_cpu_us_per_record"] for r in v) for n, v in results.items()}
+    zk_us = {n: statistics.median(r["zk_cpu_us_per_record"] for r in v) for n, v in results.items()}
     # Each round's baseline and aligned runs share its conditions: the median of their ratios, and how far it
     # can be trusted, on a shared machine whose speed drifts over a run.
     paired = {name: [t["seconds"] / a["seconds"] for t, a in zip(results["tuned"], results[name], strict=True)]
@@ -527,6 +536,8 @@ def main() -> None:
     table.add_column("min .. max", justify="right")
     table.add_column("records/s from run start", justify="right")
     table.add_column("µs CPU/record (this process)", justify="right")
+    table.add_column("broker", justify="right")
+    table.add_column("ZooKeeper", justify="right")
     table.add_column("ratio vs tuned", justify="right")
     table.add_column("ratio vs raw", justify="right")
     for name, runs in results.items():
@@ -536,6 +547,7 @@ def main() -> None:
         style = "" if name.startswith(("raw", "tuned")) or name in peers else ("green" if rt >= goal else "red")
         table.add_row(name, f"{rate[name]:,.0f}", f"{min(rates):,.0f} .. {max(rates):,.0f}",
                       f"{rate_start[name]:,.0f}", f"{cpu_us[name]:.2f}" if name in cpu_us else "-",
+                      f"{broker_us[name]:.2f}", f"{zk_us[name]:.3f}",
                       f"[{style}]{rt:.2f}[/{style}]" if style else f"{rt:.2f}", f"{rate[name] / rate['raw']:.2f}")
     console.print(table)
     console.print("median of per-round ratios to the tuned loop (95 % interval): " + ", ".join(
@@ -560,7 +572,8 @@ def main() -> None:
         "epoch_records": EPOCH, "partitions": PARTITIONS, "value_bytes": len(VALUE),
         "producer_settings": PRODUCER_SETTINGS, "runs": results,
         "records_per_s_median": rate, "records_per_s_from_start_median": rate_start,
-        "baseline": "tuned", "cpu_us_per_record": cpu_us,
+        "baseline": "tuned", "cpu_us_per_record": cpu_us, "broker_cpu_us_per_record": broker_us,
+        "zk_cpu_us_per_record": zk_us,
         "ratio": ratio, "ratio_per_round": per_round, "target": TARGET, "pass": ratio >= TARGET,
         "ratio_batch": ratio_batch, "target_batch": TARGET_BATCH,
         "ratio_per_round_median": paired_median,
