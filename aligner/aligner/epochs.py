@@ -20,6 +20,8 @@ class Slice:
     stamp: bytes | None
     count: int | None = None
     """Records the committed attempt wrote in [start, end), when its writer recorded it."""
+    sink: str = ""
+    """The sink whose producer wrote it (a job's sink is the job): which writer's records these are, stamped or not."""
 
     @property
     def empty(self) -> bool:
@@ -69,7 +71,7 @@ def assemble(subject: str, node: EpochNode, contributions: Mapping[str, Contribu
         for partition, rng in c.ranges.items():
             if partition in slices:
                 raise AlignerError(f"epoch {node.epoch} of {subject!r}: partition {partition} contributed twice")
-            slices[partition] = Slice(partition, rng.start, rng.end, stamp, c.counts.get(partition))
+            slices[partition] = Slice(partition, rng.start, rng.end, stamp, c.counts.get(partition), c.sink)
     return CommittedEpoch(subject, node.epoch, slices, max(c.committed_at for c in contributions.values()))
 
 

@@ -126,7 +126,7 @@ def test_an_unstamped_range_may_start_past_where_the_last_epoch_ended(ledger, su
     ledger.commits.ensure_epoch(subject_name, 0)
     lease = ledger.commits.commit(lease, 0, None, {0: Range(start=6, end=9)}, counts={0: 3})
     assert lease.node.next_offsets == {0: 9}
-    assert ledger.epochs.committed(subject_name, 0).slices[0] == Slice(0, 6, 9, None, 3)
+    assert ledger.epochs.committed(subject_name, 0).slices[0] == Slice(0, 6, 9, None, 3, "a")
 
 
 def test_corrupt_epoch_json_is_reported_with_its_path_and_left_alone(ledger, subject_name):

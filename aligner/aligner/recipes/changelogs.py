@@ -66,7 +66,7 @@ class ChangelogReads:
                 rng = c.ranges.get(partition)
                 if rng is not None:
                     stamp = None if c.attempt is None else Stamp(c.sink, bad, c.attempt).encode()
-                    out[bad] = Slice(partition, rng.start, rng.end, stamp, c.counts.get(partition))
+                    out[bad] = Slice(partition, rng.start, rng.end, stamp, c.counts.get(partition), c.sink)
             e = bad + 1
         return out
 

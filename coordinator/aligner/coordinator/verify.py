@@ -37,10 +37,8 @@ def _epoch_records(reader: EpochReader, subject: str, epoch: int, sink: str | No
     ce = reader.ledger.epochs.committed(subject, epoch)
     out = []
     for r in reader.read(subject, epoch):
-        if sink is not None:
-            stamp = ce.slices[r.partition].stamp
-            if stamp is None or not stamp.startswith(f"{sink}/".encode()):
-                continue
+        if sink is not None and ce.slices[r.partition].sink != sink:
+            continue
         out.append((r.key or b"", _comparable(r.value or b"", ignore)))
     return out
 
