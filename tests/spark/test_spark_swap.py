@@ -186,9 +186,9 @@ def test_runtime_job_swapped_for_a_spark_query_and_the_query_for_a_faust_job_exa
     for p in (0, 1):  # the target's partitions went from engine to engine, epochs ending and starting at S
         assert [doc.owner_of(p, e) for e in (first.epoch, first.epoch + 1, second.epoch + 1)] == [
             f"{spec.job}:0", f"{spark.job}:{p}", f"{back}:0"]
-        for s in (first.epoch, second.epoch):
-            assert ledger.epochs.committed(target, s + 1).slices[p].start == ledger.epochs.committed(target,
-                                                                                                     s).slices[p].end
+        for s in (first.epoch, second.epoch):  # from where S ended, or (a dense epoch) just past its commit marker
+            end = ledger.epochs.committed(target, s).slices[p].end
+            assert end <= ledger.epochs.committed(target, s + 1).slices[p].start <= end + 1
     shadow = f"{spark.job}.shadow"
     assert all(e.finished_after is not None for e in ledger.subjects.writers(shadow)[0].writers.values())
     assert all(epoch <= first.epoch for epoch, _ in read_all(ledger, stack.kafka, shadow))
