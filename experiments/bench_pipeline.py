@@ -476,6 +476,9 @@ def main() -> None:
                               else out_topic if name in FUNCTIONS else "raw-out")
                     ensure_topic(info.kafka, output, PARTITIONS)
                     since = topic_ends(info.kafka, output, PARTITIONS)
+                    if name in FUNCTIONS and copies < sum(n in FUNCTIONS for n in order[:order.index(name) + 1]):
+                        write_epochs(sink, epochs, EPOCH)  # its own copy, written now: no prefetch of another's
+                        copies += 1
                     others0 = cpu_seconds(info.kafka_pid), cpu_seconds(info.zk_pid)
                     if name == "tuned":
                         res = tuned.run(f"tuned-in-{r}-0", "raw-out", args.records)
@@ -488,9 +491,6 @@ def main() -> None:
                     elif name in peers:
                         res = peer_run(PEER_PYTHON, info.kafka, f"peer-in-{r}", output, args.records, peers[name])
                     else:
-                        if copies < sum(n in FUNCTIONS for n in order[:order.index(name) + 1]):
-                            write_epochs(sink, epochs, EPOCH)  # its own copy, written now: no prefetch of another's
-                            copies += 1
                         res = aligned_run(worker, first, FUNCTIONS[name], epochs)
                     # the broker's and ZooKeeper's CPU during the run (the peer's and the raw loop's start-up included)
                     res["broker_cpu_us_per_record"] = (cpu_seconds(info.kafka_pid) - others0[0]) / args.records * 1e6

@@ -292,8 +292,11 @@ def main() -> None:
     intervals_raw = {name: median_interval(r) for name, r in per_round_raw.items()}
     console.print("median of per-round ratios to raw (95 % interval): " + ", ".join(
         f"{name} {paired_raw[name]:.2f} ({intervals_raw[name][0]:.2f}..{intervals_raw[name][1]:.2f})"
-        for name in sinks) + f"; goal >= {STAMP_TARGET} for send and send_many: "
-        + ("PASS" if min(paired_raw["sink"], paired_raw["sink, send_many"]) >= STAMP_TARGET else "FAIL"))
+        for name in sinks))
+    send_ok, many_ok = paired["sink"] >= STAMP_TARGET, paired_raw["sink, send_many"] >= STAMP_TARGET
+    console.print(f"goals: send >= {STAMP_TARGET} of raw + stamp (what it wrote when every record carried a stamp): "
+                  f"{'PASS' if send_ok else 'FAIL'}; send_many >= {STAMP_TARGET} of raw: "
+                  f"{'PASS' if many_ok else 'FAIL'}")
     console.print(f"other processes kept {foreign:.2f} of {os.cpu_count()} cores busy during the run"
                   + (" [red](numbers are noisy: rerun on a quiet machine)[/red]" if foreign > 0.3 else ""))
     console.print(f"sink ZooKeeper time: {zk_ms:.2f} ms per epoch (blocked in {', '.join(SINK_ZK_CALLS)}: "
