@@ -77,7 +77,7 @@ def test_two_sinks_two_producers_with_kills_read_exactly_once(stack, root, ledge
     raw = raw_records(stack.kafka, subject_name, 8)
     copies: Counter[str] = Counter()
     for m in raw:
-        v = json.loads(m.value())  # type: ignore[arg-type]
+        v = json.loads(m.value())
         if (v["sink"], v["producer"], v["epoch"]) in (("A", "0", paused["A"]), ("B", "1", paused["B"])):
             copies[v["sink"]] += 1
     assert copies["A"] == 2 * RECORDS and copies["B"] == 2 * RECORDS, copies

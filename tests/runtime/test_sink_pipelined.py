@@ -101,7 +101,7 @@ def test_a_zookeeper_commit_that_did_not_land_aborts_the_next_epoch_and_rewinds(
     assert _read(ledger, stack.kafka, subject_name, lost, following) == {
         e: Counter(vs) for e, vs in rewritten.items()}
     # The broker holds the first attempt of both: the lost epoch committed in Kafka, the next one aborted there.
-    attempts = Counter((v["epoch"], v["tag"]) for v in (json.loads(m.value())  # type: ignore[arg-type]
+    attempts = Counter((v["epoch"], v["tag"]) for v in (json.loads(m.value())
                                                         for m in raw_records(stack.kafka, subject_name, 2)))
     assert attempts[(lost, "lost")] == RECORDS and attempts[(lost, "again")] == RECORDS
     assert attempts[(following, "aborted")] == RECORDS and attempts[(following, "again")] == RECORDS

@@ -143,7 +143,7 @@ def test_an_aborted_epoch_shows_in_neither_subject_and_is_written_again(stack, l
         assert _by_epoch(reader, second, epoch, epoch) == _expected({epoch: side})
     for subject in (output, second):  # the broker holds the aborted attempt; readers dropped it
         raw = raw_records(stack.kafka, subject, 2)
-        tags = Counter(json.loads(m.value())["tag"] for m in raw)  # type: ignore[arg-type]
+        tags = Counter(json.loads(m.value())["tag"] for m in raw)
         written = RECORDS if subject == output else RECORDS // 3
         assert tags == {"aborted": written, "kept": written}, (subject, tags)
         if always_stamp:
@@ -335,7 +335,7 @@ def test_a_late_delivery_report_of_an_aborted_epoch_changes_nothing_of_the_next(
     """An aborted epoch's first record was produced with a delivery report; the abort purges it, and its failed
     report is served at a later poll, in the next epoch: that epoch's first, last and error stay its own."""
     owner = SimpleNamespace(name="p", error=None, kp=None)
-    lane = Lane(owner, "out", [0])  # type: ignore[arg-type]
+    lane = Lane(owner, "out", [0])
     lane.begin(None)
     aborted = lane._delivered
     lane.begin(None)
