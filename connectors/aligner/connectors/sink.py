@@ -259,9 +259,9 @@ class SinkProducer:
                       started: float) -> None:
         """Step 5: commit the epoch in ZooKeeper, the commit point for aligned readers (or send the commit,
         ``wait=False``); the epoch ends once it is done (or sent)."""
-        attempt = {s: lease.node.incarnation if self.stamped else None for s, lease in self._leases.items()}
-        contributions = [Contribution(lease, attempt[s], written[s].ranges, written[s].counts)
-                         for s, lease in self._leases.items()]
+        stamped = self.stamped
+        contributions = [Contribution(lease, lease.node.incarnation if stamped else None, written[s].ranges,
+                                      written[s].counts) for s, lease in self._leases.items()]
         if wait:
             leases = self._zk.commit(epoch, contributions, extra)
             self.producer.end_epoch()
