@@ -459,7 +459,7 @@ def main() -> None:
             cpu = ForeignCpu(info.zk_pid, info.kafka_pid)
             for r in range(args.rounds):
                 e0, e1 = write_epochs(sink, epochs, EPOCH)  # the first aligned run's input (and the raw loops')
-                copies = 1
+                aligned_runs = 0  # the first aligned run reads the copy written above; each later one writes its own
                 starts = {p: sl.start for p, sl in led.epochs.committed("in", e0).slices.items()}
                 ends = {p: sl.end for p, sl in led.epochs.committed("in", e1).slices.items()}
                 if peers:
@@ -476,9 +476,10 @@ def main() -> None:
                               else out_topic if name in FUNCTIONS else "raw-out")
                     ensure_topic(info.kafka, output, PARTITIONS)
                     since = topic_ends(info.kafka, output, PARTITIONS)
-                    if name in FUNCTIONS and copies < sum(n in FUNCTIONS for n in order[:order.index(name) + 1]):
-                        write_epochs(sink, epochs, EPOCH)  # its own copy, written now: no prefetch of another's
-                        copies += 1
+                    if name in FUNCTIONS:
+                        if aligned_runs:
+                            write_epochs(sink, epochs, EPOCH)  # its own copy, written now: no prefetch of another's
+                        aligned_runs += 1
                     others0 = cpu_seconds(info.kafka_pid), cpu_seconds(info.zk_pid)
                     if name == "tuned":
                         res = tuned.run(f"tuned-in-{r}-0", "raw-out", args.records)
