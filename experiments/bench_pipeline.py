@@ -28,6 +28,10 @@ timed), then runs, in alternating order:
   sink in one Kafka transaction (unstamped: dense epochs need none) and commits input offsets, state and
   output in one ZooKeeper multi-op.
 
+ZooKeeper is warmed first (``--warm-epochs`` one-record pipelined epochs of a subject of their own), as in
+bench_sink: in a JVM started seconds before, a commit costs the server several times the CPU it costs once the JIT
+has compiled its request path, and on two cores that CPU is taken from the broker and the job.
+
 CPU per record is printed for this process (its librdkafka threads included), the broker and ZooKeeper, each
 over the arm's run.
 
@@ -48,7 +52,8 @@ after each run (not timed) and the Kafka transactions that carried records (the 
 aligned job's are its sink's epochs). The peer's transactions are not counted (its checkpoints keep a cadence of
 their own): with the peer, records and bytes are compared, without it all three.
 
-    .venv/bin/python -m experiments.bench_pipeline [--records 300000] [--rounds 3] [--peer auto|yes|no]
+    .venv/bin/python -m experiments.bench_pipeline [--records 300000] [--rounds 3] [--warm-epochs 10000]
+        [--peer auto|yes|no]
 """
 
 from __future__ import annotations
@@ -89,6 +94,7 @@ from experiments.common import (
     median_interval,
     read_back,
     topic_ends,
+    warm_zookeeper,
     work_results,
     write_results,
 )
@@ -419,6 +425,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=300_000, help="records per round (a multiple of 10,000)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warm-epochs", type=int, default=10_000,
+                    help="one-record epochs that warm ZooKeeper's JIT before the rounds (0: none)")
     ap.add_argument("--peer", choices=["auto", "yes", "no"], default="auto",
                     help="also run the Quix Streams peer (auto: when `make peer-venv` made its environment)")
     args = ap.parse_args()
@@ -456,6 +464,9 @@ def main() -> None:
             align_s = align_worker(led, sink, worker, console)
             if not worker.sources.aligned:
                 raise RuntimeError("the worker is not aligned")
+            warm_seconds, warm_zk_ms = warm_zookeeper(led, info.kafka, info.zk_pid, args.warm_epochs, PARTITIONS)
+            console.print(f"ZooKeeper warmed by {args.warm_epochs:,} one-record epochs in {warm_seconds:.1f} s "
+                          f"({warm_zk_ms:.2f} ms of its CPU per epoch)")
             cpu = ForeignCpu(info.zk_pid, info.kafka_pid)
             for r in range(args.rounds):
                 e0, e1 = write_epochs(sink, epochs, EPOCH)  # the first aligned run's input (and the raw loops')
@@ -582,7 +593,7 @@ def main() -> None:
         "ratio_vs_raw_per_round_median": {name: statistics.median(v) for name, v in paired_raw.items()},
         "ratio_stamped_tuned": stamped / rate["tuned"], "ratio_vs_stamped_tuned": rate["aligned job"] / stamped,
         "ratio_batch_vs_stamped_tuned": rate["aligned job, batch"] / stamped,
-        "align_seconds": align_s, "foreign_cpu_cores": foreign,
+        "align_seconds": align_s, "foreign_cpu_cores": foreign, "zk_warm_epochs": args.warm_epochs,
         "aligned_messages_consumed_per_record": delivered,
         "peer": {name: {"guarantee": g, "ratio": rate[name] / rate["tuned"],
                         "ratio_from_start": rate_start[name] / rate_start["tuned"]} for name, g in peers.items()},

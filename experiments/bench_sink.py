@@ -63,6 +63,7 @@ from experiments.common import (
     median_interval,
     read_back,
     topic_ends,
+    warm_zookeeper,
     work_results,
     write_results,
 )
@@ -149,20 +150,6 @@ def sink_many_run(p: SinkProducer, records: int, wait: bool = True, work: Work |
     return time.perf_counter() - t0
 
 
-def warm_zookeeper(led: Ledger, bootstrap: str, zk_pid: int, epochs: int) -> tuple[float, float]:
-    """``epochs`` one-record pipelined epochs of a subject of their own, so that ZooKeeper's JIT has compiled
-    the commit path before the rounds; returns the seconds taken and the server's CPU per epoch (ms)."""
-    create_subject(led, bootstrap, "warm-up", PARTITIONS)
-    with SinkProducer(led, bootstrap, "warm-up", "sink", 0, list(range(PARTITIONS))) as p:
-        t0, cpu0 = time.perf_counter(), cpu_seconds(zk_pid)
-        for i in range(epochs):
-            p.begin()
-            p.send(VALUE, partition=i % PARTITIONS)
-            p.commit(wait=False)
-        p.sync()
-        return time.perf_counter() - t0, 1000 * (cpu_seconds(zk_pid) - cpu0) / max(1, epochs)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=15)
@@ -228,7 +215,7 @@ def main() -> None:
                 raw_run(producers[name], topics[name], EPOCH)
             for p in (sink, pipelined, many, many_pipelined):
                 sink_run(p, EPOCH)
-            warm_seconds, warm_zk_ms = warm_zookeeper(led, info.kafka, info.zk_pid, args.warm_epochs)
+            warm_seconds, warm_zk_ms = warm_zookeeper(led, info.kafka, info.zk_pid, args.warm_epochs, PARTITIONS)
             console.print(f"ZooKeeper warmed by {args.warm_epochs:,} one-record epochs in {warm_seconds:.1f} s "
                           f"({warm_zk_ms:.2f} ms of its CPU per epoch)")
             since = {name: topic_ends(info.kafka, topic, PARTITIONS) for name, topic in written.items()}

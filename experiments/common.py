@@ -22,9 +22,11 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from aligner.connectors.kafka import LINGER_MS, consumer_config, end_offsets
 from aligner.connectors.sink import SinkProducer
+from aligner.connectors.subjects import create_subject
 from aligner.ledger import Ledger
 from aligner.lineage import sink_lineage, source_batch
 from aligner.lineage_models import SparkSourceBatchNode
+from experiments import cpu_seconds
 
 RESULTS = Path(os.environ.get("ALIGNER_RESULTS") or Path(__file__).resolve().parent / "results")
 """Where results go; ALIGNER_RESULTS moves them (the benchmarks' smoke test writes to a temporary folder)."""
@@ -260,3 +262,19 @@ class EventLines:
                 raise RuntimeError(f"worker exited {self.proc.wait()}: {''.join(self.stderr)[-2000:]}")
             if line.split()[0] == event:
                 return line
+
+
+def warm_zookeeper(led: Ledger, bootstrap: str, zk_pid: int, epochs: int, partitions: int) -> tuple[float, float]:
+    """``epochs`` one-record pipelined epochs of a subject of their own, so that ZooKeeper's JIT has compiled
+    the commit path before a benchmark's rounds, as it has in an ensemble that has run for a while (in a JVM
+    started seconds before, a commit costs the server several times the CPU, taken on two shared cores from
+    the broker and the writers); returns the seconds taken and the server's CPU per epoch (ms)."""
+    create_subject(led, bootstrap, "warm-up", partitions)
+    with SinkProducer(led, bootstrap, "warm-up", "sink", 0, list(range(partitions))) as p:
+        t0, cpu0 = time.perf_counter(), cpu_seconds(zk_pid)
+        for i in range(epochs):
+            p.begin()
+            p.send(b"w", partition=i % partitions)
+            p.commit(wait=False)
+        p.sync()
+        return time.perf_counter() - t0, 1000 * (cpu_seconds(zk_pid) - cpu0) / max(1, epochs)

@@ -24,7 +24,7 @@ SMOKE = {
     "bench_zk_ops": ["--epochs", "2", "--records", "2", "--kazoo-ops", "20"],
     "bench_zk_scale": ["--producers", "4", "--rate", "2", "--seconds", "2", "--processes", "1", "--pipelined"],
     "bench_reader": ["--records", "20000", "--rounds", "1"],
-    "bench_pipeline": ["--records", "20000", "--rounds", "1", "--peer", "no"],
+    "bench_pipeline": ["--records", "20000", "--rounds", "1", "--warm-epochs", "20", "--peer", "no"],
     "bench_state": ["--keys", "2000", "--epochs", "2", "--rounds", "1"],
     "bench_handover": ["--keys", "2000", "--rounds", "1"],
     "bench_state_ops": ["--keys", "2000", "--ops", "1000", "--rounds", "1"],
