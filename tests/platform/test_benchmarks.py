@@ -34,7 +34,7 @@ SMOKE = {
     "bench_console": ["--subjects", "4", "--jobs", "2", "--epochs", "200", "--rounds", "1", "--window", "6"],
     "bench_status": ["--epochs", "3000", "--rounds", "1", "--keep", "100"],
     "bench_spark_read": ["--records", "20000", "--rounds", "1"],
-    "bench_spark_hop": ["--minutes", "0.3"],
+    "bench_spark_hop": ["--minutes", "0.3", "--plain-minutes", "0.2"],
     "bench_spark_swap": ["--swaps", "1", "--steady", "5"],
     "bench_spark_pipeline": ["--records", "20000", "--rounds", "1"],
     "bench_faust": ["--records", "5000", "--rounds", "1"],
