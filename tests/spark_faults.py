@@ -11,7 +11,8 @@ message not yet returned); ``hangFile`` (the attempt writes its process id there
 kill), ``hangSeconds`` (default 3600; a short hold makes Spark speculate) and ``hangArm`` (a file: the hold happens
 only while it exists, and the first attempt to get there takes it, so a test picks the moment, e.g. a hot-swap's
 pre-commit). ``countRequests`` (a file): the driver's commit of every micro-batch appends to it the ZooKeeper
-requests it sent, one JSON line per batch (its bucket look-ups aside: once per process and bucket).
+requests its writer sent while Spark built it and while it committed, one JSON line per batch (its bucket
+look-ups aside: once per process and bucket).
 
 Spark's Python workers (executors of a standalone cluster, a Connect server) need not have this checkout on
 their path: :func:`register` makes cloudpickle ship this module's classes by value.
@@ -19,22 +20,24 @@ their path: :func:`register` makes cloudpickle ship this module's classes by val
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamWriter
 from pyspark.sql.types import StructType
 
-from aligner.connectors.spark.common import AlignedOptionError, int_option, ledger_for
+from aligner.connectors.spark.common import AlignedOptionError, Connection, int_option, ledger_for
 from aligner.connectors.spark.source import AlignedDataSource
 from aligner.connectors.spark.writer import AlignedStreamWriter, SinkHook
 from aligner.errors import AlignerError
+from aligner.ledger import Ledger
 
 FAULTY = "aligned_faulty"
 POINTS = ("write", "precommit")
@@ -135,41 +138,54 @@ class FaultyDataSource(AlignedDataSource):
         return FAULTY
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        writer = super().streamWriter(schema, overwrite)
+        path = self.options.get("countRequests")
+        if path:
+            conn = Connection.from_options(self.options)
+            with zk_requests(ledger_for(conn.zk, conn.root)) as built:
+                writer = super().streamWriter(schema, overwrite)
+        else:
+            writer = super().streamWriter(schema, overwrite)
         assert isinstance(writer, AlignedStreamWriter)
         writer.hook = Faults.from_options(self.options)
-        if self.options.get("countRequests"):
-            writer.commit = _counted(writer, self.options["countRequests"])  # type: ignore[method-assign]
+        if path:
+            writer.commit = _counted(writer, path, built)  # type: ignore[method-assign]
         return writer
 
 
-def _counted(writer: AlignedStreamWriter, path: str) -> Any:
-    """``writer.commit`` recording every request its ZooKeeper client sends while it runs: (type, path)."""
+@contextlib.contextmanager
+def zk_requests(ledger: Ledger) -> Iterator[list[tuple[str, str | None]]]:
+    """Every request ``ledger``'s ZooKeeper client sends inside the block: (type, path), bucket look-ups aside."""
+    kazoo, quiet = ledger.zk.kazoo, threading.local()
+    sent: list[tuple[str, str | None]] = []
+    call, ensure_bucket = kazoo._call, ledger.ensure_bucket
+
+    def counting(request: Any, async_object: Any) -> Any:
+        if not getattr(quiet, "on", False):
+            sent.append((type(request).__name__, getattr(request, "path", None)))
+        return call(request, async_object)
+
+    def bucket(node: str) -> None:
+        quiet.on = True
+        try:
+            ensure_bucket(node)
+        finally:
+            quiet.on = False
+
+    kazoo._call, ledger.ensure_bucket = counting, bucket  # type: ignore[method-assign, assignment]
+    try:
+        yield sent
+    finally:
+        del kazoo._call, ledger.ensure_bucket
+
+
+def _counted(writer: AlignedStreamWriter, path: str, built: list[tuple[str, str | None]]) -> Any:
+    """``writer.commit`` recording the requests sent while it runs, and ``built``: those sent while Spark built it."""
     commit = writer.commit
 
     def counted(messages: Any, batchId: int) -> None:
-        ledger = ledger_for(writer.spec.conn.zk, writer.spec.conn.root)
-        kazoo, sent, quiet = ledger.zk.kazoo, [], threading.local()
-        call, ensure_bucket = kazoo._call, ledger.ensure_bucket
-
-        def counting(request: Any, async_object: Any) -> Any:
-            if not getattr(quiet, "on", False):
-                sent.append((type(request).__name__, getattr(request, "path", None)))
-            return call(request, async_object)
-
-        def bucket(node: str) -> None:
-            quiet.on = True
-            try:
-                ensure_bucket(node)
-            finally:
-                quiet.on = False
-
-        kazoo._call, ledger.ensure_bucket = counting, bucket  # type: ignore[method-assign, assignment]
-        try:
+        with zk_requests(ledger_for(writer.spec.conn.zk, writer.spec.conn.root)) as sent:
             commit(messages, batchId)
-        finally:
-            del kazoo._call, ledger.ensure_bucket
         with open(path, "a") as f:
-            f.write(json.dumps({"batch": batchId, "requests": sent}) + "\n")
+            f.write(json.dumps({"batch": batchId, "built": built, "requests": sent}) + "\n")
 
     return counted

@@ -1,6 +1,7 @@
 """One ledger commit per engine step (issue 49): a Spark micro-batch's commit on the driver is one ZooKeeper
 multi-op and reads nothing the batch's plan read (the sink's producers, its writers, its progress, the job
-and its swap). Counted on real PySpark local[2, 2] and real ZooKeeper, request by request, by the tests' own
+and its swap), and the writer Spark builds for it plans nothing (the batch is planned once, by the writer of
+its tasks). Counted on real PySpark local[2, 2] and real ZooKeeper, request by request, by the tests' own
 sink (``countRequests``, tests/spark_faults.py)."""
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def _planned_paths(ledger, target: str, sink: str, job: str | None = None) -> se
 def _check(commits: list[dict], planned: set[str], batches: int) -> None:
     assert len(commits) >= batches, commits
     for c in commits:
+        assert c["built"] == [], f"batch {c['batch']}: the commit's writer planned when Spark built it: {c['built']}"
         kinds = [kind for kind, _ in c["requests"]]
         assert kinds.count("Transaction") == 1, f"batch {c['batch']}: not one ledger commit: {c['requests']}"
         again = [(kind, path) for kind, path in c["requests"] if path in planned]

@@ -10,7 +10,7 @@ check of that multi-op, and nothing is committed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pyspark.sql.datasource import WriterCommitMessage
@@ -70,12 +70,13 @@ class BatchCommit:
     messages: tuple[SlotCommit, ...]
 
     @classmethod
-    def of(cls, spec: SinkSpec, messages: Sequence[object], batch: int, fallback: BatchPlan | None) -> BatchCommit:
+    def of(cls, spec: SinkSpec, messages: Sequence[object], batch: int,
+           fallback: Callable[[], BatchPlan]) -> BatchCommit:
+        """The batch's commit messages with the plan they carried back; ``fallback()`` plans the batch only when
+        none carries one."""
         msgs = tuple(m for m in messages if isinstance(m, SlotCommit))
-        plan = next((m.plan for m in msgs if m.plan is not None), fallback)
-        if plan is None:
-            raise AlignerError(f"batch {batch} of sink {spec.sink!r}: no task carried the batch's plan")
-        return cls(spec, plan, batch, msgs)
+        plan = next((m.plan for m in msgs if m.plan is not None), None)
+        return cls(spec, plan if plan is not None else fallback(), batch, msgs)
 
     @property
     def query(self) -> str | None:

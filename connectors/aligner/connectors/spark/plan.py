@@ -1,5 +1,5 @@
 """A Spark sink's micro-batch as the driver plans it: its slots (ledger producers), their leases, the sink's
-progress and the subject's writers, read once when Spark builds the batch's writer.
+progress and the subject's writers, read once: when Spark builds the writer it pickles to the batch's tasks.
 
 The plan travels pickled to the write tasks (they stamp and write from it, making no ZooKeeper request) and
 back to the driver inside their commit messages, so the batch's commit (:mod:`aligner.connectors.spark.commit`)
@@ -55,7 +55,8 @@ class SinkSpec:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """What the driver read when it built a micro-batch's writer; the tasks and the commit use it as read."""
+    """What the driver read when it built the writer of a micro-batch's tasks; the tasks and the commit use it
+    as read."""
 
     leases: tuple[Lease, ...]
     """Slot i's lease: its next epoch (the batch's epoch), partitions and offsets, and node version."""

@@ -33,6 +33,7 @@ Streaming reads and writes: see :mod:`aligner.connectors.spark.stream` and :mod:
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -63,9 +64,16 @@ SHORT_NAME = "aligned"
 class AlignedDataSource(DataSource):
     """``format("aligned")``: subjects read and written by committed epoch."""
 
+    _unpickled = False
+    """Spark made this instance by unpickling one it made earlier (see :meth:`streamWriter`)."""
+
     @classmethod
     def name(cls) -> str:
         return SHORT_NAME
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._unpickled = True
 
     def _settle(self) -> None:
         """Each method runs in one of Spark's reused Python processes on the driver."""
@@ -90,10 +98,15 @@ class AlignedDataSource(DataSource):
         return AlignedStreamReader(self.options, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """PySpark builds the writer it pickles to a micro-batch's tasks from a data source it makes for that,
+        and the writer that commits the batch from the query's data source unpickled: only the former plans the
+        batch when built (:class:`aligner.connectors.spark.writer.AlignedStreamWriter`). Should PySpark build
+        them otherwise, the cost is a second plan (a commit's writer planning when built) or a planning error
+        reported from pickling (a tasks' writer planning when pickled), never a task planning on its own."""
         self._settle()
         from aligner.connectors.spark.writer import AlignedStreamWriter
 
-        return AlignedStreamWriter(self.options, schema)
+        return AlignedStreamWriter(self.options, schema, plan_now=not self._unpickled)
 
 
 class AlignedBatchReader(DataSourceReader):

@@ -17,11 +17,11 @@ partitions only when its stamp carries that attempt. So every subject partition 
 one epoch, by exactly one *successful* task attempt, and every task attempt must stamp differently:
 
 * The sink has ``producers`` = N ledger producers ("slots"); slot i privately owns the subject
-  partitions ``partitions_for(i, N, P)``. The driver plans each micro-batch when Spark builds its
-  writer (:mod:`aligner.connectors.spark.plan`): it claims the slots the first time (and closes, with
-  empty contributions, any epoch that only some slots were expected to write, so all slots start
-  on the same epoch) and reads their leases, the subject's writers and the sink's progress. The plan
-  travels to the tasks and back to the commit in their commit messages.
+  partitions ``partitions_for(i, N, P)``. The driver plans each micro-batch once, when Spark builds the
+  writer it pickles to the batch's tasks (:mod:`aligner.connectors.spark.plan`): it claims the slots the
+  first time (and closes, with empty contributions, any epoch that only some slots were expected to
+  write, so all slots start on the same epoch) and reads their leases, the subject's writers and the
+  sink's progress. The plan travels to the tasks and back to the commit in their commit messages.
 * The Spark task with partition id i writes slot i, and only slot i. A write stage with more than N
   tasks fails at once with an error asking to ``repartition`` (or raise ``producers``).
 * Every task attempt draws a fresh 62-bit random attempt number and stamps its records
@@ -131,11 +131,15 @@ def _as_bytes(v: Any) -> bytes | None:
 
 
 class AlignedStreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        """Spark builds a writer on the driver twice per micro-batch: one it pickles to the batch's tasks and
-        one for its commit, and tells neither which it is. Both plan the batch here (never in pickling): the
-        tasks' plan travels to them and back in their commit messages, so a write task makes no ZooKeeper
-        request of its own and the commit uses the plan the batch was written from."""
+    def __init__(self, options: Mapping[str, str], schema: StructType, plan_now: bool = True) -> None:
+        """Spark builds a writer on the driver twice per micro-batch: one it pickles to the batch's tasks and one
+        for its commit; ``plan_now`` is the tasks' (the data source tells which:
+        :meth:`aligner.connectors.spark.source.AlignedDataSource.streamWriter`). Both check the options here.
+        The tasks' writer plans the batch here as well, not in pickling, where PySpark's serializer would turn a
+        planning error (``producers`` beyond the subject's partitions, say) into a ``PicklingError``; the plan
+        travels to the tasks and back in their commit messages, so a write task makes no ZooKeeper request of
+        its own and the commit uses the plan the batch was written from. The commit's writer plans only when no
+        message carries a plan, and a writer pickled unplanned plans first (:attr:`plan`)."""
         self.spec = SinkSpec.from_options(options)
         self.hook = SinkHook()
         self.schema = schema
@@ -144,9 +148,29 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
             raise AlignedOptionError("column value must be binary or string for format('aligned')")
         if "key" in names and not isinstance(schema["key"].dataType, (BinaryType, StringType)):
             raise AlignedOptionError("column key must be binary or string for format('aligned')")
+        self._plan: BatchPlan | None = self._read_plan() if plan_now else None
+
+    def _read_plan(self) -> BatchPlan:
         conn = self.spec.conn
-        self.plan = plan_batch(ledger_for(conn.zk, conn.root), self.spec)
-        self.producers = len(self.plan.leases)
+        return plan_batch(ledger_for(conn.zk, conn.root), self.spec)
+
+    @property
+    def plan(self) -> BatchPlan:
+        """The micro-batch's plan, read from ZooKeeper on first use unless planned when built (its first read
+        claims the slots: :func:`aligner.connectors.spark.plan.plan_batch`)."""
+        if self._plan is None:
+            self._plan = self._read_plan()
+        return self._plan
+
+    @property
+    def producers(self) -> int:
+        return len(self.plan.leases)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled for the batch's tasks: never without the plan, so that no task plans on its own."""
+        state = dict(self.__dict__)
+        state["_plan"] = self.plan
+        return state
 
     # ---- executors ----
 
@@ -222,12 +246,13 @@ class AlignedStreamWriter(DataSourceStreamArrowWriter):
     # ---- driver ----
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """One ledger recipe call from the plan the batch's tasks carried back (see :mod:`.commit`)."""
+        """One ledger recipe call from the plan the batch's tasks carried back (see :mod:`.commit`); this
+        writer plans the batch only when no task carried one."""
         if self.spec.settle_heap:
             settle_spark_heap()
         conn = self.spec.conn
         ledger = ledger_for(conn.zk, conn.root)
-        commit = BatchCommit.of(self.spec, messages, batchId, self.plan)
+        commit = BatchCommit.of(self.spec, messages, batchId, lambda: self.plan)
         epoch = commit_job_batch(ledger, commit) if self.spec.job is not None else commit_batch(ledger, commit)
         if epoch is not None:
             self.hook.committed(batchId, epoch)
