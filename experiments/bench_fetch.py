@@ -33,7 +33,7 @@ from rich.table import Table
 from aligner.connectors import kafka as kafka_module
 from aligner.connectors.kafka import QUIET, FetchingConsumer, consumer_config, ensure_topic, fetched_end_offsets
 from aligner.embedded.stack import EmbeddedStack
-from experiments import ForeignCpu
+from experiments import ForeignCpu, cpu_seconds
 from experiments.common import write_results
 
 TOPIC = "fetch-bench"
@@ -90,12 +90,6 @@ def product_end(bootstrap: str) -> tuple[float, int]:
         return time.perf_counter() - t0, fc.wait_ms
     finally:
         fc.close()
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(") ", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def caught_up_cpu(bootstrap: str, pid: int, wait: int, end: int, seconds: float = 5.0, n: int = 4) -> float:
