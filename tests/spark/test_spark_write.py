@@ -180,3 +180,19 @@ def test_route_by_key_puts_each_key_in_its_partition_by_the_key_rule(spark, stac
     spark_hash = spark.createDataFrame([(k,) for k in keys], "k string").select(
         F.expr("pmod(hash(k), 4)").alias("p"), F.crc32(F.col("k").cast("binary")).alias("c")).collect()
     assert sum(r.p != r.c % 4 for r in spark_hash) > len(keys) // 2
+
+
+def test_key_and_value_columns_become_kafka_bytes() -> None:
+    """A binary column is written as Arrow gives it, a string column UTF-8 encoded; nulls stay null."""
+    import pyarrow as pa
+
+    from aligner.connectors.spark.writer import _column_bytes
+
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(["k", None, "é"], pa.string()), pa.array([b"v", None, b""], pa.binary()),
+         pa.array(["x", "y", None], pa.large_string()), pa.array([b"a", None, b"b"], pa.large_binary())],
+        names=["key", "value", "text", "blob"])
+    assert _column_bytes(batch, "key") == [b"k", None, "é".encode()]
+    assert _column_bytes(batch, "value") == [b"v", None, b""]
+    assert _column_bytes(batch, "text") == [b"x", b"y", None]
+    assert _column_bytes(batch, "blob") == [b"a", None, b"b"]
