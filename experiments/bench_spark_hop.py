@@ -96,6 +96,23 @@ def collect_progress(query: Any, seen: dict[int, dict[str, Any]]) -> None:
             seen[int(p["batchId"])] = p
 
 
+def _ended(p: dict[str, Any]) -> float:
+    """When a micro-batch ended (epoch seconds): its start as its progress report gives it, plus its duration."""
+    started = dt.datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
+    return started + p["durationMs"]["triggerExecution"] / 1000
+
+
+def minute_medians(progress: list[dict[str, Any]], phase: str = "triggerExecution") -> list[float]:
+    """The median duration of ``phase`` per whole minute of micro-batches with rows: whether it grows."""
+    if not progress:
+        return []
+    t0 = min(_ended(p) for p in progress)
+    minutes: dict[int, list[float]] = {}
+    for p in progress:
+        minutes.setdefault(int((_ended(p) - t0) // 60), []).append(p["durationMs"].get(phase, 0) / 1000)
+    return [round(statistics.median(v), 3) for _, v in sorted(minutes.items())]
+
+
 def phase_medians(progress: list[dict[str, Any]]) -> dict[str, float]:
     """Median seconds per phase over the micro-batches that read rows."""
     out: dict[str, float] = {}
@@ -143,8 +160,7 @@ def plain_hops(progress: list[dict[str, Any]], commits: list[tuple[float, dict[i
         for p in batches:
             end = _offsets(p["sources"][0]["endOffset"])
             if all(end.get(q, 0) >= o - 1 for q, o in ends.items()):  # its last record, whatever the marker
-                finished = dt.datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
-                out.append(finished + p["durationMs"]["triggerExecution"] / 1000 - committed)
+                out.append(_ended(p) - committed)
                 break
     return out
 
@@ -188,7 +204,8 @@ def plain_floor(spark: Any, kafka: str, minutes: float, interval: float, records
     stop_query(query)
     hops_s = plain_hops(list(progress.values()), sent)
     return {"minutes": minutes, "transactions": len(hops_s), "median_s": round(statistics.median(hops_s), 3),
-            "p95_s": round(_pct(hops_s, 95), 3), "phase_median_s": phase_medians(list(progress.values()))}
+            "p95_s": round(_pct(hops_s, 95), 3), "phase_median_s": phase_medians(list(progress.values())),
+            "per_minute_micro_batch_s": minute_medians(list(progress.values()))}
 
 
 def engine_floor(spark: Any, minutes: float, rows_per_s: float, checkpoint: str) -> dict[str, Any]:
@@ -284,6 +301,7 @@ def main() -> None:
         "last_over_first": round(final / first, 2), "behind_epochs_at_end": behind_at_end,
         "per_minute_median_s": [round(statistics.median(m), 3) for m in per_minute],
         "micro_batches_with_rows": len(progress), "phase_median_s": phase_medians(list(progress.values())),
+        "per_minute_micro_batch_s": minute_medians(list(progress.values())),
         "plain": floor, "engine": engine,
     }
     print(f"{len(done)} X epochs at {1 / args.interval:g}/s over {args.minutes:g} min, default read options")
@@ -293,10 +311,12 @@ def main() -> None:
           f"(target <= 1.5); {behind_at_end} X epochs behind when the input stopped")
     print(f"micro-batch phases, median s over {len(progress)} batches with rows: "
           + ", ".join(f"{k} {v}" for k, v in payload["phase_median_s"].items()))
+    print(f"micro-batch median per minute: {payload['per_minute_micro_batch_s']}")
     if floor is not None:
         print(f"Spark's own floor, the plain pipeline over {floor['minutes']:g} min: hop median {floor['median_s']} s, "
               f"p95 {floor['p95_s']} s over {floor['transactions']} transactions; phases "
-              + ", ".join(f"{k} {v}" for k, v in floor["phase_median_s"].items()))
+              + ", ".join(f"{k} {v}" for k, v in floor["phase_median_s"].items())
+              + f"; micro-batch median per minute: {floor['per_minute_micro_batch_s']}")
         print(f"aligned hop / Spark's floor: median {payload['median_s'] / floor['median_s']:.2f}")
     if engine is not None:
         print(f"the engine's floor without Python (rate -> noop, same rows/s): micro-batch median "
