@@ -26,7 +26,6 @@ sink, the median ``triggerExecution`` of its micro-batches with rows.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import logging
 import statistics
@@ -43,7 +42,7 @@ from aligner.connectors.spark.job import stop_query
 from aligner.connectors.subjects import create_subject
 from aligner.embedded.stack import EmbeddedStack, wait_for
 from aligner.ledger import Ledger
-from experiments.common import PRODUCER_SETTINGS, spark_reads, value, write_results
+from experiments.common import PRODUCER_SETTINGS, batch_ended, spark_reads, value, write_results
 
 ROOT = "/bench-spark-hop"
 X, Y, SINK = "hop-x", "hop-y", "hop"
@@ -96,20 +95,14 @@ def collect_progress(query: Any, seen: dict[int, dict[str, Any]]) -> None:
             seen[int(p["batchId"])] = p
 
 
-def _ended(p: dict[str, Any]) -> float:
-    """When a micro-batch ended (epoch seconds): its start as its progress report gives it, plus its duration."""
-    started = dt.datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
-    return started + p["durationMs"]["triggerExecution"] / 1000
-
-
 def minute_medians(progress: list[dict[str, Any]], phase: str = "triggerExecution") -> list[float]:
     """The median duration of ``phase`` per whole minute of micro-batches with rows: whether it grows."""
     if not progress:
         return []
-    t0 = min(_ended(p) for p in progress)
+    t0 = min(batch_ended(p) for p in progress)
     minutes: dict[int, list[float]] = {}
     for p in progress:
-        minutes.setdefault(int((_ended(p) - t0) // 60), []).append(p["durationMs"].get(phase, 0) / 1000)
+        minutes.setdefault(int((batch_ended(p) - t0) // 60), []).append(p["durationMs"].get(phase, 0) / 1000)
     return [round(statistics.median(v), 3) for _, v in sorted(minutes.items())]
 
 
@@ -134,13 +127,16 @@ def _write_plain(kafka: str, interval: float, per_epoch: int, stop: threading.Ev
     n, due = 0, time.monotonic()
     while not stop.is_set():
         kp.begin_transaction()
+        written = set()
         for _ in range(per_epoch):
             kp.produce(PLAIN_IN, value(n), None, n % PARTITIONS)
             ends[n % PARTITIONS] += 1
+            written.add(n % PARTITIONS)
             n += 1
         kp.commit_transaction(60)
-        commits.append((time.time(), {p: o + 1 for p, o in ends.items()}))  # + the commit marker after each
-        ends = {p: o + 1 for p, o in ends.items()}
+        for p in written:  # the commit marker after the transaction's records, in the partitions it wrote
+            ends[p] += 1
+        commits.append((time.time(), dict(ends)))
         due += interval
         stop.wait(max(0.0, due - time.monotonic()))
 
@@ -154,14 +150,15 @@ def _offsets(offset: Any) -> dict[int, int]:
 def plain_hops(progress: list[dict[str, Any]], commits: list[tuple[float, dict[int, int]]]) -> list[float]:
     """For every input transaction, from its commit to the end of the first micro-batch whose end offsets
     cover its records (a broker may or may not count the commit marker after them in a partition's end)."""
-    out = []
-    batches = sorted(progress, key=lambda p: int(p["batchId"]))
-    for committed, ends in commits:
-        for p in batches:
-            end = _offsets(p["sources"][0]["endOffset"])
-            if all(end.get(q, 0) >= o - 1 for q, o in ends.items()):  # its last record, whatever the marker
-                out.append(_ended(p) - committed)
-                break
+    batches = [(_offsets(p["sources"][0]["endOffset"]), batch_ended(p))
+               for p in sorted(progress, key=lambda p: int(p["batchId"]))]
+    out, i = [], 0
+    for committed, ends in commits:  # both in order: a later transaction is read by the same batch or a later one
+        while i < len(batches) and not all(batches[i][0].get(q, 0) >= o - 1 for q, o in ends.items()):
+            i += 1  # its last record, whatever the marker
+        if i == len(batches):
+            break
+        out.append(batches[i][1] - committed)
     return out
 
 

@@ -45,7 +45,6 @@ and bytes are compared; the plain arm has no transactions.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import logging
 import os
 import statistics
@@ -77,6 +76,8 @@ from experiments import cpu_seconds, stat_fields
 from experiments.common import (
     PRODUCER_SETTINGS,
     Work,
+    batch_ended,
+    batch_started,
     median_interval,
     read_back,
     read_back_eof,
@@ -258,10 +259,6 @@ def tree_cpu(exclude: set[int]) -> float:
     return total
 
 
-def _when(progress: dict[str, Any]) -> float:
-    return dt.datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp()
-
-
 def run_query(spark: Any, arm: str, conn: dict[str, str], checkpoint: str, records: int, exclude: set[int],
               plain_out: str = "") -> dict[str, float]:
     """Start the arm's query, wait until it read ``records`` rows in batches that completed, stop it."""
@@ -296,8 +293,7 @@ def run_query(spark: Any, arm: str, conn: dict[str, str], checkpoint: str, recor
         stop_query(query)
     if done != records:
         raise RuntimeError(f"the {arm} query read {done} rows, expected {records}")
-    first = _when(batches[0])
-    last = _when(batches[-1]) + batches[-1]["durationMs"]["triggerExecution"] / 1000
+    first, last = batch_started(batches[0]), batch_ended(batches[-1])
     return {"records": done, "seconds": last - first, "records_per_s": done / (last - first),
             "cpu_us_per_record": (cpu1 - cpu0) / done * 1e6, "start_s": first - t0, "batches": len(batches)}
 

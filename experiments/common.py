@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -262,6 +263,16 @@ class EventLines:
                 raise RuntimeError(f"worker exited {self.proc.wait()}: {''.join(self.stderr)[-2000:]}")
             if line.split()[0] == event:
                 return line
+
+
+def batch_started(progress: Mapping[str, Any]) -> float:
+    """When a Spark micro-batch started (epoch seconds), from its progress report."""
+    return datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def batch_ended(progress: Mapping[str, Any]) -> float:
+    """When a Spark micro-batch ended (epoch seconds): its start plus its ``triggerExecution``."""
+    return batch_started(progress) + progress["durationMs"]["triggerExecution"] / 1000
 
 
 def warm_zookeeper(led: Ledger, bootstrap: str, zk_pid: int, epochs: int, partitions: int) -> tuple[float, float]:
