@@ -21,7 +21,7 @@ timed), then runs, in alternating order:
   checking each record against the range, producing every value to a plain topic (same partition) with the
   transactional ``Producer``, one transaction per 10,000 records (no offsets sent);
 - **aligned job** (and **aligned job, batch**: the same with the identity as a ``@batch`` function,
-  called once per fetch, on its own copy of the round's input, written just before its run so that the
+  called once per fetch and returning the fetch's ``records.pairs()`` (its keys and values as columns), on its own copy of the round's input, written just before its run so that the
   source has prefetched none of it): ``JobWorker.step`` once per subject
   epoch: each job epoch covers exactly one subject epoch, reads it through the aligned source
   (its input epochs are dense, so no stamp is read), runs the identity function, writes it through the
@@ -79,7 +79,7 @@ from aligner.connectors.kafka import QUIET, consumer_config, ensure_topic
 from aligner.connectors.runtime import JobSpec, JobWorker, KeyedState, batch, settle_heap
 from aligner.connectors.runtime.job_spec import takes_batch
 from aligner.connectors.sink import SinkProducer
-from aligner.connectors.source import SourceRecord, source_settings
+from aligner.connectors.source import Records, SourceRecord, source_settings
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.embedded.stack import EmbeddedStack
@@ -117,9 +117,9 @@ def identity(record: SourceRecord, _state: KeyedState) -> Iterable[tuple[bytes |
 
 
 @batch
-def identity_batch(records: list[SourceRecord], _state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
-    """The identity as a batch function: one call per fetch."""
-    return [(r.key, r.value) for r in records]  # type: ignore[misc]
+def identity_batch(records: Records, _state: KeyedState) -> Iterable[tuple[bytes | None, bytes | None]]:
+    """The identity as a batch function: one call per fetch, the records' keys and values as columns."""
+    return records.pairs()
 
 
 FUNCTIONS = {"aligned job": identity, "aligned job, batch": identity_batch}
@@ -378,7 +378,7 @@ class FirstRecord:
         # Each wrapper puts ``fn`` itself in place once it has noted the time, so the job's calls cost what
         # a user's do (the runtime takes the function once per fetch: the first fetch runs wrapped).
         if takes_batch(fn):
-            def wrapped_batch(records: list[SourceRecord], state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
+            def wrapped_batch(records: Records, state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
                 note()
                 worker.fn = fn
                 return fn(records, state)

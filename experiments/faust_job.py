@@ -59,7 +59,7 @@ import faust
 import aligner.connectors.faust as aligned
 from aligner.connectors.runtime import KeyedState
 from aligner.connectors.runtime.worker import load_function
-from aligner.connectors.source import SourceRecord
+from aligner.connectors.source import Records, SourceRecord
 from aligner.settings import Settings
 
 JOB_ID = os.environ.get("FAUST_JOB_ID", "faust-tagger")
@@ -93,7 +93,7 @@ def tag(record: SourceRecord, state: KeyedState) -> Iterator[tuple[bytes | None,
 
 
 @aligned.batch
-def tag_batch(records: list[SourceRecord], state: KeyedState) -> Iterator[tuple[bytes | None, bytes]]:
+def tag_batch(records: Records, state: KeyedState) -> Iterator[tuple[bytes | None, bytes]]:
     """``tag`` as a batch function, called once per fetch; each result also says how many records its call
     got (``n``)."""
     for record in records:

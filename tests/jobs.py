@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable, Iterable
 
 from aligner.connectors.runtime import JobFunction, KeyedState, batch
-from aligner.connectors.source import SourceRecord
+from aligner.connectors.source import Records, SourceRecord
 
 
 def tag_v1(record: SourceRecord, state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
@@ -59,16 +59,17 @@ def count_key(version: int) -> JobFunction:
 
 
 @batch
-def count_batch(records: list[SourceRecord], state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
+def count_batch(records: Records, state: KeyedState) -> Iterable[tuple[bytes | None, bytes]]:
     """count_v1 as a batch function: one call per fetch, state read and written once per partition of the
     batch, and each result says which call made it (``b``: first offset of the batch, ``n``: its size) and
     the input epoch of its record, so a test can check that batches stay inside one job epoch."""
     counts: dict[str, int] = {}
     first = (records[0].partition, records[0].offset)
-    for record in records:
+    # values and offsets from the columns, the rest from the records: a column out of step shows in the output
+    for record, value, offset in zip(records, records.values, records.offsets, strict=True):
         key = f"p{record.partition}"
         count = counts[key] = counts.get(key, state.get(key, 0)) + 1
-        out = {"in": json.loads(record.value or b"null"), "p": record.partition, "o": record.offset,
+        out = {"in": json.loads(value or b"null"), "p": record.partition, "o": offset,
                "count": count, "e": record.epoch, "b": first, "n": len(records), "v": 1}
         yield record.key, json.dumps(out).encode()
     for key, count in counts.items():

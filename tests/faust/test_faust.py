@@ -27,7 +27,7 @@ from aligner.connectors.runtime import KeyedState, batch
 from aligner.connectors.runtime.job_spec import BatchFunction, RecordFunction, takes_batch
 from aligner.connectors.runtime.state import MemoryStore
 from aligner.connectors.sink import SinkProducer
-from aligner.connectors.source import SourceRecord
+from aligner.connectors.source import Records, SourceRecord
 from aligner.connectors.subjects import create_subject
 from aligner.coordinator.alignment import Coordinator
 from aligner.coordinator.hotswap import HotSwap
@@ -544,7 +544,7 @@ def test_async_batch_job_functions_stay_batch_functions_on_the_faust_loop():
     thread.start()
     try:
         @batch
-        async def fn(records: list[SourceRecord], state: KeyedState):
+        async def fn(records: Records, state: KeyedState):
             await asyncio.sleep(0)
             assert asyncio.get_running_loop() is loop
             state.put("calls", state.get("calls", 0) + 1)
@@ -555,7 +555,7 @@ def test_async_batch_job_functions_stay_batch_functions_on_the_faust_loop():
         assert takes_batch(call)
         state = MemoryStore()
         records = [SourceRecord("s", 0, o, 1, b"k%d" % o, b"v", 0) for o in range(3)]
-        assert list(call(records, state)) == [(b"k0", b"v"), (b"k1", b"v"), (b"k2", b"v")]
+        assert list(call(cast(Records, records), state)) == [(b"k0", b"v"), (b"k1", b"v"), (b"k2", b"v")]
         assert state.get("calls") == 1
         assert not takes_batch(_sync_function(lambda r, s: [], loop))
     finally:

@@ -281,7 +281,7 @@ def test_a_source_fetches_past_its_bound_only_while_the_next_epoch_is_committed(
             p.commit()
     source = SubjectSource(ledger, stack.kafka, {subject_name: [0]})
     part = source.parts[(subject_name, 0)]
-    kept = []
+    kept: list[SourceRecord] = []
 
     def read_to(last: int) -> None:
         source.set_limit(subject_name, last)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from aligner.connectors.source.fetch import SourceFetch
 from aligner.connectors.source.positions import Part
-from aligner.connectors.source.record import SourceRecord
+from aligner.connectors.source.record import Records
 from aligner.epochs import Slice
 from aligner.errors import DataLossError
 from aligner.stamps import HEADER, Stamp, stamp_of
@@ -116,7 +116,7 @@ def _bisected(segments: list[Segment], bound: int, moved: int, runs: list[list[M
     for name in ("_take_clean", "_take_each", "_stash_from", "_stop_at_bound"):
         setattr(source, name, getattr(SourceFetch, name).__get__(source))
     part = Part("in", "t", 0, pos=segments[0][1], bound=bound, segments=deque(segments))
-    records: list[SourceRecord] = []
+    records = Records()
     errors = 0
     for run in runs:
         errors += SourceFetch._take(source, part, run, records)  # type: ignore[arg-type]
@@ -149,3 +149,30 @@ def test_a_log_that_lost_the_offsets_ends_the_read_with_data_loss() -> None:
           Message(topic="t", partition=0, offset=1, error=KafkaError(KafkaError.OFFSET_OUT_OF_RANGE))]
     with pytest.raises(DataLossError, match=r"t\[0\]"):
         _bisected([(0, 0, 2, stamp, Slice(0, 0, 2, stamp, None))], 2, 2, [ms])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 3), st.integers(0, 9),
+                          st.lists(st.tuples(st.none() | st.binary(max_size=3), st.binary(max_size=3)), max_size=5)),
+                max_size=4))
+def test_records_columns_are_the_records_fields(runs: list[tuple[str, int, int, list[tuple[bytes | None, bytes]]]]
+                                                ) -> None:
+    """A batch function reads the same data as columns as it does as records, in the same order."""
+    records, offset = Records(), 0
+    for subject, partition, epoch, kvs in runs:
+        ms = []
+        for key, value in kvs:
+            ms.append(Message(topic=subject, partition=partition, offset=offset, key=key, value=value,
+                              timestamp=(1, 1000 + offset)))
+            offset += 1
+        records.add(subject, partition, epoch, ms)
+    as_records = list(records)
+    assert len(records) == len(as_records) == sum(len(kvs) for *_, kvs in runs)
+    assert records.values == [r.value for r in as_records]
+    assert records.keys == [r.key for r in as_records]
+    assert records.offsets == [r.offset for r in as_records]
+    assert records.timestamps == [r.timestamp for r in as_records]
+    assert records.pairs() == [(r.key, r.value) for r in as_records]
+    assert [(r.subject, r.partition, r.epoch) for r in as_records] == [
+        (s, p, e) for s, p, e, kvs in runs for _ in kvs]
+    assert records == as_records and (records[-1:] == as_records[-1:])

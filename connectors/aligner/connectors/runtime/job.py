@@ -29,7 +29,7 @@ from aligner.connectors.runtime.job_spec import Emitted, JobFunction, JobSpec, K
 from aligner.connectors.runtime.source_alignment import SourceAlignment
 from aligner.connectors.runtime.worker_io import WorkerIO
 from aligner.connectors.sink import TRANSIENT, FaultHook
-from aligner.connectors.source import SourceRecord
+from aligner.connectors.source import Records
 from aligner.connectors.swap_gate import SwapGate
 from aligner.epoch_step import Act
 from aligner.errors import AlignerError
@@ -129,7 +129,7 @@ class JobWorker:
 
     # ---- epochs -------------------------------------------------------------------------------
 
-    def _process(self, records: list[SourceRecord]) -> None:
+    def _process(self, records: Records) -> None:
         assert self.io.sink is not None
         shadow = self.spec.shadow_subject
         outputs = self._outputs(records)
@@ -142,7 +142,7 @@ class JobWorker:
             self.records_out += self.io.sink.send_many(outputs)
         self.records_in += len(records)
 
-    def _outputs(self, records: list[SourceRecord]) -> Emitted:
+    def _outputs(self, records: Records) -> Emitted:
         """The job function's outputs for one fetched batch: one call for a batch function, one per record
         otherwise (lazily, so each record's outputs are sent before the next record is processed)."""
         fn, state = self.fn, self.io.state

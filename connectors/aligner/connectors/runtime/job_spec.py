@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from aligner.connectors.runtime.state import StateStore
-from aligner.connectors.source import SourceRecord
+from aligner.connectors.source import Records, SourceRecord
 from aligner.models import Engine, JobNode, Mode
 
 KeyedState = StateStore
@@ -21,7 +21,7 @@ Emitted = Iterable[tuple[bytes | None, bytes]]
 RecordFunction = Callable[[SourceRecord, KeyedState], Emitted]
 """A job called once per input record, given the keyed state."""
 
-BatchFunction = Callable[[list[SourceRecord], KeyedState], Emitted]
+BatchFunction = Callable[[Records, KeyedState], Emitted]
 """A job called once per fetched batch of input records (marked with :func:`batch`)."""
 
 JobFunction = RecordFunction | BatchFunction
@@ -33,12 +33,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def batch(fn: F) -> F:
-    """Mark a job function as taking a batch: ``fn(records, state)`` gets every record of one fetch (a list
-    of :class:`SourceRecord`, all in the same open job epoch, in the order a record function would see
-    them) and returns the records to emit, once per batch instead of once per record. For work that is
-    cheaper in bulk: a columnar library (``pandas.DataFrame([r.value for r in records])``), one lookup
-    for many keys, fewer Python calls per record. Exactly-once and state are as for a record function:
-    the batch's outputs and state changes commit with the job epoch it belongs to."""
+    """Mark a job function as taking a batch: ``fn(records, state)`` gets every record of one fetch (a
+    :class:`Records`, a sequence of :class:`SourceRecord`, all in the same open job epoch, in the order a record
+    function would see them) and returns the records to emit, once per batch instead of once per record. For
+    work that is cheaper in bulk: a columnar library (``pandas.Series(records.values)``), one lookup for many
+    keys, fewer Python calls per record. Its columns (``values``, ``keys``, ``offsets``, ``timestamps``,
+    ``pairs()``) are read from the Kafka messages without a record object each: a function that needs only
+    them skips the records' cost. Exactly-once and state are as for a record function: the batch's outputs
+    and state changes commit with the job epoch it belongs to."""
     setattr(fn, _BATCH, True)
     return fn
 

@@ -36,7 +36,7 @@ from aligner.connectors.runtime.job_spec import (
     batch,
     takes_batch,
 )
-from aligner.connectors.source import SourceRecord
+from aligner.connectors.source import Records, SourceRecord
 from aligner.models import WorkerEpochNode
 
 CHECKPOINT_LATENCY = Histogram(
@@ -85,7 +85,7 @@ class LatencyProbe:
         if takes_batch(fn):
             whole = cast(BatchFunction, fn)
 
-            def measured_batch(records: list[SourceRecord], state: KeyedState) -> Emitted:
+            def measured_batch(records: Records, state: KeyedState) -> Emitted:
                 for record in records:
                     self._observe(record)
                 return whole(records, state)

@@ -19,7 +19,7 @@ bounds), ``fetch`` (the consumer, the stash and the per-run hot path), ``watch``
 """
 
 from aligner.connectors.source.fetch import source_settings
-from aligner.connectors.source.record import SourceRecord
+from aligner.connectors.source.record import Records, SourceRecord
 from aligner.connectors.source.subject import SubjectSource
 
-__all__ = ["SourceRecord", "SubjectSource", "source_settings"]
+__all__ = ["Records", "SourceRecord", "SubjectSource", "source_settings"]

@@ -14,7 +14,7 @@ from confluent_kafka import Consumer
 from aligner.connectors.source.fetch import SourceFetch
 from aligner.connectors.source.loader import EpochLoader
 from aligner.connectors.source.positions import SourcePositions
-from aligner.connectors.source.record import SourceRecord
+from aligner.connectors.source.record import Records
 from aligner.connectors.source.watch import SourceWatchdog
 from aligner.ledger import Ledger
 from aligner.models import Mode
@@ -93,7 +93,7 @@ class SubjectSource:
 
     # ---- reading ------------------------------------------------------------------------------
 
-    def poll(self, timeout: float = 0.005, max_records: int = 10000) -> list[SourceRecord]:
+    def poll(self, timeout: float = 0.005, max_records: int = 10000) -> Records:
         """Kept records of loaded epochs, in offset order per partition."""
         out = self._fetch.poll(timeout, max_records)
         self._watchdog.watch()
