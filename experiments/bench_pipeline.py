@@ -21,11 +21,11 @@ timed), then runs, in alternating order:
   checking each record against the range, producing every value to a plain topic (same partition) with the
   transactional ``Producer``, one transaction per 10,000 records (no offsets sent);
 - **aligned job** (and **aligned job, batch**: the same with the identity as a ``@batch`` function,
-  called once per fetch and returning the fetch's ``records.pairs()`` (its keys and values as columns), on its own copy of the round's input, written just before its run so that the
-  source has prefetched none of it): ``JobWorker.step`` once per subject
-  epoch: each job epoch covers exactly one subject epoch, reads it through the aligned source
-  (its input epochs are dense, so no stamp is read), runs the identity function, writes it through the
-  sink in one Kafka transaction (unstamped: dense epochs need none) and commits input offsets, state and
+  called once per fetch and returning the fetch's ``records.pairs()``, its keys and values as columns, on its
+  own copy of the round's input, written just before its run so that the source has prefetched none of it):
+  ``JobWorker.step`` once per subject epoch: each job epoch covers exactly one subject epoch, reads it through
+  the aligned source (its input epochs are dense, so no stamp is read), runs the identity function, writes it
+  through the sink in one Kafka transaction (unstamped: dense epochs need none) and commits input offsets, state and
   output in one ZooKeeper multi-op.
 
 ZooKeeper is warmed first (``--warm-epochs`` one-record pipelined epochs of a subject of their own), as in
