@@ -288,10 +288,12 @@ class Run:
 
     # ---- the chain -----------------------------------------------------------------------------
 
-    def worker_argv(self, job: str, i: int, extra: list[str], workers: int = 2) -> list[str]:
+    def worker_argv(self, job: str, i: int, extra: list[str], workers: int = 2, generation: int = 1) -> list[str]:
+        """A worker of job A's version ``generation``: even versions run the batch form (experiments.chaos.jobs)."""
         assert self.info is not None
+        function = "experiments.chaos.jobs:" + ("job_a_batch" if generation % 2 == 0 else "job_a")
         return python("aligner.connectors.runtime", "--zk", self.info.zk, "--kafka", self.info.kafka, "--root", ROOT,
-                      "--job", job, "--function", "experiments.chaos.jobs:job_a", "--input", IN,
+                      "--job", job, "--function", function, "--input", IN,
                       "--output", A_OUT, "--worker", str(i), "--parallelism", str(workers),
                       "--interval", str(self.interval),
                       *(["--state", "rocksdb", "--state-dir", str(self.outdir / "state")] if self.rocksdb else []),
@@ -330,7 +332,7 @@ class Run:
             follows.append("--inherit-state")
         workers = workers_of(g, self.rescale)
         for i in range(workers):
-            argv = self.worker_argv(job_a_name(g), i, follows, workers)
+            argv = self.worker_argv(job_a_name(g), i, follows, workers, g)
             self.add(f"{job_a_name(g)}-{i}", argv, {"CHAOS_WORKER": str(i), "CHAOS_VERSION": str(g)})
             if g > 1:
                 self.event("start", f"{job_a_name(g)}-{i}", 0.0)
