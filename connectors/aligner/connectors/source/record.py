@@ -34,9 +34,9 @@ Run = tuple[str, int, int, list[Message]]
 
 class Records(Sequence[SourceRecord]):
     """One fetch's records, as a batch function gets them: a sequence of :class:`SourceRecord` (made on first
-    use, then kept), and columns made straight from the Kafka messages, one C-level pass each with no record
-    object: ``values``, ``keys``, ``offsets``, ``timestamps``. A batch function that needs only columns never
-    pays for the records (bench_pipeline: a record object costs about as much as librdkafka's own message)."""
+    use, then kept), and columns made straight from the Kafka messages, one comprehension each with no record
+    object: ``values``, ``keys``, ``offsets``, ``timestamps``, ``pairs()``. A batch function that needs only
+    columns never pays for the records (making one costs 0.3-0.5 us, reading a column of values 0.04)."""
 
     __slots__ = ("_records", "_runs", "_size")
 
