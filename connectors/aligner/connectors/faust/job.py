@@ -121,7 +121,8 @@ def faust_app(app_id: str, *, kafka: str | None = None, **overrides: Any) -> fau
 
 def _sync_function(fn: Callable[..., Any], loop: asyncio.AbstractEventLoop) -> JobFunction:
     """A job function the worker thread can call: async ones are awaited on the Faust loop. ``item`` is a
-    record, or a list of them for a function marked with :func:`~aligner.connectors.runtime.batch`."""
+    record, or one fetch's :class:`~aligner.connectors.source.Records` for a function marked with
+    :func:`~aligner.connectors.runtime.batch`."""
     if inspect.isasyncgenfunction(fn):
         async def collect(item: Any, state: KeyedState) -> list[tuple[bytes | None, bytes]]:
             return [kv async for kv in fn(item, state)]

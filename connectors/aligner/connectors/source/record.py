@@ -68,7 +68,7 @@ class Records(Sequence[SourceRecord]):
         return iter(self.records())
 
     def __eq__(self, other: object) -> bool:
-        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+        return list(self) == list(other) if isinstance(other, (list, Records)) else NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -76,7 +76,8 @@ class Records(Sequence[SourceRecord]):
         return f"Records({len(self)} in {len(self._runs)} runs)"
 
     def records(self) -> list[SourceRecord]:
-        """Every record as a :class:`SourceRecord`, in order (made once)."""
+        """Every record as a :class:`SourceRecord`, in order (made once; the list is this sequence's own, so
+        change a copy of it)."""
         if self._records is None:
             self._records = [new_record(SourceRecord, (s, p, m.offset(), e, m.key(), m.value(), m.timestamp()[1]))
                              for s, p, e, messages in self._runs for m in messages]
